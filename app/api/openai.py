@@ -1,0 +1,162 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from app.api.openai_protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from app.api.responses import V1_ERRORS, errors
+from app.deps import ApiKeyDep, RuntimeDep
+from app.errors import ServiceError, error_body
+from app.schemas import ChatMessage
+from app.serving.generation import ClientDisconnected, GenerationService, PreparedGeneration
+from app.serving.openai_format import ChunkWriter, chat_response, completion_response
+from app.serving.scheduler import GenerationItem, GenerationResult, StreamedToken
+
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
+
+OPENAI_ERRORS = {**V1_ERRORS, **errors(404)}
+STREAM_DOC = {
+    "description": "The completion; with `stream: true`, server-sent `data:` chunks ending with `data: [DONE]`.",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+class ModelNotFound(ServiceError):
+    status_code = 404
+    error_type = "model_not_found"
+
+
+def _check_model(service: GenerationService, requested: str) -> str:
+    served = service.engine.identity.name
+    if requested != served:
+        raise ModelNotFound(f"model '{requested}' is not served here; this server serves '{served}'", param="model")
+    return served
+
+
+def _data(payload: object) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def _stream(
+    service: GenerationService,
+    item: GenerationItem,
+    prepared: PreparedGeneration,
+    writer: ChunkWriter,
+    include_usage: bool,
+) -> StreamingResponse:
+    async def chunks() -> AsyncIterator[str]:
+        opening = writer.opening()
+        if opening is not None:
+            yield _data(opening)
+        try:
+            async for event in service.stream(item, None):
+                if isinstance(event, StreamedToken):
+                    yield _data(writer.token(event))
+                elif isinstance(event, GenerationResult):
+                    service.observe_generation(event)
+                    decision = service.decide(prepared.policy, event.scored)
+                    yield _data(writer.closing(event, decision))
+                    if include_usage:
+                        yield _data(writer.usage(event))
+        except ServiceError as error:
+            yield _data(error_body(error.status_code, error.error_type, error.message, error.param))
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={200: STREAM_DOC, **OPENAI_ERRORS},
+    summary="OpenAI-compatible chat completion, with an `uncertainty` extension",
+)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, runtime: RuntimeDep
+) -> ChatCompletionResponse | StreamingResponse:
+    service = GenerationService(runtime)
+    model = _check_model(service, body.model)
+    messages = [
+        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text()) for m in body.messages
+    ]
+    tad = body.tad
+    prepared = service.prepare(
+        None,
+        messages,
+        max_new_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.effective_temperature,
+        top_p=body.effective_top_p,
+        seed=body.seed,
+        stop=body.stop,  # type: ignore[arg-type]
+        top_logprobs=body.top_logprobs or 0,
+        policy=tad.policy if tad else None,
+        max_tokens_field="max_tokens",
+    )
+    item = service.submit(prepared, stream=body.stream, early_stop=bool(tad and tad.early_stop))
+    if body.stream:
+        writer = ChunkWriter(service, model, chat=True, logprobs=body.logprobs)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _stream(service, item, prepared, writer, include_usage)
+    try:
+        result = await service.result(item, request)
+    except ClientDisconnected:
+        return StreamingResponse(iter(()), status_code=499)
+    service.observe_generation(result)
+    decision = service.decide(prepared.policy, result.scored)
+    return chat_response(service, result, decision, model, body.logprobs)
+
+
+@router.post(
+    "/completions",
+    response_model=CompletionResponse,
+    responses={200: STREAM_DOC, **OPENAI_ERRORS},
+    summary="OpenAI-compatible text completion (raw prompt), with an `uncertainty` extension",
+)
+async def completions(
+    body: CompletionRequest, request: Request, runtime: RuntimeDep
+) -> CompletionResponse | StreamingResponse:
+    service = GenerationService(runtime)
+    model = _check_model(service, body.model)
+    tad = body.tad
+    prepared = service.prepare(
+        str(body.prompt),
+        None,
+        max_new_tokens=body.max_tokens,
+        temperature=body.effective_temperature,
+        top_p=body.effective_top_p,
+        seed=body.seed,
+        stop=body.stop,  # type: ignore[arg-type]
+        top_logprobs=body.logprobs or 0,
+        policy=tad.policy if tad else None,
+        max_tokens_field="max_tokens",
+    )
+    item = service.submit(prepared, stream=body.stream, early_stop=bool(tad and tad.early_stop))
+    if body.stream:
+        writer = ChunkWriter(service, model, chat=False, logprobs=body.logprobs is not None)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _stream(service, item, prepared, writer, include_usage)
+    try:
+        result = await service.result(item, request)
+    except ClientDisconnected:
+        return StreamingResponse(iter(()), status_code=499)
+    service.observe_generation(result)
+    decision = service.decide(prepared.policy, result.scored)
+    return completion_response(service, result, decision, model, body.logprobs)
+
+
+@router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")
+async def models(runtime: RuntimeDep) -> ModelList:
+    engine, _ = runtime.require_ready()
+    return ModelList(data=[ModelCard(id=engine.identity.name, created=int(runtime.started_at))])

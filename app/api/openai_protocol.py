@@ -1,0 +1,237 @@
+"""OpenAI-compatible request/response models (chat completions, completions, models).
+
+Responses carry one extension field, `uncertainty`: the sequence scores, per-token
+confidences and the accept/reject decision. Requests may carry `tad` options.
+Known OpenAI options this service cannot honour are refused with a 422 naming them,
+rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.schemas import MAX_SEED, DecisionInfo, PolicyOverride, SequenceScores
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TadOptions(_Strict):
+    """Extension: the reject policy and early stopping for this request."""
+
+    policy: PolicyOverride | None = None
+    early_stop: bool = False
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class OpenAIMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _SamplingFields(_Strict):
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1.0, as in the OpenAI API")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    tad: TadOptions | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @property
+    def effective_temperature(self) -> float:
+        return 1.0 if self.temperature is None else self.temperature
+
+    @property
+    def effective_top_p(self) -> float:
+        return 1.0 if self.top_p is None else self.top_p
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[OpenAIMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _logprob_options(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs: true")
+        if not any(m.text().strip() for m in self.messages):
+            raise ValueError("messages must contain some text")
+        return self
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = Field(False, description="not supported (must be false)")
+    best_of: int | None = Field(None, ge=1, le=1)
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, value: str | list[str]) -> str:
+        prompts = [value] if isinstance(value, str) else value
+        if len(prompts) != 1:
+            raise ValueError("exactly one prompt is supported")
+        if not prompts[0].strip():
+            raise ValueError("prompt must not be empty")
+        return prompts[0]
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class TokenConfidence(BaseModel):
+    index: int
+    confidence: float | None
+    uncertainty: float | None
+
+
+class UncertaintyExtension(BaseModel):
+    """This service's addition to the OpenAI shapes."""
+
+    sequence: SequenceScores | None = None
+    tokens: list[TokenConfidence] | None = None
+    decision: DecisionInfo | None = None
+    finish_reason: str | None = Field(None, description="stop, length, or uncertainty (early stop)")
+    tad_available: bool | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChoiceLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    uncertainty: UncertaintyExtension
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    uncertainty: UncertaintyExtension
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tad-serve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def clean_float(value: float) -> float:
+    """JSON has no -inf; a token the model gave probability 0 is reported at float32's floor."""
+    return value if math.isfinite(value) else -1e30
+
+
+def token_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")

@@ -1,0 +1,23 @@
+"""OpenAPI declarations of the error responses every route can return."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.errors import ErrorBody
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    descriptions = {
+        401: "Missing or invalid API key (only when TAD_API_KEY is set)",
+        404: "The requested model is not served here",
+        413: "Request body over the payload limit",
+        422: "Invalid request; `error.param` names the field",
+        429: "Too many requests in flight; retry after `Retry-After` seconds",
+        503: "Not ready yet (model loading) or shutting down; see `Retry-After`",
+        504: "The request ran past its deadline",
+    }
+    return {code: {"model": ErrorBody, "description": descriptions[code]} for code in codes}
+
+
+V1_ERRORS = errors(401, 413, 422, 429, 503, 504)

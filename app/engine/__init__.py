@@ -1,0 +1,1 @@
+"""The LLM engine: loading, tokenisation, batched generation with attention capture."""

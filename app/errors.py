@@ -1,0 +1,128 @@
+"""Typed service errors and the one place that maps every error to an HTTP response.
+
+Every error body has the same (OpenAI-compatible) shape:
+    {"error": {"message": str, "type": str, "param": str | null, "code": int}}
+Internal exception text never reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    status_code: int = 500
+    error_type: str = "internal_error"
+
+    def __init__(self, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+
+class InvalidRequest(ServiceError):
+    status_code = 422
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class Overloaded(ServiceError):
+    status_code = 429
+    error_type = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
+
+
+class NotReady(ServiceError):
+    status_code = 503
+    error_type = "not_ready"
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class DeadlineExceeded(ServiceError):
+    status_code = 504
+    error_type = "deadline_exceeded"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """The body of every non-2xx response."""
+
+    error: ErrorDetail
+
+
+def error_body(status: int, error_type: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+
+
+def error_response(
+    status: int, error_type: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, error_type, message, param), status_code=status, headers=headers)
+
+
+def _field_path(location: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in location if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
+    """('field: problem; ...', first field) from pydantic errors, without echoing input values."""
+    described = []
+    for item in errors:
+        field = _field_path(item.get("loc", ()))
+        message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
+        described.append(f"{field}: {message}")
+    first = _field_path(errors[0].get("loc", ())) if errors else "body"
+    return "; ".join(described), first
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, error: ServiceError) -> JSONResponse:
+        return error_response(error.status_code, error.error_type, error.message, error.param, error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        message, field = validation_message(list(error.errors()))
+        return error_response(422, InvalidRequest.error_type, message, field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        error_type = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            error.status_code, "http_error"
+        )
+        return error_response(error.status_code, error_type, str(error.detail), None, getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", "internal server error")

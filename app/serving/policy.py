@@ -1,0 +1,85 @@
+"""Reject policy: which method's uncertainty is compared with which threshold, and the decision."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from app.errors import InvalidRequest
+from app.schemas import PolicyOverride
+from app.settings import Settings
+from app.uncertainty.artifact import TadArtifact
+from app.uncertainty.scores import Method, SequenceUncertainty
+
+
+@dataclass(frozen=True)
+class Policy:
+    method: Method
+    threshold: float | None  # None: no threshold could be resolved, nothing is rejected
+    name: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"method": self.method.value, "threshold": self.threshold, "policy": self.name}
+
+
+@dataclass(frozen=True)
+class Decision:
+    accept: bool
+    method: Method
+    score: float | None
+    threshold: float | None
+    policy: str
+
+
+def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Policy | None:
+    if artifact is None:
+        return None
+    name = artifact.manifest.default_target if target == "default" else target
+    if name is None:
+        return None
+    entry = artifact.manifest.thresholds.get(method, {}).get(name)
+    if entry is None:
+        return None
+    return Policy(method=method, threshold=entry.threshold, name=f"calibrated:{name}")
+
+
+def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: PolicyOverride | None) -> Policy:
+    """The effective policy for one request (settings, then the request's override)."""
+    method = override.method if override and override.method else settings.reject_method
+    if method is Method.TAD and artifact is None:
+        return _fallback(settings)
+    if override is not None and override.threshold is not None:
+        return Policy(method=method, threshold=override.threshold, name="fixed")
+    if override is not None and override.target is not None:
+        resolved = _calibrated(artifact, method, override.target)
+        if resolved is None:
+            known = sorted(artifact.manifest.thresholds.get(method, {})) if artifact else []
+            raise InvalidRequest(
+                f"no calibrated threshold '{override.target}' for method {method.value}"
+                + (f" (available: {', '.join(known)})" if known else " (the artifact has none)"),
+                param="policy.target",
+            )
+        return resolved
+    if settings.reject_threshold is not None:
+        return Policy(method=method, threshold=settings.reject_threshold, name="fixed")
+    if settings.reject_target is not None:
+        resolved = _calibrated(artifact, method, settings.reject_target)
+        if resolved is not None:
+            return resolved
+    return Policy(method=method, threshold=None, name="none")
+
+
+def _fallback(settings: Settings) -> Policy:
+    method = settings.fallback_method
+    if settings.fallback_threshold is not None:
+        return Policy(method=method, threshold=settings.fallback_threshold, name="fallback:fixed")
+    return Policy(method=method, threshold=None, name="fallback:none")
+
+
+def decide(policy: Policy, sequence: SequenceUncertainty) -> Decision:
+    """Reject when the score exceeds the threshold; an answer with no score (empty) is rejected."""
+    score = sequence.get(policy.method)
+    if score is None or math.isnan(score):
+        return Decision(accept=False, method=policy.method, score=None, threshold=policy.threshold, policy=policy.name)
+    accept = policy.threshold is None or score <= policy.threshold
+    return Decision(accept=accept, method=policy.method, score=score, threshold=policy.threshold, policy=policy.name)

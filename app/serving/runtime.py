@@ -1,0 +1,187 @@
+"""The service's runtime: loads the artifact and the model once (in the background), owns the scheduler.
+
+Loading order: the artifact first (its files are hash-checked before `joblib.load`; it
+tells how many attention lags to capture), then the model, then the model is checked
+against the artifact. A missing artifact leaves TAD unavailable (baselines still work);
+a corrupt or mismatched one, or a model that fails to load, is fatal: the process exits
+non-zero with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+import torch
+
+from app.engine.engine import Engine
+from app.engine.loading import ModelLoadError, load_model
+from app.errors import NotReady
+from app.metrics import ServiceMetrics
+from app.serving.policy import Policy, resolve_policy
+from app.serving.scheduler import Scheduler
+from app.serving.uncertainty import UncertaintyScorer
+from app.settings import Settings
+from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, LlmIdentity, TadArtifact, load_artifact
+from app.uncertainty.scores import Method
+
+logger = logging.getLogger(__name__)
+
+
+class State(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    DRAINING = "draining"
+
+
+class StartupError(RuntimeError):
+    """Configuration, artifact or model problem that stops the service from starting."""
+
+
+class Runtime:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.state = State.LOADING
+        self.started_at = time.time()
+        self.failure: str | None = None
+        self.engine: Engine | None = None
+        self.artifact: TadArtifact | None = None
+        self.tad_unavailable_reason: str | None = None
+        self.scorer = UncertaintyScorer(None)
+        self.scheduler: Scheduler | None = None
+        self.http_in_flight = 0
+        self.load_seconds: float | None = None
+        self._method_thresholds: dict[str, float | None] | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ loading
+    def start_loading(self, on_fatal: Callable[[str], None] | None = None) -> threading.Thread:
+        def target() -> None:
+            try:
+                self.load()
+            except Exception as error:  # every failure here is fatal and must be reported
+                reason = str(error) if isinstance(error, StartupError | ArtifactError | ModelLoadError) else repr(error)
+                self.failure = reason
+                self.state = State.FAILED
+                logger.error("startup failed: %s", reason)
+                if on_fatal is not None:
+                    on_fatal(reason)
+
+        thread = threading.Thread(target=target, name="tad-loader", daemon=True)
+        thread.start()
+        return thread
+
+    def load(self) -> None:
+        started = time.monotonic()
+        settings = self.settings
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        artifact = self._load_artifact()
+        n_lags = artifact.n_lags if artifact else 0
+        logger.info("loading model %s", settings.model)
+        loaded = load_model(
+            settings.model,
+            device=settings.device,
+            dtype=settings.dtype,
+            cache_dir=settings.cache_dir,
+            verify_sha256=settings.verify_model_sha256,
+        )
+        if artifact is not None:
+            artifact.check_model(LlmIdentity.model_validate(loaded.identity.as_dict()))
+        self.engine = Engine(loaded, n_lags=n_lags)
+        self.artifact = artifact
+        self.scorer = UncertaintyScorer(artifact)
+        self._check_policy()
+        self.scheduler = Scheduler(
+            self.engine,
+            self.scorer,
+            max_batch_size=settings.max_batch_size,
+            max_queue=settings.max_queue,
+            batch_window_s=settings.batch_window_ms / 1000.0,
+            on_batch=self.metrics.batch_size.observe,
+        )
+        self.scheduler.start()
+        self.load_seconds = round(time.monotonic() - started, 2)
+        self.metrics.info.labels(
+            model=loaded.identity.name, artifact=artifact.name if artifact else "none", device=str(loaded.device)
+        ).set(1)
+        self.metrics.ready.set(1)
+        with self._lock:
+            if self.state is State.LOADING:
+                self.state = State.READY
+        logger.info(
+            "ready in %.1f s: model %s on %s, TAD %s",
+            self.load_seconds,
+            loaded.identity.name,
+            loaded.device,
+            "on" if artifact else f"off ({self.tad_unavailable_reason})",
+        )
+
+    def _load_artifact(self) -> TadArtifact | None:
+        path = self.settings.artifact_dir
+        if path is None:
+            self.tad_unavailable_reason = "no artifact configured (TAD_ARTIFACT_DIR)"
+        elif not (path / MANIFEST_NAME).is_file():
+            self.tad_unavailable_reason = f"no artifact at {path}"
+        else:
+            return load_artifact(path, manifest_sha256=self.settings.artifact_manifest_sha256)
+        if self.settings.require_artifact:
+            raise StartupError(f"TAD_REQUIRE_ARTIFACT is set but {self.tad_unavailable_reason}")
+        logger.warning("TAD unavailable: %s; answering with baselines only", self.tad_unavailable_reason)
+        return None
+
+    def _check_policy(self) -> None:
+        """A configured target the artifact does not have is a configuration error."""
+        target = self.settings.reject_target
+        if self.artifact is None or target in (None, "default") or self.settings.reject_threshold is not None:
+            return
+        if target not in self.artifact.manifest.thresholds.get(self.settings.reject_method, {}):
+            method = self.settings.reject_method.value
+            raise StartupError(f"TAD_REJECT_TARGET={target} is not calibrated in {self.artifact.path} for {method}")
+
+    # ------------------------------------------------------------------ serving
+    def require_ready(self) -> tuple[Engine, Scheduler]:
+        if self.state is State.DRAINING:
+            raise NotReady("the service is shutting down", retry_after_s=10)
+        if self.state is State.FAILED:
+            raise NotReady("the service failed to start; see its log", retry_after_s=60)
+        if self.state is not State.READY or self.engine is None or self.scheduler is None:
+            raise NotReady("the model is still loading", retry_after_s=5)
+        return self.engine, self.scheduler
+
+    def default_policy(self) -> Policy:
+        return resolve_policy(self.settings, self.artifact, None)
+
+    def method_thresholds(self) -> dict[str, float | None]:
+        """Each method's threshold for the rolling would-reject gauges (computed once)."""
+        if self._method_thresholds is None:
+            thresholds: dict[str, float | None] = {m.value: None for m in Method}
+            if self.artifact is not None:
+                manifest = self.artifact.manifest
+                target = self.settings.reject_target
+                name = manifest.default_target if target in (None, "default") else target
+                for method in Method:
+                    entry = manifest.thresholds.get(method, {}).get(name or "")
+                    thresholds[method.value] = entry.threshold if entry else None
+            policy = self.default_policy()
+            thresholds[policy.method.value] = policy.threshold
+            self._method_thresholds = thresholds
+        return self._method_thresholds
+
+    def begin_draining(self) -> None:
+        with self._lock:
+            self.state = State.DRAINING
+        self.metrics.ready.set(0)
+
+    def track_http(self, delta: int) -> None:
+        with self._lock:
+            self.http_in_flight += delta
+
+    def shutdown(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()

@@ -1,0 +1,345 @@
+"""Continuous batching on one worker thread, so the event loop never waits on the model.
+
+Requests wait in a bounded queue. The worker admits them into the running batch between
+decode steps (an idle worker first waits a short window for more to arrive), prefills
+them together, merges them into the batch, and steps the whole batch one token at a
+time; finished sequences leave at once. Teacher-forced scoring requests are run between
+steps. Each request gets its events (tokens as their TAD confidence becomes known, then
+a final result) through an asyncio queue fed thread-safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.engine.decoding import DecodeBatch
+from app.engine.engine import Engine
+from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
+from app.errors import DeadlineExceeded, Overloaded, ServiceError
+from app.serving.policy import Policy
+from app.serving.uncertainty import ScoredAnswer, UncertaintyScorer
+from app.uncertainty.scores import Method, baseline_uncertainty
+from app.uncertainty.tad import TadStream
+
+logger = logging.getLogger(__name__)
+
+EARLY_STOP_MIN_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class StreamedToken:
+    index: int
+    token_id: int
+    logprob: float
+    entropy: float
+    confidence: float | None
+    top_logprobs: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    sequence: SequenceState
+    scored: ScoredAnswer
+    queued_s: float
+    first_token_s: float | None
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Failure:
+    error: ServiceError
+
+
+Event = StreamedToken | GenerationResult | Failure | ScoredAnswer
+
+
+@dataclass
+class WorkItem:
+    """One request's place in the scheduler; all fields but `cancelled` belong to the worker."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event]
+    deadline: float
+    enqueued_at: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+    def emit(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+@dataclass
+class GenerationItem(WorkItem):
+    request: GenerationRequest | None = None
+    stream_tokens: bool = False
+    policy: Policy | None = None
+    early_stop: bool = False
+    sequence: SequenceState | None = None
+    tad_stream: TadStream | None = None
+    emitted: int = 0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+
+
+@dataclass
+class ScoringItem(WorkItem):
+    prompt_ids: tuple[int, ...] = ()
+    response_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class SchedulerStats:
+    """What the metrics read (written by the worker, read by the event loop)."""
+
+    queue_depth: int = 0
+    running: int = 0
+    average_request_s: float = 1.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: Engine,
+        scorer: UncertaintyScorer,
+        max_batch_size: int,
+        max_queue: int,
+        batch_window_s: float,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.scorer = scorer
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self.batch_window_s = batch_window_s
+        self.on_batch = on_batch
+        self.stats = SchedulerStats()
+        self._waiting: deque[GenerationItem] = deque()
+        self._scoring: deque[ScoringItem] = deque()
+        self._condition = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._batch: DecodeBatch | None = None
+        self._items: dict[int, GenerationItem] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tad-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        return self.stats.queue_depth + self.stats.running + len(self._scoring)
+
+    # ------------------------------------------------------------------ submission (event loop)
+    def _retry_after(self) -> int:
+        waiting = len(self._waiting) + 1
+        return math.ceil(self.stats.average_request_s * waiting / self.max_batch_size)
+
+    def _admit(self, queue: deque[Any], item: WorkItem) -> None:
+        with self._condition:
+            if self._stopping:
+                raise Overloaded("the service is shutting down", retry_after_s=5)
+            if len(self._waiting) + len(self._scoring) + self.stats.running >= self.max_queue + self.max_batch_size:
+                raise Overloaded(
+                    f"too many requests in flight (queue limit {self.max_queue}); retry later",
+                    retry_after_s=self._retry_after(),
+                )
+            queue.append(item)
+            self.stats.queue_depth = len(self._waiting)
+            self._condition.notify_all()
+
+    def submit_generation(self, item: GenerationItem) -> None:
+        self._admit(self._waiting, item)
+
+    def submit_scoring(self, item: ScoringItem) -> None:
+        self._admit(self._scoring, item)
+
+    def wake(self) -> None:
+        with self._condition:
+            self._condition.notify_all()
+
+    # ------------------------------------------------------------------ worker
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                if self._stopping and not self._items and not self._waiting and not self._scoring:
+                    return
+                if not self._items and not self._waiting and not self._scoring:
+                    self._condition.wait(timeout=0.5)
+                    continue
+                if not self._items and self._waiting and self.batch_window_s > 0:
+                    window_end = time.monotonic() + self.batch_window_s
+                    while len(self._waiting) < self.max_batch_size and not self._stopping:
+                        remaining = window_end - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._condition.wait(timeout=remaining)
+                free = self.max_batch_size - len(self._items)
+                admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                scoring = list(self._scoring)
+                self._scoring.clear()
+                self.stats.queue_depth = len(self._waiting)
+            try:
+                self._work(admitted, scoring)
+            except Exception:  # a model failure must not hang the waiting requests
+                logger.exception("scheduler step failed")
+                self._fail_everything(admitted, scoring)
+
+    def _work(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
+        if scoring:
+            self._run_scoring(scoring)
+        now = time.monotonic()
+        live = [item for item in admitted if self._still_wanted(item, now)]
+        if live:
+            self._prefill(live)
+        if self._batch is not None and self._batch.sequences:
+            self._check_abandoned()
+            self._batch.step()
+            self._after_step()
+        self.stats.running = len(self._items)
+
+    def _still_wanted(self, item: WorkItem, now: float) -> bool:
+        if item.cancelled:
+            return False
+        if now > item.deadline:
+            item.emit(Failure(DeadlineExceeded("the request's deadline passed while it was queued")))
+            return False
+        return True
+
+    def _run_scoring(self, items: list[ScoringItem]) -> None:
+        now = time.monotonic()
+        live = [item for item in items if self._still_wanted(item, now)]
+        if not live:
+            return
+        traces = self.engine.score([(item.prompt_ids, item.response_ids) for item in live])
+        for item, trace in zip(live, traces, strict=True):
+            item.emit(self.scorer.score(trace))
+
+    def _prefill(self, items: list[GenerationItem]) -> None:
+        started = time.monotonic()
+        batch = self.engine.prefill([item.request for item in items if item.request is not None])
+        for item, sequence in zip(items, batch.sequences, strict=True):
+            item.sequence = sequence
+            item.admitted_at = started
+            item.tad_stream = self.scorer.stream() if (item.stream_tokens or item.early_stop) else None
+            self._items[id(sequence)] = item
+        if self._batch is None or not self._batch.sequences:
+            self._batch = batch
+        else:
+            self._batch.merge(batch)
+        if self.on_batch is not None:
+            self.on_batch(len(self._batch.sequences))
+        self._after_step()
+
+    def _check_abandoned(self) -> None:
+        assert self._batch is not None
+        now = time.monotonic()
+        for sequence in self._batch.sequences:
+            item = self._items[id(sequence)]
+            if item.cancelled:
+                sequence.abandon(FinishReason.CANCELLED)
+            elif now > item.deadline:
+                sequence.abandon(FinishReason.DEADLINE)
+
+    def _after_step(self) -> None:
+        assert self._batch is not None
+        now = time.monotonic()
+        for sequence in self._batch.sequences:
+            item = self._items[id(sequence)]
+            if item.first_token_at is None and sequence.tokens:
+                item.first_token_at = now
+            self._stream_progress(item, sequence)
+        for sequence in self._batch.pop_done():
+            self._finish(self._items.pop(id(sequence)), sequence)
+        if self.on_batch is not None and self._batch.sequences:
+            self.on_batch(len(self._batch.sequences))
+
+    def _stream_progress(self, item: GenerationItem, sequence: SequenceState) -> None:
+        """Emit tokens whose confidence is now known; stop early if the policy says so."""
+        known = len(sequence.tokens)
+        confidences: list[float] | None = None
+        if item.tad_stream is not None:
+            item.tad_stream.advance([token.logprob for token in sequence.tokens], sequence.attention_rows)
+            confidences = item.tad_stream.confidences
+            known = len(confidences)
+        if item.stream_tokens and not sequence.abandoned:
+            limit = min(known, len(sequence.kept_tokens))
+            while item.emitted < limit:
+                token = sequence.tokens[item.emitted]
+                item.emit(
+                    StreamedToken(
+                        index=item.emitted,
+                        token_id=token.token_id,
+                        logprob=token.logprob,
+                        entropy=token.entropy,
+                        confidence=confidences[item.emitted] if confidences is not None else None,
+                        top_logprobs=token.top_logprobs,
+                    )
+                )
+                item.emitted += 1
+        if item.early_stop and not sequence.finished:
+            self._maybe_stop_early(item, sequence, confidences)
+
+    def _maybe_stop_early(self, item: GenerationItem, sequence: SequenceState, confidences: list[float] | None) -> None:
+        policy = item.policy
+        if policy is None or policy.threshold is None:
+            return
+        if policy.method is Method.TAD:
+            if confidences is None or len(confidences) < EARLY_STOP_MIN_TOKENS:
+                return
+            running, scored = self.scorer.running_tad(confidences), len(confidences)
+        else:
+            if len(sequence.tokens) < EARLY_STOP_MIN_TOKENS:
+                return
+            tokens = sequence.tokens
+            partial = baseline_uncertainty(
+                np.array([t.logprob for t in tokens]), np.array([t.entropy for t in tokens]), None
+            )
+            running, scored = partial.get(policy.method), len(tokens)
+        if running is not None and running > policy.threshold:
+            sequence.finish(FinishReason.UNCERTAINTY, n_kept=scored)
+
+    def _finish(self, item: GenerationItem, sequence: SequenceState) -> None:
+        if sequence.finish_reason is FinishReason.CANCELLED:
+            return
+        if sequence.finish_reason is FinishReason.DEADLINE:
+            item.emit(Failure(DeadlineExceeded("the request ran past its deadline")))
+            return
+        self._stream_progress(item, sequence)
+        scored = self.scorer.score(self.engine.trace(sequence))
+        now = time.monotonic()
+        total = now - item.enqueued_at
+        self.stats.average_request_s = 0.9 * self.stats.average_request_s + 0.1 * total
+        item.emit(
+            GenerationResult(
+                sequence=sequence,
+                scored=scored,
+                queued_s=(item.admitted_at or now) - item.enqueued_at,
+                first_token_s=(item.first_token_at - item.enqueued_at) if item.first_token_at else None,
+                total_s=total,
+            )
+        )
+
+    def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
+        failure = Failure(ServiceError("generation failed inside the model; see the server log"))
+        unique = {id(item): item for item in [*admitted, *scoring, *self._items.values()]}
+        for item in unique.values():
+            item.emit(failure)
+        self._items.clear()
+        self._batch = None

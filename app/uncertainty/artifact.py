@@ -1,0 +1,196 @@
+"""TAD artifacts: a folder with `manifest.json` and the joblib regressor.
+
+The manifest names the LLM the regressor was trained for (weights sha256 and attention
+shape), the feature spec, aggregation, variant, calibrated thresholds, metrics, and the
+sha256 of every other file. Loading checks those hashes *before* `joblib.load` (which
+unpickles, so it must only ever see the bytes the manifest vouches for), then the
+feature spec against the regressor, then the LLM against the loaded model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import joblib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.uncertainty.features import FEATURE_ORDER, FeatureSpec
+from app.uncertainty.scores import Aggregation, Method
+from app.uncertainty.tad import TadScorer
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class ArtifactError(RuntimeError):
+    """The artifact is missing, corrupt, or does not belong to the loaded model."""
+
+
+class LlmIdentity(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    source: str
+    sha256: str
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+
+
+class FeatureInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order: str
+    n_lags: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    stage1_size: int
+    stage2_size: int
+
+    def spec(self) -> FeatureSpec:
+        return FeatureSpec(n_lags=self.n_lags, num_layers=self.num_layers, num_heads=self.num_heads, order=self.order)
+
+
+class RegressorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str
+    kind: Literal["ridge", "mlp"]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Threshold(BaseModel):
+    """A reject threshold chosen on calibration data: reject when U > threshold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float
+    kind: Literal["coverage", "error"]
+    target: float
+    coverage: float  # share of calibration answers accepted at this threshold
+    error: float  # share of wrong answers among those accepted
+    n: int  # calibration answers
+    guarantee: str | None = None
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: Literal[1] = FORMAT_VERSION
+    created_at: str
+    llm: LlmIdentity
+    features: FeatureInfo
+    epsilon: float = Field(gt=0.0, lt=1.0)
+    aggregation: Aggregation
+    variant: Literal["leak-free", "paper-exact"]
+    regressor: RegressorInfo
+    thresholds: dict[Method, dict[str, Threshold]] = Field(default_factory=dict)
+    default_target: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TadArtifact:
+    path: Path
+    manifest: Manifest
+    scorer: TadScorer
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def n_lags(self) -> int:
+        return self.manifest.features.n_lags
+
+    def check_model(self, identity: LlmIdentity) -> None:
+        """Refuse a model other than the one the regressor was trained on."""
+        expected = self.manifest.llm
+        if (expected.num_layers, expected.num_heads) != (identity.num_layers, identity.num_heads):
+            raise ArtifactError(
+                f"artifact {self.path} expects {expected.num_layers} layers x {expected.num_heads} heads, "
+                f"the loaded model {identity.name!r} has {identity.num_layers} x {identity.num_heads}"
+            )
+        if expected.sha256 != identity.sha256 or expected.vocab_size != identity.vocab_size:
+            raise ArtifactError(
+                f"artifact {self.path} was trained for model {expected.name!r} (weights sha256 "
+                f"{expected.sha256[:16]}...), but the loaded model is {identity.name!r} "
+                f"(sha256 {identity.sha256[:16]}...)"
+            )
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(path: Path) -> Manifest:
+    manifest_path = path / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise ArtifactError(f"no {MANIFEST_NAME} in artifact folder {path}")
+    try:
+        return Manifest.model_validate(json.loads(manifest_path.read_text()))
+    except (json.JSONDecodeError, ValidationError) as error:
+        raise ArtifactError(f"invalid {manifest_path}: {error}") from error
+
+
+def verify_files(path: Path, manifest: Manifest) -> None:
+    """Every file the manifest lists must exist with its recorded sha256."""
+    if manifest.regressor.file not in manifest.files:
+        raise ArtifactError(f"{path}: the manifest records no sha256 for {manifest.regressor.file}")
+    for name, expected in manifest.files.items():
+        target = path / name
+        if not target.is_file():
+            raise ArtifactError(f"{path}: file {name} listed in the manifest is missing")
+        actual = file_sha256(target)
+        if actual != expected:
+            raise ArtifactError(
+                f"{path}: sha256 of {name} is {actual[:16]}..., the manifest says {expected[:16]}...; "
+                "refusing to load it"
+            )
+
+
+def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact:
+    """Read, verify and load an artifact folder (hashes first, then `joblib.load`)."""
+    path = Path(path)
+    if manifest_sha256 is not None:
+        actual = file_sha256(path / MANIFEST_NAME) if (path / MANIFEST_NAME).is_file() else "missing"
+        if actual != manifest_sha256:
+            raise ArtifactError(f"{path}: manifest sha256 {actual[:16]}... is not the pinned {manifest_sha256[:16]}...")
+    manifest = read_manifest(path)
+    features = manifest.features
+    if features.order != FEATURE_ORDER:
+        raise ArtifactError(f"{path}: feature order {features.order!r} is not supported (expected {FEATURE_ORDER!r})")
+    spec = features.spec()
+    if (features.stage1_size, features.stage2_size) != (spec.stage1_size, spec.stage2_size):
+        raise ArtifactError(f"{path}: feature sizes in the manifest do not match its n_lags/layers/heads")
+    verify_files(path, manifest)
+    regressor = joblib.load(path / manifest.regressor.file)
+    n_features = getattr(regressor, "n_features_in_", None)
+    if n_features is not None and n_features != spec.stage2_size:
+        raise ArtifactError(
+            f"{path}: the regressor takes {n_features} features, the feature spec has {spec.stage2_size}"
+        )
+    scorer = TadScorer(regressor=regressor, spec=spec, epsilon=manifest.epsilon)
+    return TadArtifact(path=path, manifest=manifest, scorer=scorer)
+
+
+def write_manifest(path: Path, manifest: Manifest) -> Manifest:
+    """Record the sha256 of every model file (*.joblib) in the folder and write the manifest.
+
+    Reports and plots beside them are not listed: they can be regenerated without
+    invalidating the artifact.
+    """
+    files = {str(item.relative_to(path)): file_sha256(item) for item in sorted(path.rglob("*.joblib"))}
+    final = manifest.model_copy(update={"files": files})
+    (path / MANIFEST_NAME).write_text(json.dumps(final.model_dump(mode="json"), indent=2) + "\n")
+    return final

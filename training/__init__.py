@@ -1,0 +1,1 @@
+"""Offline TAD training: generate traces, fit the two-stage regressor, evaluate, calibrate."""

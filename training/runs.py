@@ -1,0 +1,136 @@
+"""The on-disk format of a generation run, written by `generate` and read by fit/evaluate/calibrate.
+
+    RUN_DIR/run.json                 settings the run was made with (checked on resume)
+    RUN_DIR/shards/shard-00000/      one folder per shard, renamed into place when complete:
+        texts.json                   per text: key, dataset, task, id, file, line, answer, target, ...
+        offsets.npy                  [texts + 1] token offsets into the arrays below
+        token_ids.npy                [tokens] int32
+        logprobs.npy                 [tokens] float64, raw-logit log-probabilities
+        entropies.npy                [tokens] float64
+        attention.npy                [tokens, layers, heads, lags] float32 (memory-mapped on read)
+
+A shard folder exists only when all its files are written (it is written under a
+temporary name and renamed), so an interrupted run never leaves a half shard behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHARDS = "shards"
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class TextTrace:
+    """One generated answer with its per-token statistics and target."""
+
+    meta: dict[str, Any]
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    entropies: np.ndarray
+    attention: np.ndarray
+
+    @property
+    def key(self) -> str:
+        return str(self.meta["key"])
+
+    @property
+    def target(self) -> float:
+        return float(self.meta["target"])
+
+    @property
+    def dataset(self) -> str:
+        return str(self.meta["dataset"])
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def shard_path(run_dir: Path, index: int) -> Path:
+    return run_dir / SHARDS / shard_name(index)
+
+
+def shard_done(run_dir: Path, index: int) -> bool:
+    return (shard_path(run_dir, index) / "texts.json").is_file()
+
+
+def write_shard(run_dir: Path, index: int, texts: Sequence[TextTrace], attention_shape: tuple[int, int, int]) -> Path:
+    """Write a complete shard atomically (temporary folder, then rename)."""
+    final = shard_path(run_dir, index)
+    staging = final.with_name(final.name + ".partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    lengths = [len(text) for text in texts]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    def joined(arrays: list[np.ndarray], dtype: type, shape: tuple[int, ...] = ()) -> np.ndarray:
+        return np.concatenate(arrays).astype(dtype) if arrays else np.zeros((0, *shape), dtype=dtype)
+
+    np.save(staging / "offsets.npy", offsets)
+    np.save(staging / "token_ids.npy", joined([t.token_ids for t in texts], np.int32))
+    np.save(staging / "logprobs.npy", joined([t.logprobs for t in texts], np.float64))
+    np.save(staging / "entropies.npy", joined([t.entropies for t in texts], np.float64))
+    attention = [t.attention for t in texts if len(t)]
+    np.save(staging / "attention.npy", joined(attention, np.float32, attention_shape))
+    (staging / "texts.json").write_text(json.dumps([t.meta for t in texts], ensure_ascii=False))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final
+
+
+def read_shard(path: Path) -> list[TextTrace]:
+    metas = json.loads((path / "texts.json").read_text())
+    offsets = np.load(path / "offsets.npy")
+    token_ids = np.load(path / "token_ids.npy")
+    logprobs = np.load(path / "logprobs.npy")
+    entropies = np.load(path / "entropies.npy")
+    attention = np.load(path / "attention.npy", mmap_mode="r")
+    texts = []
+    for i, meta in enumerate(metas):
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        texts.append(
+            TextTrace(
+                meta=meta,
+                token_ids=token_ids[start:end],
+                logprobs=logprobs[start:end],
+                entropies=entropies[start:end],
+                attention=attention[start:end],
+            )
+        )
+    return texts
+
+
+def read_run_settings(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a generation run (no {RUN_FILE})")
+    return json.loads(path.read_text())
+
+
+def completed_shards(run_dir: Path) -> list[Path]:
+    folder = run_dir / SHARDS
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "texts.json").is_file())
+
+
+def iter_texts(run_dirs: Sequence[Path]) -> Iterator[TextTrace]:
+    """Every text of every completed shard of the runs (data-parallel shards included)."""
+    for run_dir in run_dirs:
+        for shard in completed_shards(Path(run_dir)):
+            yield from read_shard(shard)

@@ -1,0 +1,185 @@
+"""The two training stages of TAD (METHOD.md, Algorithm 1) on stored traces.
+
+Stage 1 regresses the text's target on probability-only vectors. Stage 2 adds, for each
+lag, the earlier token's confidence c and its attention row; c comes from stage 1:
+
+- paper-exact: in-sample stage-1 predictions, and c_1 = t_k (the target itself);
+- leak-free:   out-of-fold stage-1 predictions, and c_1 = p_1 (as at inference).
+
+Stage-2 vectors are split into a static part (probabilities and attention, which never
+change) and the confidence columns (which change with the stage-1 model), so the large
+static Gram matrix is accumulated once and only thin cross terms are recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features, token_probabilities
+from app.uncertainty.tad import Regressor
+from training.ridge import GramStats
+from training.runs import TextTrace
+
+CHUNK_ROWS = 4096  # rows per Gram update: large enough for BLAS, small enough for memory
+
+
+class Variant(StrEnum):
+    LEAK_FREE = "leak-free"
+    PAPER_EXACT = "paper-exact"
+
+
+@dataclass
+class FitText:
+    """One training text: its probabilities, target and (memory-mapped) attention rows."""
+
+    key: str
+    dataset: str
+    target: float
+    logprobs: np.ndarray
+    entropies: np.ndarray
+    probs: np.ndarray
+    attention: np.ndarray  # [n, layers, heads, lags], possibly a memory map
+
+    @classmethod
+    def from_trace(cls, trace: TextTrace, n_lags: int) -> FitText:
+        return cls(
+            key=trace.key,
+            dataset=trace.dataset,
+            target=trace.target,
+            logprobs=np.asarray(trace.logprobs),
+            entropies=np.asarray(trace.entropies),
+            probs=token_probabilities(trace.logprobs),
+            attention=trace.attention[..., :n_lags],
+        )
+
+    def __len__(self) -> int:
+        return len(self.probs)
+
+    def rows_target(self) -> np.ndarray:
+        return np.full(max(len(self) - 1, 0), self.target)
+
+
+def stage1_stats(texts: Iterable[FitText], n_lags: int) -> GramStats:
+    stats = GramStats.zeros(n_lags + 1)
+    for text in texts:
+        stats.add(stage1_features(text.probs, n_lags), text.rows_target())
+    return stats
+
+
+def stage1_confidences(text: FitText, model: Regressor, variant: Variant, n_lags: int, epsilon: float) -> np.ndarray:
+    """c_1..c_n fed to stage 2 for one text (see the module docstring for c_1)."""
+    confidences = np.empty(len(text))
+    if len(text) == 0:
+        return confidences
+    confidences[0] = text.target if variant is Variant.PAPER_EXACT else float(text.probs[0])
+    if len(text) > 1:
+        predicted = np.asarray(model.predict(stage1_features(text.probs, n_lags)), dtype=np.float64)
+        confidences[1:] = np.clip(predicted, epsilon, 1.0)
+    return confidences
+
+
+def confidence_lags(confidences: np.ndarray, n_lags: int) -> np.ndarray:
+    """The confidence columns `[n - 1, N]` of stage-2 vectors: c_{i-l} for l = 1..N, zero-padded."""
+    n = len(confidences)
+    lags = np.zeros((max(n - 1, 0), n_lags))
+    for lag in range(1, n_lags + 1):
+        rows = np.arange(lag - 1, n - 1)
+        lags[rows, lag - 1] = confidences[rows + 1 - lag]
+    return lags.astype(np.float32)
+
+
+def static_features(text: FitText, spec: FeatureSpec) -> np.ndarray:
+    """Stage-2 vectors with the confidence columns left at zero."""
+    return stage2_features(text.probs, np.zeros(len(text)), np.asarray(text.attention), spec)
+
+
+def _chunks(texts: Sequence[FitText]) -> Iterable[list[FitText]]:
+    chunk: list[FitText] = []
+    rows = 0
+    for text in texts:
+        chunk.append(text)
+        rows += max(len(text) - 1, 0)
+        if rows >= CHUNK_ROWS:
+            yield chunk
+            chunk, rows = [], 0
+    if chunk:
+        yield chunk
+
+
+def static_stats(texts: Sequence[FitText], spec: FeatureSpec) -> GramStats:
+    """Gram statistics of the static stage-2 part of these texts."""
+    stats = GramStats.zeros(spec.stage2_size)
+    for chunk in _chunks(texts):
+        stats.add(
+            np.concatenate([static_features(t, spec) for t in chunk]),
+            np.concatenate([t.rows_target() for t in chunk]),
+        )
+    return stats
+
+
+@dataclass
+class CrossStats:
+    """Confidence-column terms of the stage-2 Gram for several candidate stage-1 models at once."""
+
+    static_x_conf: np.ndarray  # [F, K * N]
+    conf_x_conf: np.ndarray  # [K, N, N]
+    conf_x_y: np.ndarray  # [K, N]
+    conf_sum: np.ndarray  # [K, N]
+
+
+def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndarray]], spec: FeatureSpec) -> CrossStats:
+    """`confidences[k][j]` are candidate k's c values for `texts[j]`."""
+    n_candidates, n_lags = len(confidences), spec.n_lags
+    result = CrossStats(
+        static_x_conf=np.zeros((spec.stage2_size, n_candidates * n_lags)),
+        conf_x_conf=np.zeros((n_candidates, n_lags, n_lags)),
+        conf_x_y=np.zeros((n_candidates, n_lags)),
+        conf_sum=np.zeros((n_candidates, n_lags)),
+    )
+    position = 0
+    for chunk in _chunks(texts):
+        static = np.concatenate([static_features(t, spec) for t in chunk]).astype(np.float64)
+        targets = np.concatenate([t.rows_target() for t in chunk])
+        columns = []
+        for k in range(n_candidates):
+            lags = np.concatenate(
+                [confidence_lags(confidences[k][position + j], n_lags) for j in range(len(chunk))]
+            ).astype(np.float64)
+            columns.append(lags)
+            result.conf_x_conf[k] += lags.T @ lags
+            result.conf_x_y[k] += lags.T @ targets
+            result.conf_sum[k] += lags.sum(axis=0)
+        result.static_x_conf += static.T @ np.concatenate(columns, axis=1)
+        position += len(chunk)
+    return result
+
+
+def stage2_stats(static: GramStats, cross: CrossStats, candidate: int, spec: FeatureSpec) -> GramStats:
+    """Full stage-2 statistics: the static Gram with candidate k's confidence columns filled in."""
+    n_lags = spec.n_lags
+    columns = spec.confidence_columns()
+    block = cross.static_x_conf[:, candidate * n_lags : (candidate + 1) * n_lags]  # [F, N]
+    xtx = static.xtx.copy()
+    xtx[:, columns] += block
+    xtx[columns, :] += block.T
+    xtx[np.ix_(columns, columns)] += cross.conf_x_conf[candidate]
+    xty = static.xty.copy()
+    xty[columns] += cross.conf_x_y[candidate]
+    sum_x = static.sum_x.copy()
+    sum_x[columns] += cross.conf_sum[candidate]
+    return GramStats(xtx=xtx, xty=xty, sum_x=sum_x, sum_y=static.sum_y, count=static.count)
+
+
+def stage2_matrix(
+    texts: Sequence[FitText], confidences: Sequence[np.ndarray], spec: FeatureSpec
+) -> tuple[np.ndarray, np.ndarray]:
+    """The full stage-2 design matrix and targets in memory (for the optional MLP)."""
+    features = [
+        stage2_features(t.probs, c, np.asarray(t.attention), spec) for t, c in zip(texts, confidences, strict=True)
+    ]
+    targets = [t.rows_target() for t in texts]
+    return np.concatenate(features), np.concatenate(targets)
