@@ -3,14 +3,14 @@
 - Target coverage c: the empirical quantile that accepts a share c of calibration answers.
 - Target error rate a among accepted answers, with a finite-sample guarantee: Learn then
   Test (Angelopoulos et al., 2021) with fixed-sequence testing. The calibration set is
-  split at random in two halves. Half A fixes the order of candidate thresholds
-  (ascending, starting where A accepts enough answers for a test to have any power);
-  half B tests H(t): "error among accepted > a" for each candidate in that order with the
-  exact binomial p-value P(Bin(n_t, a) <= k_t) and stops at the first it cannot reject.
-  The largest rejected threshold is returned. Because the order does not depend on B,
-  with probability at least 1 - delta over the calibration sample the error rate among
-  accepted answers at that threshold is at most a (for exchangeable data). If no
-  threshold passes, the target is infeasible at this sample size and none is written.
+  split at random in two halves. Half A fixes the order of the candidate thresholds (its
+  own values), most promising first: by the binomial p-value of H(t) on A. Half B then
+  tests H(t): "error among accepted > a" in that order with the exact binomial p-value
+  P(Bin(n_t, a) <= k_t), stopping at the first it cannot reject at level delta; the
+  largest threshold rejected so far is returned. Because the order does not depend on
+  B, with probability at least 1 - delta over the calibration sample the error rate among
+  accepted answers at that threshold is at most a (for exchangeable data). If none
+  passes, the target is infeasible at this sample size and no threshold is written.
 """
 
 from __future__ import annotations
@@ -39,10 +39,21 @@ def _achieved(uncertainty: np.ndarray, wrong: np.ndarray, threshold: float) -> t
     return coverage, error
 
 
+def _accepted_and_errors(
+    uncertainty: np.ndarray, wrong: np.ndarray, thresholds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each threshold: how many answers U <= threshold accepts, and how many of those are wrong."""
+    order = np.argsort(uncertainty, kind="stable")
+    sorted_u = uncertainty[order]
+    errors_cumulative = np.concatenate([[0], np.cumsum(wrong[order].astype(int))])
+    accepted = np.searchsorted(sorted_u, thresholds, side="right")
+    return accepted, errors_cumulative[accepted]
+
+
 def coverage_threshold(uncertainty: np.ndarray, quality: np.ndarray, coverage: float) -> Threshold:
     """The threshold accepting the `coverage` share of most confident calibration answers."""
     finite = np.sort(uncertainty[np.isfinite(uncertainty)])
-    count = math.floor(coverage * len(uncertainty))
+    count = math.floor(coverage * len(uncertainty) + 1e-9)
     threshold = float(finite[min(count, len(finite)) - 1]) if count > 0 and len(finite) else -math.inf
     wrong = quality < CORRECT_THRESHOLD
     achieved_coverage, achieved_error = _achieved(uncertainty, wrong, threshold)
@@ -64,24 +75,21 @@ def error_threshold(
     n = len(uncertainty)
     order = np.random.default_rng(seed).permutation(n)
     half_a, half_b = order[: n // 2], order[n // 2 :]
-    u_a, u_b, wrong_b = uncertainty[half_a], uncertainty[half_b], wrong[half_b]
-    # A test of n accepted answers with no error can only reject when (1 - a)^n <= delta.
-    min_accepted = math.ceil(math.log(delta) / math.log1p(-max_error)) if max_error < 1 else 1
-    candidates = np.unique(u_a[np.isfinite(u_a)])
-    accepted_in_a = np.searchsorted(np.sort(u_a), candidates, side="right")
-    candidates = candidates[accepted_in_a >= min(min_accepted, len(u_a))]
-    sorted_b = np.argsort(u_b, kind="stable")
-    u_b_sorted, wrong_b_sorted = u_b[sorted_b], wrong_b[sorted_b].astype(int)
-    errors_cumulative = np.concatenate([[0], np.cumsum(wrong_b_sorted)])
-    chosen: float | None = None
-    for threshold in candidates:
-        accepted = int(np.searchsorted(u_b_sorted, threshold, side="right"))
-        if accepted == 0:
+    candidates = np.unique(uncertainty[half_a][np.isfinite(uncertainty[half_a])])
+    if len(candidates) == 0:
+        return None
+    # Order the hypotheses on half A alone: most significant (smallest binomial p-value) first,
+    # larger thresholds first among equals, since they accept more.
+    accepted_a, errors_a = _accepted_and_errors(uncertainty[half_a], wrong[half_a], candidates)
+    p_values_a = binom.cdf(errors_a, np.maximum(accepted_a, 1), max_error)
+    order_of_tests = np.lexsort((-candidates, p_values_a))
+    accepted_b, errors_b = _accepted_and_errors(uncertainty[half_b], wrong[half_b], candidates)
+    passed: list[float] = []
+    for index in order_of_tests:
+        if accepted_b[index] == 0 or binom.cdf(errors_b[index], accepted_b[index], max_error) > delta:
             break
-        errors = int(errors_cumulative[accepted])
-        if binom.cdf(errors, accepted, max_error) > delta:
-            break
-        chosen = float(threshold)
+        passed.append(float(candidates[index]))
+    chosen = max(passed) if passed else None
     if chosen is None:
         return None
     achieved_coverage, achieved_error = _achieved(uncertainty, wrong, chosen)

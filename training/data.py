@@ -81,14 +81,17 @@ def read_records(
     """Valid records of every file in order, at most `limit` per file; bad lines go to `bad`."""
     for path in paths:
         taken = 0
-        with Path(path).open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
+        with Path(path).open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
                 if limit is not None and taken >= limit:
                     break
-                if not line.strip():
+                if not raw.strip():
                     continue
                 try:
-                    record = QARecord.model_validate(json.loads(line))
+                    record = QARecord.model_validate(json.loads(raw.decode("utf-8")))
+                except UnicodeDecodeError:
+                    _report(bad, BadRecord(Path(path), number, "not valid UTF-8"))
+                    continue
                 except json.JSONDecodeError as error:
                     _report(bad, BadRecord(Path(path), number, f"invalid JSON ({error.msg})"))
                     continue

@@ -60,11 +60,20 @@ def chosen_letter(prediction: str, choices: list[str]) -> str | None:
     match = re.match(rf"^\(?([{valid}])(?:[).:\s]|$)", text)
     if match:
         return match.group(1)
-    match = re.search(rf"\b(?:answer|option)\s*(?:is|:)?\s*\(?([{valid}])\b", text, flags=re.IGNORECASE)
+    # Upper-case letters anywhere after "answer is"; a lower-case one only standing alone ("answer: c"),
+    # so that the article in "the answer is a mammal" is not read as option A.
+    keyword = r"\b(?i:answer|option)\s*(?i:is|:)?\s*\(?"
+    match = re.search(rf"{keyword}([{valid}])\b", text) or re.search(
+        rf"{keyword}([{valid.lower()}])(?=[).:]|\s*$)", text
+    )
     if match:
         return match.group(1).upper()
-    normalised = normalise(text)
-    hits = [LETTERS[i] for i, choice in enumerate(choices) if normalise(choice) and normalise(choice) in normalised]
+    normalised = f" {normalise(text)} "
+    options = [normalise(choice) for choice in choices]
+    exact = [LETTERS[i] for i, option in enumerate(options) if option and option == normalised.strip()]
+    if len(exact) == 1:
+        return exact[0]
+    hits = [LETTERS[i] for i, option in enumerate(options) if option and f" {option} " in normalised]
     return hits[0] if len(hits) == 1 else None
 
 

@@ -72,6 +72,7 @@ class WorkItem:
     deadline: float
     enqueued_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    released: bool = False
 
     def emit(self, event: Event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -129,6 +130,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
+        self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -144,7 +146,14 @@ class Scheduler:
 
     @property
     def in_flight(self) -> int:
-        return self.stats.queue_depth + self.stats.running + len(self._scoring)
+        return self._in_system
+
+    def _release(self, item: WorkItem) -> None:
+        """The item has its answer (or was dropped): its slot is free again."""
+        with self._condition:
+            if not item.released:
+                item.released = True
+                self._in_system -= 1
 
     # ------------------------------------------------------------------ submission (event loop)
     def _retry_after(self) -> int:
@@ -155,11 +164,12 @@ class Scheduler:
         with self._condition:
             if self._stopping:
                 raise Overloaded("the service is shutting down", retry_after_s=5)
-            if len(self._waiting) + len(self._scoring) + self.stats.running >= self.max_queue + self.max_batch_size:
+            if self._in_system >= self.max_queue + self.max_batch_size:
                 raise Overloaded(
-                    f"too many requests in flight (queue limit {self.max_queue}); retry later",
+                    f"too many requests in flight ({self._in_system}); retry later",
                     retry_after_s=self._retry_after(),
                 )
+            self._in_system += 1
             queue.append(item)
             self.stats.queue_depth = len(self._waiting)
             self._condition.notify_all()
@@ -216,11 +226,17 @@ class Scheduler:
 
     def _still_wanted(self, item: WorkItem, now: float) -> bool:
         if item.cancelled:
+            self._release(item)
             return False
         if now > item.deadline:
-            item.emit(Failure(DeadlineExceeded("the request's deadline passed while it was queued")))
+            self._answer(item, Failure(DeadlineExceeded("the request's deadline passed while it was queued")))
             return False
         return True
+
+    def _answer(self, item: WorkItem, event: Event) -> None:
+        """The item's last event: free its slot first, so a client that retries at once finds it free."""
+        self._release(item)
+        item.emit(event)
 
     def _run_scoring(self, items: list[ScoringItem]) -> None:
         now = time.monotonic()
@@ -229,7 +245,7 @@ class Scheduler:
             return
         traces = self.engine.score([(item.prompt_ids, item.response_ids) for item in live])
         for item, trace in zip(live, traces, strict=True):
-            item.emit(self.scorer.score(trace))
+            self._answer(item, self.scorer.score(trace))
 
     def _prefill(self, items: list[GenerationItem]) -> None:
         started = time.monotonic()
@@ -317,29 +333,31 @@ class Scheduler:
 
     def _finish(self, item: GenerationItem, sequence: SequenceState) -> None:
         if sequence.finish_reason is FinishReason.CANCELLED:
+            self._release(item)
             return
         if sequence.finish_reason is FinishReason.DEADLINE:
-            item.emit(Failure(DeadlineExceeded("the request ran past its deadline")))
+            self._answer(item, Failure(DeadlineExceeded("the request ran past its deadline")))
             return
         self._stream_progress(item, sequence)
         scored = self.scorer.score(self.engine.trace(sequence))
         now = time.monotonic()
         total = now - item.enqueued_at
         self.stats.average_request_s = 0.9 * self.stats.average_request_s + 0.1 * total
-        item.emit(
+        self._answer(
+            item,
             GenerationResult(
                 sequence=sequence,
                 scored=scored,
                 queued_s=(item.admitted_at or now) - item.enqueued_at,
                 first_token_s=(item.first_token_at - item.enqueued_at) if item.first_token_at else None,
                 total_s=total,
-            )
+            ),
         )
 
     def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         failure = Failure(ServiceError("generation failed inside the model; see the server log"))
         unique = {id(item): item for item in [*admitted, *scoring, *self._items.values()]}
         for item in unique.values():
-            item.emit(failure)
+            self._answer(item, failure)
         self._items.clear()
         self._batch = None

@@ -1,0 +1,174 @@
+"""Every error path through the HTTP layer: one body shape, the right status, the field named."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.serving.runtime import Runtime
+from app.settings import Settings
+from tests.app.api.conftest import CHAT, make_client
+
+
+def assert_error(response, status: int, param: str | None = None, error_type: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == status and body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    if error_type is not None:
+        assert body["error"]["type"] == error_type
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({}, "messages"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "   "}, "prompt"),
+        ({"prompt": "a", "messages": CHAT}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": " "}]}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        ({"prompt": "a", "max_new_tokens": 0}, "max_new_tokens"),
+        ({"prompt": "a", "max_new_tokens": 33}, "max_new_tokens"),
+        ({"prompt": "a", "max_new_tokens": "many"}, "max_new_tokens"),
+        ({"prompt": "a", "temperature": -1}, "temperature"),
+        ({"prompt": "a", "top_p": 0}, "top_p"),
+        ({"prompt": "a", "seed": -5}, "seed"),
+        ({"prompt": "a", "stop": [""]}, "stop"),
+        ({"prompt": "a", "stop": ["x"] * 9}, "stop"),
+        ({"prompt": "a", "unknown_field": 1}, "unknown_field"),
+        ({"prompt": "a", "policy": {"threshold": 1, "target": "error@0.3"}}, "policy"),
+        ({"prompt": "a", "policy": {"method": "oracle"}}, "policy.method"),
+        ({"prompt": "the " * 250}, "prompt"),
+    ],
+)
+def test_generate_rejects_bad_input_naming_the_field(client: TestClient, payload: dict, param: str) -> None:
+    assert_error(client.post("/v1/generate", json=payload), 422, param, "invalid_request_error")
+
+
+def test_malformed_json_and_wrong_content(client: TestClient) -> None:
+    bad_json = client.post("/v1/generate", content=b'{"prompt": ', headers={"content-type": "application/json"})
+    assert_error(bad_json, 422)
+    assert_error(client.post("/v1/generate", json=["prompt"]), 422)
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({"prompt": "a", "response": ""}, "response"),
+        ({"prompt": "a"}, "response"),
+        ({"response": "x"}, "messages"),
+        ({"prompt": "a", "response": "x", "extra": True}, "extra"),
+    ],
+)
+def test_score_rejects_bad_input(client: TestClient, payload: dict, param: str) -> None:
+    assert_error(client.post("/v1/score", json=payload), 422, param)
+
+
+def test_body_over_the_limit_is_413(service_settings: Settings) -> None:
+    with make_client(service_settings, max_body_bytes=2000) as client:
+        big = {"prompt": "x" * 5000}
+        assert_error(client.post("/v1/generate", json=big), 413, error_type="payload_too_large")
+        chunked = client.post(
+            "/v1/generate",
+            content=iter([b'{"prompt": "', b"y" * 3000, b'"}']),
+            headers={"content-type": "application/json"},
+        )
+        assert_error(chunked, 413)
+        assert client.post("/v1/generate", json={"prompt": "ok", "max_new_tokens": 1}).status_code == 200
+
+
+def test_unknown_route_and_method(client: TestClient) -> None:
+    assert_error(client.get("/v1/nothing"), 404)
+    assert_error(client.get("/v1/generate"), 405)
+
+
+def test_503_with_retry_after_until_ready(service_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    original = Runtime.load
+
+    def slow_load(self: Runtime) -> None:
+        release.wait(30)
+        original(self)
+
+    monkeypatch.setattr(Runtime, "load", slow_load)
+    with make_client(service_settings, ready=False) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        for response in (client.get("/ready"), client.post("/v1/generate", json={"prompt": "a"}), client.get("/info")):
+            assert_error(response, 503, error_type="not_ready")
+            assert int(response.headers["retry-after"]) > 0
+        release.set()
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2}).status_code == 200
+
+
+def test_failed_start_is_reported(service_settings: Settings, tmp_path) -> None:
+    with make_client(service_settings, ready=False, model=str(tmp_path / "no-such-model")) as client:
+        deadline = time.monotonic() + 10
+        while client.get("/ready").json()["error"]["message"].startswith("the model is still loading"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        error = assert_error(client.get("/ready"), 503)
+        assert "model path not found" in error["message"]
+
+
+def test_429_when_the_in_flight_limit_is_reached(service_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.engine.decoding import DecodeBatch
+
+    release, stepping = threading.Event(), threading.Event()
+    original = DecodeBatch.step
+
+    def held_step(self: DecodeBatch) -> None:
+        stepping.set()
+        release.wait(30)
+        original(self)
+
+    monkeypatch.setattr(DecodeBatch, "step", held_step)
+    with make_client(service_settings, max_batch_size=1, max_queue=0) as client:
+        results: list[int] = []
+        worker = threading.Thread(
+            target=lambda: results.append(client.post("/v1/generate", json={"prompt": "a"}).status_code)
+        )
+        worker.start()
+        assert stepping.wait(30)  # the first request holds the only slot
+        refused = client.post("/v1/generate", json={"prompt": "b", "max_new_tokens": 2})
+        assert_error(refused, 429, error_type="overloaded")
+        assert int(refused.headers["retry-after"]) >= 1
+        assert_error(client.post("/v1/score", json={"prompt": "b", "response": "c"}), 429)
+        release.set()
+        worker.join(60)
+        assert results == [200]
+        assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2}).status_code == 200
+
+
+def test_504_when_the_deadline_passes(service_settings: Settings) -> None:
+    with make_client(
+        service_settings, request_timeout_s=0.05, max_new_tokens_limit=2000, max_prompt_tokens=2000
+    ) as client:
+        response = client.post("/v1/generate", json={"prompt": "the", "max_new_tokens": 1500})
+        assert_error(response, 504, error_type="deadline_exceeded")
+        assert client.get("/ready").status_code == 200
+
+
+def test_internal_errors_do_not_leak(service_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.engine.engine import Engine
+
+    def broken(self, requests):
+        raise RuntimeError("secret internal detail /home/user/weights")
+
+    with make_client(service_settings) as client:
+        monkeypatch.setattr(Engine, "prefill", broken)
+        response = client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2})
+        error = assert_error(response, 500)
+        assert "secret" not in response.text and "weights" not in error["message"]
+        monkeypatch.undo()
+        assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2}).status_code == 200

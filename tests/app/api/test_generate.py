@@ -1,0 +1,111 @@
+"""/v1/generate and /v1/score through HTTP with the tiny model and a tiny trained artifact."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.settings import Settings
+from tests.app.api.conftest import CHAT, make_client
+
+METHODS = ("tad", "msp", "perplexity", "mean_token_entropy")
+
+
+def test_generate_returns_every_field(client: TestClient) -> None:
+    response = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 6})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["finish_reason"] in ("stop", "length")
+    assert body["usage"]["completion_tokens"] == len(body["tokens"]) > 0
+    assert body["usage"]["prompt_tokens"] > 0
+    assert body["model"] == "model" and body["artifact"] == "tiny-tad" and body["tad_available"]
+    assert body["seed"] is None  # greedy
+    for token in body["tokens"]:
+        assert {"id", "text", "logprob", "entropy", "confidence", "uncertainty"} <= token.keys()
+        assert token["logprob"] <= 0 and token["entropy"] >= 0
+        assert 0 < token["confidence"] <= 1 and token["uncertainty"] == pytest.approx(1 - token["confidence"])
+    assert all(math.isfinite(body["uncertainty"][m]) for m in METHODS)
+    decision = body["decision"]
+    assert decision["method"] == "tad" and decision["policy"].startswith("calibrated:")
+    assert decision["score"] == pytest.approx(body["uncertainty"]["tad"])
+    assert decision["accept"] == (decision["score"] <= decision["threshold"])
+
+
+def test_greedy_is_deterministic_and_prompt_works(client: TestClient) -> None:
+    first = client.post("/v1/generate", json={"prompt": "the capital of", "max_new_tokens": 5}).json()
+    second = client.post("/v1/generate", json={"prompt": "the capital of", "max_new_tokens": 5}).json()
+    assert first["text"] == second["text"] and first["uncertainty"] == second["uncertainty"]
+
+
+def test_sampling_seed_is_echoed_and_reproduces(client: TestClient) -> None:
+    request = {"prompt": "the capital of", "max_new_tokens": 8, "temperature": 1.0}
+    drawn = client.post("/v1/generate", json=request).json()
+    assert isinstance(drawn["seed"], int)
+    again = client.post("/v1/generate", json={**request, "seed": drawn["seed"]}).json()
+    assert again["text"] == drawn["text"] and again["seed"] == drawn["seed"]
+
+
+def test_score_equals_generate(client: TestClient) -> None:
+    generated = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 10}).json()
+    scored = client.post("/v1/score", json={"messages": CHAT, "response": generated["text"]}).json()
+    assert [t["id"] for t in scored["tokens"]] == [t["id"] for t in generated["tokens"]]
+    for a, b in zip(scored["tokens"], generated["tokens"], strict=True):
+        for key in ("logprob", "entropy", "confidence"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5)
+    for method in METHODS:
+        assert scored["uncertainty"][method] == pytest.approx(generated["uncertainty"][method], abs=1e-5)
+    assert scored["decision"]["accept"] == generated["decision"]["accept"]
+
+
+def test_policy_override(client: TestClient) -> None:
+    base = {"messages": CHAT, "max_new_tokens": 5}
+    accept = client.post("/v1/generate", json={**base, "policy": {"threshold": 1e9}}).json()["decision"]
+    reject = client.post("/v1/generate", json={**base, "policy": {"method": "msp", "threshold": -1}}).json()["decision"]
+    assert accept["accept"] and accept["policy"] == "fixed" and accept["method"] == "tad"
+    assert not reject["accept"] and reject["method"] == "msp" and reject["threshold"] == -1
+    calibrated = client.post("/v1/generate", json={**base, "policy": {"target": "coverage@0.8"}}).json()["decision"]
+    assert calibrated["policy"] == "calibrated:coverage@0.8"
+    unknown = client.post("/v1/generate", json={**base, "policy": {"target": "error@0.01"}})
+    assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "policy.target"
+
+
+def test_return_tokens_false(client: TestClient) -> None:
+    body = client.post("/v1/generate", json={"prompt": "the", "max_new_tokens": 3, "return_tokens": False}).json()
+    assert body["tokens"] is None and body["usage"]["completion_tokens"] == 3
+
+
+def test_early_stop_on_uncertainty(client: TestClient) -> None:
+    request = {
+        "messages": CHAT,
+        "max_new_tokens": 30,
+        "early_stop": True,
+        "policy": {"method": "msp", "threshold": 0.5},
+    }
+    body = client.post("/v1/generate", json=request).json()
+    assert body["finish_reason"] == "uncertainty"
+    assert 4 <= body["usage"]["completion_tokens"] < 30
+    assert not body["decision"]["accept"] and body["uncertainty"]["msp"] > 0.5
+
+
+def test_without_an_artifact_baselines_answer(service_settings: Settings, tmp_path) -> None:
+    with make_client(service_settings, artifact_dir=tmp_path / "none") as client:
+        body = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 4}).json()
+        assert body["tad_available"] is False and body["artifact"] is None
+        assert body["uncertainty"]["tad"] is None and math.isfinite(body["uncertainty"]["msp"])
+        assert all(t["confidence"] is None for t in body["tokens"])
+        assert body["decision"]["method"] == "perplexity" and body["decision"]["policy"] == "fallback:none"
+        info = client.get("/info").json()
+        assert info["tad_available"] is False and "no artifact" in info["tad_unavailable_reason"]
+    with make_client(service_settings, artifact_dir=tmp_path / "none", fallback_threshold=0.0) as client:
+        decision = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 4}).json()["decision"]
+        assert decision["policy"] == "fallback:fixed" and decision["accept"] is False
+
+
+def test_info_describes_model_artifact_and_policy(client: TestClient) -> None:
+    info = client.get("/info").json()
+    assert info["model"]["num_layers"] == 3 and info["device"] == "cpu"
+    assert info["artifact"]["features"]["n_lags"] == 4 and info["artifact"]["files"]
+    assert info["policy"]["method"] == "tad" and info["policy"]["active"]
+    assert info["limits"]["max_new_tokens"] == 32

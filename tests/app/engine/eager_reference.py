@@ -1,0 +1,49 @@
+"""Reference computations with transformers' eager attention, and shared test prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from app.engine.engine import Engine
+
+
+def eager_rows(
+    model: PreTrainedModel, prompt: list[int], answer: list[int], n_lags: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reference (rows [n, layers, heads, lags] with METHOD.md's zero padding, raw log-probs [n])."""
+    ids = torch.tensor([prompt + answer])
+    with torch.no_grad():
+        output = model(ids, output_attentions=True)
+    start, n = len(prompt), len(answer)
+    layers = len(output.attentions)
+    heads = output.attentions[0].shape[1]
+    rows = np.zeros((n, layers, heads, n_lags), dtype=np.float32)
+    for i in range(n):
+        query = start + i
+        for lag in range(1, min(n_lags, i) + 1):
+            for layer in range(layers):
+                rows[i, layer, :, lag - 1] = output.attentions[layer][0, :, query, query - lag].numpy()
+    log_probs = torch.log_softmax(output.logits[0, start - 1 : start + n - 1].float(), dim=-1)
+    logprobs = log_probs.gather(-1, torch.tensor(answer)[:, None])[:, 0].double().numpy()
+    return rows, logprobs
+
+
+def generated_only(rows: np.ndarray) -> np.ndarray:
+    """Zero the slots whose key is not a generated token (METHOD.md: only generated tokens are keys)."""
+    rows = rows.copy()
+    for i in range(len(rows)):
+        rows[i, :, :, i:] = 0.0
+    return rows
+
+
+def prompts(engine: Engine) -> list[list[int]]:
+    return [
+        engine.encode_prompt(messages=[{"role": "user", "content": text}])
+        for text in (
+            "what is the capital of france ?",
+            "who",
+            "name the largest river in africa and europe , then the oldest city of asia",
+        )
+    ]

@@ -1,0 +1,57 @@
+"""Captured attention rows equal eager attention's weights, without switching to eager attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from app.engine.attention_capture import CAPTURE_ATTENTION, AttentionCapture
+from app.engine.engine import Engine
+from app.engine.sampling import SamplingParams
+from app.engine.sequence import GenerationRequest
+from tests.app.engine.eager_reference import eager_rows, generated_only, prompts
+
+TOLERANCE = 1e-5
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-cpu-kernel", "generic"])
+def test_generation_rows_match_eager_attention(engine: Engine, eager_model, fused: bool) -> None:
+    capturing = Engine(engine.loaded, n_lags=engine.n_lags, allow_fused_kernel=fused)
+    batch = prompts(engine)  # different lengths: rows are left-padded
+    results = capturing.generate([GenerationRequest(tuple(p), SamplingParams(max_new_tokens=9)) for p in batch])
+    for prompt, sequence in zip(batch, results, strict=True):
+        trace = capturing.trace(sequence)
+        assert trace.attention is not None and len(trace.attention) == len(trace)
+        expected, logprobs = eager_rows(eager_model, prompt, list(trace.token_ids), capturing.n_lags)
+        np.testing.assert_allclose(generated_only(trace.attention), expected, atol=TOLERANCE)
+        np.testing.assert_allclose(trace.logprobs, logprobs, atol=TOLERANCE)
+
+
+def test_teacher_forced_rows_match_eager_attention(engine: Engine, eager_model) -> None:
+    prompt = prompts(engine)[0]
+    answer = engine.encode_response("the capital of france is paris .")
+    trace = engine.score([(prompt, answer)])[0]
+    expected, logprobs = eager_rows(eager_model, prompt, answer, engine.n_lags)
+    np.testing.assert_allclose(generated_only(trace.attention), expected, atol=TOLERANCE)
+    np.testing.assert_allclose(trace.logprobs, logprobs, atol=TOLERANCE)
+
+
+def test_model_keeps_sdpa_style_attention(engine: Engine) -> None:
+    config = engine.loaded.model.config
+    assert config._attn_implementation == CAPTURE_ATTENTION
+    assert not config.output_attentions
+
+
+def test_capture_does_not_change_the_output(engine: Engine) -> None:
+    model = engine.loaded.model
+    ids = torch.tensor([prompts(engine)[2]])
+    with torch.inference_mode():
+        plain = model(ids).logits
+        capture = AttentionCapture(n_lags=engine.n_lags, num_layers=engine.identity.num_layers, query_start=5)
+        captured = model(ids, tad_capture=capture).logits
+    assert torch.allclose(plain, captured, atol=1e-6)
+    rows = capture.stacked()
+    assert rows.shape == (1, ids.shape[1] - 5, engine.identity.num_layers, engine.identity.num_heads, engine.n_lags)
+    # Weights of a softmax row: non-negative, and the N lags hold at most all of its mass.
+    assert (rows >= 0).all() and (rows.sum(-1) <= 1 + 1e-6).all()

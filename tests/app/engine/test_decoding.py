@@ -1,0 +1,114 @@
+"""Batched generation: same tokens and features as one by one; raw-logit probabilities; stops; seeds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from app.engine.decoding import DecodeBatch, run_to_completion
+from app.engine.engine import Engine
+from app.engine.sampling import SamplingParams
+from app.engine.sequence import FinishReason, GenerationRequest
+from tests.app.engine.eager_reference import prompts
+
+TOLERANCE = 1e-5
+
+
+def _requests(engine: Engine, **params: object) -> list[GenerationRequest]:
+    return [GenerationRequest(tuple(p), SamplingParams(**params)) for p in prompts(engine)]  # type: ignore[arg-type]
+
+
+def _assert_same(engine: Engine, a, b) -> None:
+    ta, tb = engine.trace(a), engine.trace(b)
+    assert ta.token_ids == tb.token_ids
+    assert a.text == b.text and a.finish_reason == b.finish_reason
+    np.testing.assert_allclose(ta.logprobs, tb.logprobs, atol=TOLERANCE)
+    np.testing.assert_allclose(ta.entropies, tb.entropies, atol=TOLERANCE)
+    np.testing.assert_allclose(ta.attention, tb.attention, atol=TOLERANCE)
+
+
+def test_batched_equals_one_by_one(engine: Engine) -> None:
+    requests = _requests(engine, max_new_tokens=12)
+    batched = engine.generate(requests)
+    for request, sequence in zip(requests, batched, strict=True):
+        _assert_same(engine, sequence, engine.generate([request])[0])
+
+
+def test_sequences_joining_a_running_batch_equal_alone(engine: Engine) -> None:
+    first, second, third = _requests(engine, max_new_tokens=10)
+    batch = DecodeBatch.prefill(engine.context, [first])
+    everything = list(batch.sequences)
+    for _ in range(3):
+        batch.step()
+    joining = DecodeBatch.prefill(engine.context, [second, third])
+    everything += joining.sequences
+    batch.merge(joining)
+    while batch.sequences:
+        batch.step()
+        batch.pop_done()
+    for request, sequence in zip((first, second, third), everything, strict=True):
+        _assert_same(engine, sequence, engine.generate([request])[0])
+
+
+def test_probabilities_come_from_raw_logits_even_when_sampling(engine: Engine) -> None:
+    prompt = prompts(engine)[0]
+    params = SamplingParams(max_new_tokens=10, temperature=1.7, top_p=0.8, seed=11)
+    sequence = engine.generate([GenerationRequest(tuple(prompt), params)])[0]
+    trace = engine.trace(sequence)
+    ids = torch.tensor([prompt + list(trace.token_ids)])
+    with torch.inference_mode():
+        logits = engine.loaded.model(ids).logits[0, len(prompt) - 1 : -1].float()
+    raw = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(trace.token_ids)[:, None])[:, 0]
+    np.testing.assert_allclose(trace.logprobs, raw.double().numpy(), atol=TOLERANCE)
+    tempered = torch.log_softmax(logits / params.temperature, dim=-1).gather(-1, torch.tensor(trace.token_ids)[:, None])
+    assert not np.allclose(trace.logprobs, tempered[:, 0].double().numpy(), atol=1e-3)
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(engine: Engine) -> None:
+    requests = _requests(engine, max_new_tokens=10, temperature=1.0, seed=5)
+    alone = [engine.trace(engine.generate([r])[0]).token_ids for r in requests]
+    together = [engine.trace(s).token_ids for s in engine.generate(requests)]
+    assert alone == together
+    other_seed = replace(requests[2], params=replace(requests[2].params, seed=6))
+    draws = {engine.trace(engine.generate([other_seed])[0]).token_ids, together[2]}
+    assert len(draws) == 2
+
+
+def test_length_limit_computes_the_last_tokens_row(engine: Engine) -> None:
+    sequence = engine.generate(_requests(engine, max_new_tokens=7)[:1])[0]
+    assert sequence.finish_reason is FinishReason.LENGTH
+    assert len(sequence.tokens) == 7 == len(sequence.attention_rows)
+
+
+def test_stop_string_cuts_the_text_and_keeps_its_tokens(engine: Engine) -> None:
+    request = _requests(engine, max_new_tokens=12)[0]
+    free = engine.generate([request])[0]
+    words = free.text.split()
+    stop = words[3]
+    stopped = engine.generate([replace(request, params=replace(request.params, stop=(stop,)))])[0]
+    assert stopped.finish_reason is FinishReason.STOP
+    assert stop not in stopped.text
+    assert free.text.startswith(stopped.text)
+    kept = engine.decode([t.token_id for t in stopped.kept_tokens])
+    assert kept.startswith(stopped.text) and len(stopped.attention_rows) == stopped.n_kept
+
+
+def test_stop_tokens_end_generation_unscored(engine: Engine) -> None:
+    request = _requests(engine, max_new_tokens=12)[0]
+    free = engine.generate([request])[0]
+    third = free.tokens[2].token_id
+    context = replace(engine.context, stop_token_ids=engine.context.stop_token_ids | {third})
+    ended = run_to_completion(context, [request])[0]
+    assert ended.finish_reason is FinishReason.STOP
+    assert [t.token_id for t in ended.kept_tokens] == [t.token_id for t in free.tokens[:2]]
+    assert len(ended.attention_rows) == 2
+
+
+def test_without_capture_no_rows_and_same_tokens(engine: Engine) -> None:
+    plain = engine.with_lags(0)
+    request = _requests(engine, max_new_tokens=8)[1]
+    a, b = plain.generate([request])[0], engine.generate([request])[0]
+    assert plain.trace(a).attention is None
+    assert plain.trace(a).token_ids == engine.trace(b).token_ids

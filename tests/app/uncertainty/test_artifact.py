@@ -1,0 +1,94 @@
+"""Artifacts are refused, with a clear error, when a file, the feature spec or the model does not match."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import joblib
+import pytest
+
+from app.uncertainty.artifact import ArtifactError, LlmIdentity, file_sha256, load_artifact
+
+
+@pytest.fixture
+def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_loads_and_describes_itself(artifact_copy: Path) -> None:
+    artifact = load_artifact(artifact_copy)
+    manifest = artifact.manifest
+    assert manifest.features.stage2_size == artifact.scorer.spec.stage2_size
+    assert set(manifest.files) >= {"regressor.joblib", "stage1.joblib"}
+    assert manifest.variant in ("leak-free", "paper-exact") and manifest.aggregation.value in ("mean", "sum-log")
+    assert manifest.metrics["cv"]["chosen"]["variant"] == manifest.variant
+
+
+def test_a_tampered_byte_is_refused_before_unpickling(artifact_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = artifact_copy / "regressor.joblib"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    calls: list[Path] = []
+    monkeypatch.setattr(joblib, "load", lambda *a, **k: calls.append(a[0]))
+    with pytest.raises(ArtifactError, match=r"sha256 of regressor\.joblib"):
+        load_artifact(artifact_copy)
+    assert calls == []
+
+
+def test_missing_file_and_missing_hash_are_refused(artifact_copy: Path) -> None:
+    (artifact_copy / "stage1.joblib").unlink()
+    with pytest.raises(ArtifactError, match="missing"):
+        load_artifact(artifact_copy)
+    manifest = _manifest(artifact_copy)
+    manifest["files"] = {}
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError, match="no sha256"):
+        load_artifact(artifact_copy)
+
+
+def test_feature_spec_mismatch_is_refused(artifact_copy: Path) -> None:
+    manifest = _manifest(artifact_copy)
+    manifest["features"]["n_lags"] += 1
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError, match="feature sizes"):
+        load_artifact(artifact_copy)
+    manifest["features"]["n_lags"] -= 1
+    manifest["features"]["order"] = "something-else"
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError, match="feature order"):
+        load_artifact(artifact_copy)
+
+
+def test_invalid_or_absent_manifest(artifact_copy: Path, tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match=r"no manifest\.json"):
+        load_artifact(tmp_path / "nowhere")
+    (artifact_copy / "manifest.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="invalid"):
+        load_artifact(artifact_copy)
+
+
+def test_pinned_manifest_hash(artifact_copy: Path) -> None:
+    load_artifact(artifact_copy, manifest_sha256=file_sha256(artifact_copy / "manifest.json"))
+    with pytest.raises(ArtifactError, match="pinned"):
+        load_artifact(artifact_copy, manifest_sha256="0" * 64)
+
+
+def test_other_model_is_refused(artifact_copy: Path) -> None:
+    artifact = load_artifact(artifact_copy)
+    own = artifact.manifest.llm
+    artifact.check_model(own)
+    with pytest.raises(ArtifactError, match="trained for model"):
+        artifact.check_model(LlmIdentity(**{**own.model_dump(), "sha256": "f" * 64}))
+    with pytest.raises(ArtifactError, match="layers"):
+        artifact.check_model(LlmIdentity(**{**own.model_dump(), "num_layers": own.num_layers + 1}))

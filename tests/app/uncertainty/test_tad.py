@@ -1,0 +1,75 @@
+"""The recurrent TAD scorer: c_1 = p_1, c_i = clip(C2(z_i), eps, 1) with earlier c's inside z_i."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.linear_model import Ridge
+from sklearn.neural_network import MLPRegressor
+
+from app.uncertainty.features import FeatureSpec, stage2_features, token_probabilities
+from app.uncertainty.tad import TadScorer
+
+SPEC = FeatureSpec(n_lags=2, num_layers=1, num_heads=2)
+
+
+def _linear(coef: np.ndarray, intercept: float) -> Ridge:
+    model = Ridge()
+    model.coef_, model.intercept_, model.n_features_in_ = coef, intercept, len(coef)
+    return model
+
+
+def _inputs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    logprobs = np.log(rng.uniform(0.1, 1.0, n))
+    attention = rng.uniform(0, 0.5, (n, 1, 2, 2)).astype(np.float32)
+    return logprobs, attention
+
+
+def test_recurrence_by_hand() -> None:
+    # Weights only on c_{i-1} and p_i: c_i = 0.5 c_{i-1} + 0.4 p_i + 0.05.
+    coef = np.zeros(SPEC.stage2_size)
+    coef[1] = 0.5
+    coef[-1] = 0.4
+    scorer = TadScorer(_linear(coef, 0.05), SPEC, epsilon=1e-3)
+    logprobs, attention = _inputs(5)
+    p = token_probabilities(logprobs).astype(np.float64)
+    expected = [p[0]]
+    for i in range(1, 5):
+        expected.append(0.5 * np.float32(expected[-1]) + 0.4 * p[i] + 0.05)
+    np.testing.assert_allclose(scorer.confidences(logprobs, attention), expected, rtol=1e-6)
+
+
+def test_confidences_are_clipped() -> None:
+    low = TadScorer(_linear(np.zeros(SPEC.stage2_size), -3.0), SPEC, epsilon=1e-3)
+    high = TadScorer(_linear(np.zeros(SPEC.stage2_size), 7.0), SPEC, epsilon=1e-3)
+    logprobs, attention = _inputs(4)
+    assert np.all(low.confidences(logprobs, attention)[1:] == 1e-3)
+    assert np.all(high.confidences(logprobs, attention)[1:] == 1.0)
+
+
+def test_features_seen_by_the_scorer_are_the_training_builder_s() -> None:
+    rng = np.random.default_rng(1)
+    scorer = TadScorer(_linear(rng.normal(0, 0.1, SPEC.stage2_size), 0.5), SPEC, epsilon=1e-4)
+    logprobs, attention = _inputs(6, seed=2)
+    stream = scorer.stream(keep_features=True)
+    stream.advance(list(logprobs), list(attention))
+    rebuilt = stage2_features(token_probabilities(logprobs), np.array(stream.confidences), attention, SPEC)
+    assert np.stack(stream.features).tobytes() == rebuilt.tobytes()
+
+
+def test_streaming_in_arrival_order_equals_whole_sequence() -> None:
+    rng = np.random.default_rng(3)
+    features = rng.uniform(0, 1, (200, SPEC.stage2_size))
+    mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=50, random_state=0).fit(features, features[:, -1])
+    for regressor in (_linear(rng.normal(0, 0.2, SPEC.stage2_size), 0.3), mlp):
+        scorer = TadScorer(regressor, SPEC, epsilon=1e-4)
+        logprobs, attention = _inputs(7, seed=4)
+        whole = scorer.confidences(logprobs, attention)
+        stream = scorer.stream()
+        got: list[float] = []
+        # Token i's probability arrives one step before its attention row.
+        for step in range(1, 8):
+            got += stream.advance(list(logprobs[:step]), list(attention[: step - 1]))
+        got += stream.advance(list(logprobs), list(attention))
+        assert got == list(whole)
+        assert got[0] == float(token_probabilities(logprobs[:1])[0])

@@ -1,0 +1,115 @@
+"""Shared fixtures: a tiny random Llama-style model (built in about a second) and what is made from it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.engine.engine import Engine
+from app.engine.loading import LoadedModel, load_model
+from tests.fixtures.tiny_model import WORDS, write_tiny_model
+
+N_LAGS = 4
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_dir: Path) -> LoadedModel:
+    torch.manual_seed(0)
+    return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_loaded: LoadedModel) -> Engine:
+    return Engine(tiny_loaded, n_lags=N_LAGS)
+
+
+def _records(rng: random.Random, count: int, split: str) -> dict[str, list[dict]]:
+    """Synthetic QA records in the shared JSONL format, worded with the tiny model's vocabulary."""
+    words = [w for w in WORDS if w.isalpha() and len(w) > 1]
+    squad, mmlu = [], []
+    for i in range(count):
+        context = " ".join(rng.choice(words) for _ in range(30))
+        answer = rng.choice(words)
+        squad.append(
+            {
+                "id": f"squad-{split}-{i}",
+                "question": f"what is the {rng.choice(words)} of {rng.choice(words)} ?",
+                "answers": [answer],
+                "context": context,
+                "source": "synthetic",
+                "task": "extractive_qa",
+            }
+        )
+        choices = rng.sample(words, 4)
+        index = rng.randrange(4)
+        mmlu.append(
+            {
+                "id": f"mmlu-{split}-{i}",
+                "question": f"which {rng.choice(words)} is {rng.choice(words)} ?",
+                "answers": [choices[index]],
+                "choices": choices,
+                "source": "synthetic",
+                "task": "multiple_choice",
+                "meta": {"answer_key": "ABCD"[index], "answer_index": index},
+            }
+        )
+    return {"squad": squad, "mmlu": mmlu}
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    """{"train": [...files], "dev": [...files]}: small synthetic JSONL files."""
+    folder = tmp_path_factory.mktemp("data")
+    rng = random.Random(0)
+    files: dict[str, list[Path]] = {}
+    for split, count in (("train", 24), ("dev", 16)):
+        for name, records in _records(rng, count, split).items():
+            path = folder / f"{name}_{split}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in records))
+            files.setdefault(split, []).append(path)
+    return files
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+) -> dict[str, Path]:
+    from training.generate import GenerateOptions, run_generate
+
+    folder = tmp_path_factory.mktemp("runs")
+    runs = {}
+    for split in ("train", "dev"):
+        runs[split] = run_generate(
+            GenerateOptions(
+                data=tiny_data[split],
+                out=folder / split,
+                model=str(tiny_model_dir),
+                n_lags=N_LAGS,
+                max_new_tokens=10,
+                batch_size=8,
+                shard_size=16,
+            )
+        )
+    return runs
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> Path:
+    """A TAD artifact fitted and calibrated on the tiny model's runs."""
+    from training.evaluate import RunSource, run_calibrate
+    from training.fit import FitOptions, run_fit
+
+    out = tmp_path_factory.mktemp("artifact") / "tiny-tad"
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, alphas=(1.0, 0.01)))
+    source = RunSource(data=[], run=tiny_runs["dev"], default_run_dir=out / "unused")
+    run_calibrate(out, source, coverages=[0.5, 0.8], errors=[0.9], delta=0.1)
+    return out

@@ -1,0 +1,240 @@
+"""Quality targets sim(y, y*) per task (training/targets.py)."""
+
+import pytest
+
+from training.data import QARecord, Task
+from training.targets import (
+    chosen_letter,
+    final_number,
+    math_score,
+    multiple_choice_score,
+    normalise,
+    rouge_l,
+    score_answer,
+    short_answer_score,
+    token_f1,
+    truthfulness_score,
+)
+
+CHOICES = ["Fish", "Bird", "Reptile", "Mammal"]
+
+
+def _record(task, answers, **fields):
+    return QARecord(id="r1", question="q?", answers=answers, task=task, **fields)
+
+
+def _mc_record(key="B", **fields):
+    meta = {"answer_key": key} if key else {}
+    return _record(Task.MULTIPLE_CHOICE, [CHOICES["ABCD".index(key or "B")]], choices=CHOICES, meta=meta, **fields)
+
+
+# --- normalise / token F1 / short answers -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The Eiffel Tower!", "eiffel tower"),
+        ("An apple, a day...", "apple day"),
+        ("  Theater   and\tTHEME ", "theater and theme"),
+        ("U.S.A.", "usa"),
+        ("", ""),
+    ],
+)
+def test_normalise(text, expected):
+    assert normalise(text) == expected
+
+
+def test_token_f1_hand_computed():
+    # predicted [cat, sat], expected [cat, sat, on, mat]: P = 1, R = 1/2, F1 = 2/3.
+    assert token_f1("The cat sat.", "the cat sat on the mat") == pytest.approx(2 / 3)
+    # Multiset overlap: predicted [x, x, y], expected [x, y]: common 2, P = 2/3, R = 1, F1 = 0.8.
+    assert token_f1("x x y", "x y") == pytest.approx(0.8)
+    assert token_f1("dog", "cat") == 0.0
+    assert token_f1("Paris", "paris!") == 1.0
+
+
+def test_token_f1_empty_after_normalisation():
+    assert token_f1("the", "a") == 1.0  # both empty
+    assert token_f1("the", "cat") == 0.0
+    assert token_f1("cat", "") == 0.0
+
+
+def test_short_answer_containment_gives_one():
+    assert short_answer_score("I think it was in 1596, probably.", ["1596"]) == 1.0
+    assert short_answer_score("Warsaw, Poland", ["Krakow", "the Poland"]) == 1.0
+
+
+def test_short_answer_containment_needs_whole_words():
+    # "1596" inside "15960" is no match, and the token F1 of different tokens is 0.
+    assert short_answer_score("15960", ["1596"]) == 0.0
+
+
+def test_short_answer_partial_overlap_gives_best_f1():
+    # [river, thames, in, london] vs [thames, river]: common 2, P = 1/2, R = 1, F1 = 2/3; "Paris" gives 0.
+    assert short_answer_score("the river Thames in London", ["Paris", "Thames River"]) == pytest.approx(2 / 3)
+
+
+# --- multiple choice ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prediction", "expected"),
+    [
+        ("B", "B"),
+        ("B. Bird", "B"),
+        ("B) Bird", "B"),
+        ("(C)", "C"),
+        ("  D:", "D"),
+        ("The answer is D", "D"),
+        ("The answer is (A).", "A"),
+        ("answer: c", "C"),
+        ("Option B is right", "B"),
+        ("mammal", "D"),
+        ("It is a reptile.", "C"),
+    ],
+)
+def test_chosen_letter(prediction, expected):
+    assert chosen_letter(prediction, CHOICES) == expected
+
+
+@pytest.mark.parametrize("prediction", ["E", "Bird or fish", "I do not know", ""])
+def test_chosen_letter_none_when_unclear(prediction):
+    # "E" is beyond the four options; naming two options' texts is ambiguous.
+    assert chosen_letter(prediction, CHOICES) is None
+
+
+def test_chosen_letter_does_not_read_the_article_a_as_option_a():
+    assert chosen_letter("The answer is a mammal.", CHOICES) == "D"
+
+
+def test_chosen_letter_matches_option_text_as_whole_words():
+    assert chosen_letter("100", ["1", "10", "100", "1000"]) == "C"
+
+
+def test_multiple_choice_score_uses_answer_key():
+    record = _mc_record("B")
+    assert multiple_choice_score("B", record) == 1.0
+    assert multiple_choice_score("Bird", record) == 1.0
+    assert multiple_choice_score("The answer is (B)", record) == 1.0
+    assert multiple_choice_score("C", record) == 0.0
+    assert multiple_choice_score("no idea", record) == 0.0
+
+
+def test_multiple_choice_score_derives_key_from_answer_text():
+    record = _record(Task.MULTIPLE_CHOICE, ["Reptile"], choices=CHOICES)
+    assert multiple_choice_score("C", record) == 1.0
+    assert multiple_choice_score("B", record) == 0.0
+
+
+def test_multiple_choice_score_zero_when_answer_not_an_option():
+    record = _record(Task.MULTIPLE_CHOICE, ["Amphibian"], choices=CHOICES)
+    assert multiple_choice_score("A", record) == 0.0
+    assert multiple_choice_score("Amphibian", record) == 0.0
+
+
+# --- math ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The answer is 1,500.", 1500.0),
+        ("The answer is $1,500.00", 1500.0),
+        ("3 apples and 4 pears make 7 fruits.", 7.0),
+        ("The answer is 42. Check: 42 - 2 = 40", 42.0),
+        ("So the change is -12.5 dollars", -12.5),
+        ("answer is 0", 0.0),
+    ],
+)
+def test_final_number(text, expected):
+    assert final_number(text) == expected
+
+
+def test_final_number_none_without_a_number():
+    assert final_number("I cannot solve this.") is None
+
+
+def test_math_score():
+    assert math_score("The answer is 1,500.", ["1500"]) == 1.0
+    assert math_score("The answer is 1500", ["1,500"]) == 1.0
+    assert math_score("We get 20, then 30, so 50 in total", ["50"]) == 1.0  # last number
+    assert math_score("The answer is 13. Earlier I had 12", ["12"]) == 0.0  # marked answer wins
+    assert math_score("no idea", ["12"]) == 0.0
+    assert math_score("The answer is 7", ["n/a", "7"]) == 1.0  # unparsable reference skipped
+    assert math_score("The answer is 7", ["8"]) == 0.0
+
+
+# --- ROUGE-L / TruthfulQA -------------------------------------------------------------------------
+
+
+def test_rouge_l_sanity():
+    assert rouge_l("the cat sat on the mat", "the cat sat on the mat") == pytest.approx(1.0)
+    assert rouge_l("dogs bark", "the cat sat") == 0.0
+    assert rouge_l("", "the cat") == 0.0
+    assert rouge_l("the cat", "   ") == 0.0
+    # LCS of 3 tokens: P = 3/3, R = 3/6, F = 2/3.
+    assert rouge_l("the cat sat", "the cat sat on the mat") == pytest.approx(2 / 3)
+    # Stemming: "cats running" and "cat runs" have the same stems.
+    assert rouge_l("cats running", "cat runs") == pytest.approx(1.0)
+
+
+def _truthful_record(incorrect):
+    return _record(
+        Task.OPEN_QA_TRUTHFULNESS,
+        ["Nothing happens if you swallow gum", "The gum passes through you"],
+        meta={"incorrect_answers": incorrect},
+    )
+
+
+def test_truthfulness_closer_to_correct_is_one():
+    record = _truthful_record(["Gum stays in your stomach for seven years"])
+    assert truthfulness_score("Nothing happens, it passes through you", record) == 1.0
+    assert truthfulness_score("It stays in your stomach for seven years", record) == 0.0
+
+
+def test_truthfulness_tie_is_zero_and_no_incorrect_refs_needs_overlap():
+    # Identical correct and incorrect references: never strictly closer to the correct one.
+    tied = _record(Task.OPEN_QA_TRUTHFULNESS, ["yes it is"], meta={"incorrect_answers": ["yes it is"]})
+    assert truthfulness_score("yes it is", tied) == 0.0
+    no_incorrect = _record(Task.OPEN_QA_TRUTHFULNESS, ["Nothing happens"])
+    assert truthfulness_score("nothing at all happens", no_incorrect) == 1.0
+    assert truthfulness_score("purple elephants", no_incorrect) == 0.0
+
+
+# --- dispatch -------------------------------------------------------------------------------------
+
+
+def test_score_answer_open_and_extractive_qa_use_short_answer_rules():
+    open_qa = _record(Task.OPEN_QA, ["Thames River"])
+    assert score_answer("It is the Thames river.", open_qa) == 1.0
+    assert score_answer("the river Thames in London", open_qa) == pytest.approx(2 / 3)
+    extractive = _record(Task.EXTRACTIVE_QA, ["1596"], context="Warsaw became the capital in 1596.")
+    assert score_answer("in 1596", extractive) == 1.0
+    assert score_answer("1597", extractive) == 0.0
+
+
+def test_score_answer_multiple_choice():
+    # A short-answer rule would give "B" vs "Bird" no credit.
+    record = _mc_record("B")
+    assert score_answer("B", record) == 1.0
+    assert score_answer("A", record) == 0.0
+
+
+def test_score_answer_math_uses_final_number():
+    # Containment would give 1 (the text contains "12"); the final-number rule gives 0.
+    record = _record(Task.MATH_WORD_PROBLEM, ["12"])
+    assert score_answer("3 + 9 = 12, so the answer is 13.", record) == 0.0
+    assert score_answer("3 + 9 = 12. The answer is 12.", record) == 1.0
+
+
+def test_score_answer_truthfulness_is_binary():
+    # Token F1 against "Nothing happens if you swallow gum" would be fractional; this rule gives 1.
+    record = _truthful_record(["Gum stays in your stomach for seven years"])
+    assert score_answer("nothing happens", record) == 1.0
+
+
+def test_score_answer_long_form_uses_best_rouge_l():
+    record = _record(Task.LONG_FORM_QA, ["the cat sat on the mat", "dogs bark loudly"])
+    # Best of 2/3 (LCS "the cat sat" against the first reference) and 0 (against the second).
+    assert score_answer("the cat sat", record) == pytest.approx(2 / 3)
