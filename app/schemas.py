@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from app.uncertainty.scores import Method
 
 MAX_SEED = 2**63 - 1
+# Longer texts cannot fit the prompt-token limit anyway; keeping them under the body limit
+# means an over-long field is a 422 naming it, not a 413.
+MAX_TEXT_CHARS = 200_000
 
 
 class StrictModel(BaseModel):
@@ -20,7 +23,7 @@ class StrictModel(BaseModel):
 
 class ChatMessage(StrictModel):
     role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=1_000_000)
+    content: str = Field(max_length=MAX_TEXT_CHARS)
 
 
 class PolicyOverride(StrictModel):
@@ -47,9 +50,9 @@ class PolicyOverride(StrictModel):
 class PromptInput(StrictModel):
     """Exactly one of `prompt` (raw text, no chat template) or `messages` (chat template applied)."""
 
-    prompt: str | None = Field(None, description="raw prompt text, sent to the model as is")
+    prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS, description="raw prompt text, sent to the model as is")
     messages: list[ChatMessage] | None = Field(
-        None, validate_default=True, description="chat messages; the model's chat template is applied"
+        None, validate_default=True, max_length=256, description="chat messages; the model's chat template is applied"
     )
 
     @field_validator("prompt")
@@ -81,6 +84,15 @@ class GenerateRequest(PromptInput):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="for sampling; echoed in the response")
     stop: str | list[str] | None = Field(None, description="stop strings (not included in the text)")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_lengths(cls, value: object) -> object:
+        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        if any(isinstance(s, str) and len(s) > 1000 for s in items):
+            raise ValueError("stop strings must be at most 1000 characters")
+        return value
+
     return_tokens: bool = Field(True, description="include per-token details")
     stream: bool = Field(False, description="server-sent events: one per token, then a final event")
     policy: PolicyOverride | None = None
@@ -100,7 +112,7 @@ class GenerateRequest(PromptInput):
 
 
 class ScoreRequest(PromptInput):
-    response: str = Field(min_length=1, max_length=1_000_000, description="the answer to score")
+    response: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, description="the answer to score")
     return_tokens: bool = True
     policy: PolicyOverride | None = None
 

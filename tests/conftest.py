@@ -11,9 +11,14 @@ import torch
 
 from app.engine.engine import Engine
 from app.engine.loading import LoadedModel, load_model
+from app.settings import Settings
 from tests.fixtures.tiny_model import WORDS, write_tiny_model
 
 N_LAGS = 4
+
+# The tiny model's matmuls are too small to gain from threads, and on a busy machine
+# OpenMP threads spinning against other processes make them up to 50x slower.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -113,3 +118,16 @@ def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str,
     source = RunSource(data=[], run=tiny_runs["dev"], default_run_dir=out / "unused")
     run_calibrate(out, source, coverages=[0.5, 0.8], errors=[0.9], delta=0.1)
     return out
+
+
+@pytest.fixture(scope="session")
+def service_settings(tiny_model_dir: Path, tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(
+        model=str(tiny_model_dir),
+        artifact_dir=tiny_artifact,
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        default_max_new_tokens=8,
+        max_new_tokens_limit=32,
+        max_prompt_tokens=200,
+        batch_window_ms=2.0,
+    )

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.schemas import MAX_SEED, DecisionInfo, PolicyOverride, SequenceScores
+from app.schemas import MAX_SEED, MAX_TEXT_CHARS, DecisionInfo, PolicyOverride, SequenceScores
 
 
 class _Strict(BaseModel):
@@ -33,13 +33,13 @@ class StreamOptions(_Strict):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: str = Field(max_length=MAX_TEXT_CHARS)
 
 
 class OpenAIMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: str | list[TextPart] = Field(max_length=MAX_TEXT_CHARS)
+    name: str | None = Field(None, max_length=256)
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -89,7 +89,7 @@ class _SamplingFields(_Strict):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[OpenAIMessage] = Field(min_length=1)
+    messages: list[OpenAIMessage] = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -105,7 +105,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str]
+    prompt: str | list[str] = Field(max_length=MAX_TEXT_CHARS)
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="not supported (must be false)")

@@ -206,10 +206,6 @@ def load_model(
         raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
     if not placement:
         model.to(resolved_device)
-    if resolved_device == "cpu":
-        # Subnormal floats (tiny activations, underflowing softmax terms) slow CPU matmuls
-        # by 10x or more; flushing them to zero changes nothing measurable.
-        torch.set_flush_denormal(True)
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from app.serving.runtime import Runtime
 from app.settings import Settings
-from tests.app.api.conftest import CHAT, make_client
+from tests.app.service_client import CHAT, make_client
 
 
 def assert_error(response, status: int, param: str | None = None, error_type: str | None = None) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.settings import Settings
-from tests.app.api.conftest import CHAT, make_client
+from tests.app.service_client import CHAT, long_chat, make_client
 
 METHODS = ("tad", "msp", "perplexity", "mean_token_entropy")
 

@@ -1,0 +1,51 @@
+"""The Prometheus exposition, parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.app.service_client import CHAT
+
+
+def samples(client: TestClient) -> dict[str, list]:
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    found: dict[str, list] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample)
+    return found
+
+
+def value(found: dict[str, list], name: str, **labels: str) -> float:
+    return sum(s.value for s in found.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_count_what_the_service_did(client: TestClient) -> None:
+    before = samples(client)
+    for _ in range(3):
+        assert client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 4}).status_code == 200
+    assert client.post("/v1/generate", json={"prompt": ""}).status_code == 422
+    after = samples(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("tad_requests_total", route="/v1/generate", status="200") == 3
+    assert delta("tad_requests_total", route="/v1/generate", status="422") == 1
+    assert delta("tad_generated_tokens_total") == 12
+    assert delta("tad_request_duration_seconds_count", route="/v1/generate") == 4
+    assert delta("tad_time_per_output_token_seconds_count") == 3
+    assert delta("tad_time_to_first_token_seconds_count") == 3
+    assert delta("tad_queue_time_seconds_count") == 3
+    assert delta("tad_decisions_total") == 3
+    for method in ("tad", "msp", "perplexity", "mean_token_entropy"):
+        assert delta("tad_sequence_uncertainty_count", method=method) == 3
+    rate = value(after, "tad_rolling_rejection_rate", method="tad")
+    assert 0.0 <= rate <= 1.0 and "tad_rolling_rejection_rate" in after
+    assert value(after, "tad_batch_size_count") > 0
+    assert value(after, "tad_requests_in_flight") == 0
+    assert value(after, "tad_queue_depth") == 0
+    assert value(after, "tad_ready") == 1
+    assert value(after, "tad_model_info", model="model", artifact="tiny-tad") == 1

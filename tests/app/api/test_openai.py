@@ -1,0 +1,97 @@
+"""The OpenAI-compatible routes, exercised with the official `openai` client over a real socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from app.settings import Settings
+from tests.app.live_server import live_server
+
+MESSAGES = [{"role": "user", "content": "what is the capital of france ?"}]
+
+
+@pytest.fixture(scope="module")
+def client(service_settings: Settings) -> Iterator[openai.OpenAI]:
+    with live_server(service_settings.model_copy(update={"api_key": None})) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == ["model"]
+
+
+def test_chat_completion_with_logprobs_and_uncertainty(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model="model", messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason in ("stop", "length") and choice.message.role == "assistant"
+    content = choice.logprobs.content
+    assert len(content) == completion.usage.completion_tokens > 0
+    for item in content:
+        assert len(item.top_logprobs) == 3 and item.top_logprobs[0].logprob >= item.logprob - 1e-6
+    assert "".join(t.token for t in content).replace(" ", "") == choice.message.content.replace(" ", "")
+    extension = completion.model_extra["uncertainty"]
+    assert set(extension["sequence"]) == {"tad", "msp", "perplexity", "mean_token_entropy"}
+    assert len(extension["tokens"]) == len(content) and extension["decision"]["method"] == "tad"
+
+
+def test_chat_completion_stream(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="model",
+        messages=MESSAGES,
+        max_tokens=7,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=True,
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    closing = finals[0].model_extra["uncertainty"]
+    assert closing["decision"]["method"] == "tad" and closing["text"].replace(" ", "") == text.replace(" ", "")
+    confidences = [
+        c.model_extra["uncertainty"]["token"]["confidence"] for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert len(confidences) == chunks[-1].usage.completion_tokens
+    whole = client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=7, temperature=0)
+    assert whole.choices[0].message.content == closing["text"]
+    assert [t["confidence"] for t in whole.model_extra["uncertainty"]["tokens"]] == pytest.approx(confidences)
+
+
+def test_text_completion(client: openai.OpenAI) -> None:
+    completion = client.completions.create(
+        model="model", prompt="the capital of", max_tokens=5, temperature=0, logprobs=2
+    )
+    choice = completion.choices[0]
+    assert len(choice.logprobs.tokens) == 5 == completion.usage.completion_tokens
+    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+    assert completion.model_extra["uncertainty"]["sequence"]["msp"] > 0
+    streamed = list(
+        client.completions.create(model="model", prompt="the capital of", max_tokens=5, temperature=0, stream=True)
+    )
+    assert "".join(c.choices[0].text for c in streamed).strip() != ""
+
+
+def test_seeded_sampling_reproduces(client: openai.OpenAI) -> None:
+    kwargs = {"model": "model", "messages": MESSAGES, "max_tokens": 8, "temperature": 1.0, "seed": 3}
+    first = client.chat.completions.create(**kwargs).choices[0].message.content
+    assert client.chat.completions.create(**kwargs).choices[0].message.content == first
+
+
+def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-9", messages=MESSAGES)
+    assert missing.value.body["param"] == "model"
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(model="model", messages=MESSAGES, n=2)
+    with pytest.raises(openai.UnprocessableEntityError) as penalty:
+        client.chat.completions.create(model="model", messages=MESSAGES, presence_penalty=0.5)
+    assert penalty.value.body["param"] == "presence_penalty"
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=10_000)

@@ -1,0 +1,69 @@
+"""generate -> fit -> calibrate -> evaluate through the CLI, on the tiny model and a handful of records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.uncertainty.artifact import load_artifact
+from training.cli import main
+
+
+def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]) -> None:
+    run, artifact, report = tmp_path / "run", tmp_path / "artifact", tmp_path / "report"
+    common = ["--model", str(tiny_model_dir), "--max-new-tokens", "8", "--cache-dir", str(tmp_path / "cache")]
+    main(["generate", "--data", *map(str, tiny_data["train"]), "--out", str(run), "--n-lags", "3", *common])
+    main(["fit", str(run), "--out", str(artifact), "--alphas", "1", "0.01"])
+    main(
+        [
+            "calibrate",
+            "--artifact",
+            str(artifact),
+            "--data",
+            *map(str, tiny_data["dev"]),
+            "--coverage",
+            "0.5",
+            "--error",
+            "0.95",
+            "--delta",
+            "0.2",
+            "--run-dir",
+            str(tmp_path / "dev-run"),
+            *common,
+        ]
+    )
+    main(["evaluate", "--artifact", str(artifact), "--run", str(tmp_path / "dev-run"), "--out", str(report)])
+
+    loaded = load_artifact(artifact)
+    manifest = loaded.manifest
+    assert manifest.features.n_lags == 3 and manifest.training["texts"] == 48
+    grid = manifest.metrics["cv"]["grid"]
+    assert {(row["variant"], row["alpha"], row["aggregation"]) for row in grid} == {
+        (v, a, g) for v in ("leak-free", "paper-exact") for a in (1.0, 0.01) for g in ("mean", "sum-log")
+    }
+    assert all(len(row["prr_folds"]) == 5 for row in grid)
+    best = manifest.metrics["cv"]["best_per_variant"]
+    assert set(best) == {"leak-free", "paper-exact"} and manifest.variant in best
+    other = "paper-exact" if manifest.variant == "leak-free" else "leak-free"
+    assert (artifact / manifest.metrics["alternatives"][other]["file"]).is_file()
+    assert "coverage@0.5" in manifest.thresholds["tad"] and manifest.default_target is not None
+
+    data = json.loads((report / "report.json").read_text())
+    assert set(data["datasets"]) == {"squad", "mmlu", "all"}
+    for entry in data["datasets"].values():
+        assert entry["n"] > 0 and 0 <= entry["accuracy"] <= 1
+        assert {"tad", "msp", "perplexity", "mean_token_entropy"} <= set(entry["methods"])
+        for scores in entry["methods"].values():
+            assert set(scores) == {"prr", "roc_auc"}
+    assert (report / "report.md").read_text().startswith("| dataset |")
+    assert (report / "rejection_squad.png").stat().st_size > 1000
+
+
+def test_help_on_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ([], ["generate"], ["fit"], ["evaluate"], ["calibrate"]):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, "--help"])
+        assert stop.value.code == 0
+        assert "usage:" in capsys.readouterr().out
