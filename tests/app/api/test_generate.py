@@ -78,7 +78,7 @@ def test_return_tokens_false(client: TestClient) -> None:
 
 def test_early_stop_on_uncertainty(client: TestClient) -> None:
     request = {
-        "messages": CHAT,
+        "messages": long_chat(client, 30),  # runs to 30 tokens without early stopping
         "max_new_tokens": 30,
         "early_stop": True,
         "policy": {"method": "msp", "threshold": 0.5},
