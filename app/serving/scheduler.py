@@ -87,6 +87,7 @@ class GenerationItem(WorkItem):
     sequence: SequenceState | None = None
     tad_stream: TadStream | None = None
     emitted: int = 0
+    text_ends: list[int] = field(default_factory=list)  # decoded length after each token (stop strings only)
     admitted_at: float | None = None
     first_token_at: float | None = None
 
@@ -296,6 +297,8 @@ class Scheduler:
             known = len(confidences)
         if item.stream_tokens and not sequence.abandoned:
             limit = min(known, len(sequence.kept_tokens))
+            if sequence.params.stop and not sequence.finished:
+                limit = min(limit, self._clear_of_stop_strings(item, sequence))
             while item.emitted < limit:
                 token = sequence.tokens[item.emitted]
                 item.emit(
@@ -311,6 +314,20 @@ class Scheduler:
                 item.emitted += 1
         if item.early_stop and not sequence.finished:
             self._maybe_stop_early(item, sequence, confidences)
+
+    def _clear_of_stop_strings(self, item: GenerationItem, sequence: SequenceState) -> int:
+        """How many tokens lie wholly before any place a stop string could still start.
+
+        A stop string not yet seen must end after the current text, so it starts within its
+        last (longest stop - 1) characters; tokens that end before that cannot be part of it.
+        """
+        ids = [token.token_id for token in sequence.tokens]
+        while len(item.text_ends) < len(ids):
+            item.text_ends.append(len(self.engine.decode(ids[: len(item.text_ends) + 1])))
+        if not item.text_ends:
+            return 0
+        horizon = item.text_ends[-1] - max(len(stop) for stop in sequence.params.stop) + 1
+        return sum(1 for end in item.text_ends if end <= horizon)
 
     def _maybe_stop_early(self, item: GenerationItem, sequence: SequenceState, confidences: list[float] | None) -> None:
         policy = item.policy

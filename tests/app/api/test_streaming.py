@@ -51,3 +51,16 @@ def test_stream_early_stop(client: TestClient) -> None:
     final = events[-1][1]
     assert final["finish_reason"] == "uncertainty" and not final["decision"]["accept"]
     assert len([e for e in events if e[0] == "token"]) == final["usage"]["completion_tokens"] < 30
+
+
+def test_stream_never_shows_a_stop_string(client: TestClient) -> None:
+    messages = long_chat(client, 20)
+    free = client.post("/v1/generate", json={"messages": messages, "max_new_tokens": 20}).json()
+    words = free["text"].split()
+    stop = " ".join(words[5:9])  # a four-word stop string, spanning tokens
+    events = read_events(client, {"messages": messages, "max_new_tokens": 20, "stop": [stop], "stream": True})
+    final = events[-1][1]
+    streamed = " ".join(data["text"] for name, data in events if name == "token")
+    assert final["finish_reason"] == "stop" and stop not in final["text"]
+    assert stop not in streamed
+    assert len([e for e in events if e[0] == "token"]) == final["usage"]["completion_tokens"]

