@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--alphas", type=float, nargs="+", default=None, help="ridge L2 grid")
     fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
     fit.add_argument("--mlp-width", type=int, default=256)
+    fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
 
     evaluate = commands.add_parser(
         "evaluate",

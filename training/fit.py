@@ -46,11 +46,11 @@ from training.two_stage import (
 logger = logging.getLogger(__name__)
 
 ALPHAS = (10.0, 1.0, 0.1, 0.01, 0.001, 0.0001)
-MLP_GRID = {
-    "layers": (2, 4),
-    "epochs": (10, 20, 30),
-    "learning_rate": (1e-5, 3e-5, 5e-5),
-    "batch_size": (64, 128),
+MLP_GRIDS = {
+    # The paper's grid (36 configurations).
+    "paper": {"layers": (2, 4), "epochs": (10, 20, 30), "learning_rate": (1e-5, 3e-5, 5e-5), "batch_size": (64, 128)},
+    # One configuration from it, for a quick check.
+    "small": {"layers": (2,), "epochs": (10,), "learning_rate": (5e-5,), "batch_size": (64,)},
 }
 
 
@@ -65,7 +65,7 @@ class FitOptions:
     epsilon: float = 1e-4
     mlp: bool = False
     mlp_width: int = 256
-    mlp_grid: dict[str, Sequence[float]] = field(default_factory=lambda: dict(MLP_GRID))
+    mlp_grid: dict[str, Sequence[float]] = field(default_factory=lambda: dict(MLP_GRIDS["paper"]))
 
 
 @dataclass
