@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     elif args.command == "fit":
-        from training.fit import ALPHAS, FitOptions, run_fit
+        from training.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
 
         manifest = run_fit(
             FitOptions(
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                 epsilon=args.epsilon,
                 mlp=args.mlp,
                 mlp_width=args.mlp_width,
+                mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
             )
         )
         chosen = manifest.metrics["cv"]["chosen"]
