@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
     cache_dir: Path = Field(Path.home() / ".cache" / "tad-serve", description="dequantised GGUF copies")
+    served_model_name: str | None = Field(None, description="the model's name in responses (default: from its file)")
     verify_model_sha256: bool = True
     torch_threads: int | None = Field(None, ge=1)
 

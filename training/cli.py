@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
     )
     _add_generation_options(calibrate)
+    summary = commands.add_parser(
+        "summary",
+        help="per-dataset accuracy and answer length of generation runs (no artifact needed)",
+        description="Reads runs from `generate` and prints, per dataset: texts, accuracy (quality >= 0.5), "
+        "mean quality and mean answer tokens.",
+    )
+    summary.add_argument("runs", type=Path, nargs="+")
     return parser
 
 
@@ -149,6 +156,10 @@ def main(argv: list[str] | None = None) -> None:
             cache_dir=args.cache_dir,
         )
         print(report_markdown(run_evaluate(args.artifact, source, args.out)), end="")
+    elif args.command == "summary":
+        from training.summary import summarise
+
+        print(summarise(args.runs), end="")
     elif args.command == "calibrate":
         from training.evaluate import RunSource, run_calibrate
 

@@ -41,7 +41,7 @@ def _response(
         uncertainty=service.sequence_scores(scored),
         decision=service.decision_info(decision),
         usage=Usage(prompt_tokens=len(result.sequence.request.prompt_ids), completion_tokens=len(scored.trace)),
-        model=service.engine.identity.name,
+        model=service.runtime.model_name,
         artifact=service.runtime.artifact.name if service.runtime.artifact else None,
         tad_available=service.runtime.artifact is not None,
         seed=seed,
@@ -114,7 +114,7 @@ async def score(body: ScoreRequest, request: Request, runtime: RuntimeDep) -> Sc
         uncertainty=service.sequence_scores(scored),
         decision=service.decision_info(decision),
         usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(scored.trace)),
-        model=service.engine.identity.name,
+        model=service.runtime.model_name,
         artifact=runtime.artifact.name if runtime.artifact else None,
         tad_available=runtime.artifact is not None,
     )

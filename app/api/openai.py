@@ -39,7 +39,7 @@ class ModelNotFound(ServiceError):
 
 
 def _check_model(service: GenerationService, requested: str) -> str:
-    served = service.engine.identity.name
+    served = service.runtime.model_name
     if requested != served:
         raise ModelNotFound(f"model '{requested}' is not served here; this server serves '{served}'", param="model")
     return served
@@ -158,5 +158,5 @@ async def completions(
 
 @router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")
 async def models(runtime: RuntimeDep) -> ModelList:
-    engine, _ = runtime.require_ready()
-    return ModelList(data=[ModelCard(id=engine.identity.name, created=int(runtime.started_at))])
+    runtime.require_ready()
+    return ModelList(data=[ModelCard(id=runtime.model_name, created=int(runtime.started_at))])

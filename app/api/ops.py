@@ -30,9 +30,9 @@ async def health() -> HealthResponse:
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     if runtime.state is State.FAILED:
         raise NotReady(f"startup failed: {runtime.failure}", retry_after_s=60)
-    engine, _ = runtime.require_ready()
+    runtime.require_ready()
     return ReadyResponse(
-        status="ready", model=engine.identity.name, artifact=runtime.artifact.name if runtime.artifact else None
+        status="ready", model=runtime.model_name, artifact=runtime.artifact.name if runtime.artifact else None
     )
 
 

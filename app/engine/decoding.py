@@ -8,6 +8,7 @@ the key/value caches are left-padded to a common length and concatenated.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from app.engine.attention_capture import AttentionCapture
 from app.engine.sampling import RawDistribution, choose_token, make_generator, top_alternatives
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState, TokenRecord
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -147,26 +150,39 @@ class DecodeBatch:
     def _choose_next(self, logits: torch.Tensor, active: list[int]) -> None:
         distribution = RawDistribution.from_logits(logits)
         greedy = torch.argmax(logits, dim=-1).tolist()
-        entropies = distribution.entropy.tolist()
-        for index in active:
+        chosen = []
+        for index in list(active):
             seq = self.sequences[index]
-            params = seq.params
-            token = greedy[index] if params.greedy else choose_token(logits[index], params, seq.generator)
+            try:
+                token = greedy[index] if seq.params.greedy else choose_token(logits[index], seq.params, seq.generator)
+            except RuntimeError:
+                logger.exception("choosing a token failed; ending that sequence only")
+                seq.abandon(FinishReason.ERROR)
+                active.remove(index)
+                continue
+            chosen.append(token)
+        if not active:
+            return
+        rows = torch.tensor(active, device=logits.device)
+        picked = distribution.log_probs[rows, torch.tensor(chosen, device=logits.device)].tolist()
+        entropies = distribution.entropy[rows].tolist()
+        for position, index in enumerate(active):
+            seq, token = self.sequences[index], chosen[position]
             if token in self.context.stop_token_ids:
                 seq.finish(FinishReason.STOP)
                 continue
-            row = distribution.log_probs[index]
+            alternatives = top_alternatives(distribution.log_probs[index], seq.params.top_logprobs)
             seq.tokens.append(
                 TokenRecord(
                     token_id=token,
-                    logprob=float(row[token]),
-                    entropy=entropies[index],
-                    top_logprobs=tuple(top_alternatives(row, params.top_logprobs)),
+                    logprob=picked[position],
+                    entropy=entropies[position],
+                    top_logprobs=tuple(alternatives),
                 )
             )
-            if params.stop and self._hit_stop_string(seq):
+            if seq.params.stop and self._hit_stop_string(seq):
                 continue
-            if len(seq.tokens) >= params.max_new_tokens:
+            if len(seq.tokens) >= seq.params.max_new_tokens:
                 seq.finish(FinishReason.LENGTH)
 
     def _hit_stop_string(self, seq: SequenceState) -> bool:

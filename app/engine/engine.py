@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -30,9 +31,11 @@ class Engine:
         if tokenizer.eos_token_id is not None:
             stop_ids.add(tokenizer.eos_token_id)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_ids), 0)
+        # The decode loop gets its own tokenizer: a fast tokenizer used from two threads at once
+        # (encoding a new request while the loop decodes) fails with "Already borrowed".
         self.context = DecodeContext(
             model=loaded.model,
-            tokenizer=tokenizer,
+            tokenizer=copy.deepcopy(tokenizer),
             device=loaded.device,
             n_lags=n_lags,
             stop_token_ids=frozenset(int(i) for i in stop_ids),
@@ -94,9 +97,11 @@ class Engine:
         return [int(i) for i in self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"]]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.loaded.tokenizer.decode(list(ids), skip_special_tokens=True)
+        """Text of token ids, with the decode loop's tokenizer (call it from the decode thread)."""
+        return self.context.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
+        """One token's text, with the request-side tokenizer (call it from the request thread)."""
         return self.loaded.tokenizer.decode([token_id], skip_special_tokens=False)
 
     # ------------------------------------------------------------------ compute

@@ -17,6 +17,7 @@ class FinishReason(StrEnum):
     UNCERTAINTY = "uncertainty"  # the running uncertainty crossed the reject threshold
     CANCELLED = "cancelled"  # the client went away
     DEADLINE = "deadline"  # the request ran past its deadline
+    ERROR = "error"  # choosing this sequence's token failed; its neighbours are unaffected
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,13 @@ class Runtime:
             raise StartupError(f"TAD_REJECT_TARGET={target} is not calibrated in {self.artifact.path} for {method}")
 
     # ------------------------------------------------------------------ serving
+    @property
+    def model_name(self) -> str:
+        """The name clients see (and must send to the OpenAI routes)."""
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        return self.engine.identity.name if self.engine else self.settings.model
+
     def require_ready(self) -> tuple[Engine, Scheduler]:
         if self.state is State.DRAINING:
             raise NotReady("the service is shutting down", retry_after_s=10)

@@ -355,6 +355,9 @@ class Scheduler:
         if sequence.finish_reason is FinishReason.DEADLINE:
             self._answer(item, Failure(DeadlineExceeded("the request ran past its deadline")))
             return
+        if sequence.finish_reason is FinishReason.ERROR:
+            self._answer(item, Failure(ServiceError("choosing a token failed; see the server log")))
+            return
         self._stream_progress(item, sequence)
         scored = self.scorer.score(self.engine.trace(sequence))
         now = time.monotonic()

@@ -67,3 +67,11 @@ def test_help_on_every_command(capsys: pytest.CaptureFixture[str]) -> None:
             main([*command, "--help"])
         assert stop.value.code == 0
         assert "usage:" in capsys.readouterr().out
+
+
+def test_summary_lists_each_dataset(tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    main(["summary", str(tiny_runs["dev"])])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| dataset | texts | accuracy")
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["mmlu", "squad"]
+    assert all(row.split("|")[2].strip() == "16" for row in table[2:])

@@ -109,3 +109,12 @@ def test_info_describes_model_artifact_and_policy(client: TestClient) -> None:
     assert info["artifact"]["features"]["n_lags"] == 4 and info["artifact"]["files"]
     assert info["policy"]["method"] == "tad" and info["policy"]["active"]
     assert info["limits"]["max_new_tokens"] == 32
+
+
+def test_served_model_name(service_settings: Settings) -> None:
+    with make_client(service_settings, served_model_name="tiny-llm") as client:
+        assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 1}).json()["model"] == "tiny-llm"
+        assert client.get("/v1/models").json()["data"][0]["id"] == "tiny-llm"
+        chat = {"model": "tiny-llm", "messages": CHAT, "max_tokens": 2}
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        assert client.post("/v1/chat/completions", json={**chat, "model": "model"}).status_code == 404

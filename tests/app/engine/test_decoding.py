@@ -112,3 +112,28 @@ def test_without_capture_no_rows_and_same_tokens(engine: Engine) -> None:
     a, b = plain.generate([request])[0], engine.generate([request])[0]
     assert plain.trace(a).attention is None
     assert plain.trace(a).token_ids == engine.trace(b).token_ids
+
+
+def test_a_failing_row_ends_only_its_own_sequence(engine: Engine, monkeypatch) -> None:
+    import app.engine.decoding as decoding
+
+    real = decoding.choose_token
+
+    def failing(logits, params, generator):
+        if params.seed == 13:
+            raise RuntimeError("probability tensor contains nan")
+        return real(logits, params, generator)
+
+    monkeypatch.setattr(decoding, "choose_token", failing)
+    good, bad = _requests(engine, max_new_tokens=6, temperature=1.0, seed=1)[:2]
+    bad = replace(bad, params=replace(bad.params, seed=13))
+    ok, failed = engine.generate([good, bad])
+    assert failed.finish_reason is FinishReason.ERROR and failed.kept_tokens == []
+    assert ok.finish_reason is FinishReason.LENGTH
+    assert engine.trace(ok).token_ids == engine.trace(engine.generate([good])[0]).token_ids
+
+
+def test_extreme_sampling_parameters_do_not_fail(engine: Engine) -> None:
+    for temperature, top_p in ((5e-324, 1.0), (1.0, 5e-324), (2.0, 1e-30)):
+        request = _requests(engine, max_new_tokens=4, temperature=temperature, top_p=top_p, seed=0)[0]
+        assert len(engine.generate([request])[0].tokens) > 0
