@@ -110,8 +110,9 @@ def tiny_runs(
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> Path:
     """A TAD artifact fitted and calibrated on the tiny model's runs."""
-    from training.evaluate import RunSource, run_calibrate
+    from training.calibrate import run_calibrate
     from training.fit import FitOptions, run_fit
+    from training.run_source import RunSource
 
     out = tmp_path_factory.mktemp("artifact") / "tiny-tad"
     run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, alphas=(1.0, 0.01)))

@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
             f"aggregation {chosen['aggregation']}, CV PRR {chosen['prr_mean']:.3f}"
         )
     elif args.command == "evaluate":
-        from training.evaluate import RunSource, report_markdown, run_evaluate
+        from training.evaluate import report_markdown, run_evaluate
+        from training.run_source import RunSource
 
         source = RunSource(
             data=args.data,
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
 
         print(summarise(args.runs), end="")
     elif args.command == "calibrate":
-        from training.evaluate import RunSource, run_calibrate
+        from training.calibrate import run_calibrate
+        from training.run_source import RunSource
 
         source = RunSource(
             data=args.data,

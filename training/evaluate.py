@@ -1,4 +1,4 @@
-"""`evaluate` and `calibrate`: score a run with an artifact; report PRR/ROC-AUC; choose thresholds."""
+"""`evaluate`: PRR and ROC-AUC of TAD and the baselines per dataset, a markdown table, rejection-curve plots."""
 
 from __future__ import annotations
 
@@ -6,16 +6,12 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from app.uncertainty.artifact import Manifest, TadArtifact, load_artifact, write_manifest
-from app.uncertainty.scores import Method
-from training.calibration import coverage_name, coverage_threshold, error_name, error_threshold
-from training.generate import GenerateOptions, run_generate
+from app.uncertainty.artifact import TadArtifact, load_artifact
 from training.metrics import (
     accuracy,
     oracle_curve,
@@ -23,51 +19,13 @@ from training.metrics import (
     rejection_curve,
     roc_auc_wrong,
 )
-from training.runs import TextTrace, iter_texts, read_run_settings
+from training.run_source import RunSource, obtain_run
+from training.runs import TextTrace, iter_texts
 from training.scoring import uncertainty_table
 
 logger = logging.getLogger(__name__)
 
 REPORT_METHODS = ("tad", "msp", "perplexity", "mean_token_entropy")
-
-
-@dataclass(frozen=True)
-class RunSource:
-    """Where the traces come from: an existing run, or a new (resumable) one generated here."""
-
-    data: Sequence[Path]
-    run: Path | None
-    default_run_dir: Path
-    model: str | None = None
-    limit: int | None = None
-    batch_size: int = 8
-    max_new_tokens: int | None = None
-    device: str = "auto"
-    cache_dir: Path | None = None
-
-
-def obtain_run(source: RunSource, artifact: TadArtifact) -> Path:
-    if source.run is not None:
-        settings = read_run_settings(source.run)
-        if settings["model_sha256"] != artifact.manifest.llm.sha256:
-            raise SystemExit(f"run {source.run} was generated with another model than the artifact's")
-        if settings["n_lags"] < artifact.n_lags:
-            raise SystemExit(f"run {source.run} stores {settings['n_lags']} lags; the artifact needs {artifact.n_lags}")
-        return source.run
-    if not source.data:
-        raise SystemExit("give --data files to generate from, or --run to reuse a run")
-    options = GenerateOptions(
-        data=source.data,
-        out=source.default_run_dir,
-        model=source.model or artifact.manifest.llm.source,
-        n_lags=artifact.n_lags,
-        limit=source.limit,
-        max_new_tokens=source.max_new_tokens,
-        batch_size=source.batch_size,
-        device=source.device,
-        cache_dir=source.cache_dir,
-    )
-    return run_generate(options)
 
 
 def group_by_dataset(texts: Sequence[TextTrace]) -> dict[str, list[int]]:
@@ -176,53 +134,3 @@ def run_evaluate(artifact_dir: Path, source: RunSource, out: Path) -> dict[str, 
     for name, data in arrays.items():
         plot_curves(name, data, out / f"rejection_{name}.png")
     return report
-
-
-def run_calibrate(
-    artifact_dir: Path,
-    source: RunSource,
-    coverages: Sequence[float],
-    errors: Sequence[float],
-    delta: float,
-    seed: int = 0,
-    default_target: str | None = None,
-) -> Manifest:
-    artifact = load_artifact(artifact_dir)
-    run = obtain_run(source, artifact)
-    texts = list(iter_texts([run]))
-    table = uncertainty_table(artifact, texts)
-    quality = np.array([t.target for t in texts])
-    thresholds: dict[Method, dict[str, Any]] = {}
-    for method in Method:
-        values = table[method.value]
-        entries = {coverage_name(c): coverage_threshold(values, quality, c) for c in coverages}
-        for error in errors:
-            chosen = error_threshold(values, quality, error, delta=delta, seed=seed)
-            if chosen is None:
-                logger.warning("%s: no threshold certifies error <= %g at delta %g", method.value, error, delta)
-            else:
-                entries[error_name(error)] = chosen
-        thresholds[method] = entries
-    tad = thresholds[Method.TAD]
-    if default_target is not None and default_target not in tad:
-        raise SystemExit(f"--default-target {default_target} was not calibrated (have: {', '.join(tad)})")
-    feasible_errors = [error_name(e) for e in errors if error_name(e) in tad]
-    default = default_target or (feasible_errors[0] if feasible_errors else None)
-    if default is None and coverages:
-        default = coverage_name(coverages[0])
-    manifest = artifact.manifest.model_copy(
-        update={
-            "thresholds": thresholds,
-            "default_target": default,
-            "metrics": {
-                **artifact.manifest.metrics,
-                "calibration": {
-                    "run": str(run),
-                    "n": len(texts),
-                    "delta": delta,
-                    "accuracy": float(accuracy(quality)),
-                },
-            },
-        }
-    )
-    return write_manifest(artifact.path, manifest)

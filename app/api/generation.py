@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.api.responses import V1_ERRORS
+from app.api.responses import V1_ERRORS, client_gone
 from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import ServiceError, error_body
 from app.schemas import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse, Usage
@@ -73,7 +73,7 @@ async def generate(
         try:
             result = await service.result(item, request)
         except ClientDisconnected:
-            return StreamingResponse(iter(()), status_code=499)
+            return client_gone()
         service.observe_generation(result)
         decision = service.decide(prepared.policy, result.scored)
         return _response(service, result, body, prepared.seed, decision)
@@ -107,7 +107,7 @@ async def score(body: ScoreRequest, request: Request, runtime: RuntimeDep) -> Sc
     try:
         scored = await service.score(prompt_ids, body.response, request)
     except ClientDisconnected:
-        return StreamingResponse(iter(()), status_code=499)  # type: ignore[return-value]
+        return client_gone()  # type: ignore[return-value]
     decision = service.decide(policy, scored)
     return ScoreResponse(
         tokens=service.token_infos(scored) if body.return_tokens else None,

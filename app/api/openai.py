@@ -16,7 +16,7 @@ from app.api.openai_protocol import (
     ModelCard,
     ModelList,
 )
-from app.api.responses import V1_ERRORS, errors
+from app.api.responses import V1_ERRORS, client_gone, errors
 from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import ServiceError, error_body
 from app.schemas import ChatMessage
@@ -112,7 +112,7 @@ async def chat_completions(
     try:
         result = await service.result(item, request)
     except ClientDisconnected:
-        return StreamingResponse(iter(()), status_code=499)
+        return client_gone()
     service.observe_generation(result)
     decision = service.decide(prepared.policy, result.scored)
     return chat_response(service, result, decision, model, body.logprobs)
@@ -150,7 +150,7 @@ async def completions(
     try:
         result = await service.result(item, request)
     except ClientDisconnected:
-        return StreamingResponse(iter(()), status_code=499)
+        return client_gone()
     service.observe_generation(result)
     decision = service.decide(prepared.policy, result.scored)
     return completion_response(service, result, decision, model, body.logprobs)

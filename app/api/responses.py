@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Response
+
 from app.errors import ErrorBody
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's code; the client is gone, so nobody receives it
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -21,3 +25,8 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 V1_ERRORS = errors(401, 413, 422, 429, 503, 504)
+
+
+def client_gone() -> Response:
+    """The response for a request whose client disconnected (its work was cancelled)."""
+    return Response(status_code=CLIENT_CLOSED_REQUEST)

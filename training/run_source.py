@@ -1,0 +1,50 @@
+"""Where `evaluate` and `calibrate` get their traces: an existing run, or a new (resumable) one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.uncertainty.artifact import TadArtifact
+from training.generate import GenerateOptions, run_generate
+from training.runs import read_run_settings
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """Where the traces come from: an existing run, or a new (resumable) one generated here."""
+
+    data: Sequence[Path]
+    run: Path | None
+    default_run_dir: Path
+    model: str | None = None
+    limit: int | None = None
+    batch_size: int = 8
+    max_new_tokens: int | None = None
+    device: str = "auto"
+    cache_dir: Path | None = None
+
+
+def obtain_run(source: RunSource, artifact: TadArtifact) -> Path:
+    if source.run is not None:
+        settings = read_run_settings(source.run)
+        if settings["model_sha256"] != artifact.manifest.llm.sha256:
+            raise SystemExit(f"run {source.run} was generated with another model than the artifact's")
+        if settings["n_lags"] < artifact.n_lags:
+            raise SystemExit(f"run {source.run} stores {settings['n_lags']} lags; the artifact needs {artifact.n_lags}")
+        return source.run
+    if not source.data:
+        raise SystemExit("give --data files to generate from, or --run to reuse a run")
+    options = GenerateOptions(
+        data=source.data,
+        out=source.default_run_dir,
+        model=source.model or artifact.manifest.llm.source,
+        n_lags=artifact.n_lags,
+        limit=source.limit,
+        max_new_tokens=source.max_new_tokens,
+        batch_size=source.batch_size,
+        device=source.device,
+        cache_dir=source.cache_dir,
+    )
+    return run_generate(options)
