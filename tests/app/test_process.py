@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.app.live_server import free_port
-from tests.fixtures.tiny_model import write_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,12 +41,6 @@ def wait_ready(url: str, process: subprocess.Popen[str], timeout: float = 90) ->
             pass
         time.sleep(0.1)
     raise AssertionError("server did not become ready")
-
-
-@pytest.fixture(scope="module")
-def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Big enough that 1,500 tokens take seconds, and greedy never emits a stop token.
-    return write_tiny_model(tmp_path_factory.mktemp("slow") / "model", hidden_size=256, num_layers=4, stop_scale=0.0)
 
 
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -56,10 +57,32 @@ def test_cancelled_stream_frees_its_slot(service_settings: Settings) -> None:
                 if line.startswith("event: token"):
                     break  # the client goes away after the first token
         runtime = client.app.state.runtime
-        import time
-
         deadline = time.monotonic() + 20
         while runtime.scheduler.in_flight and time.monotonic() < deadline:
             time.sleep(0.02)
         assert runtime.scheduler.in_flight == 0
         assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2}).status_code == 200
+
+
+def test_a_client_that_goes_away_has_its_generation_cancelled(slow_model, service_settings: Settings) -> None:
+    import httpx
+
+    from tests.app.live_server import live_server
+
+    settings = service_settings.model_copy(
+        update={"model": str(slow_model), "artifact_dir": None, "max_new_tokens_limit": 1500}
+    )
+    with live_server(settings) as url:
+        body = {"prompt": "the capital of", "max_new_tokens": 1500}
+        started = time.monotonic()
+        assert httpx.post(f"{url}/v1/generate", json=body, timeout=120).status_code == 200
+        full = time.monotonic() - started
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/generate", json=body, timeout=full / 10)
+        gone = time.monotonic()
+        while time.monotonic() - gone < full:
+            metrics = httpx.get(f"{url}/metrics").text
+            if "tad_requests_in_flight 0.0" in metrics:
+                break
+            time.sleep(0.05)
+        assert time.monotonic() - gone < full / 2, "the abandoned generation ran on"
