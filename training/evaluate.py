@@ -39,31 +39,38 @@ def _finite(value: float) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
-def build_report(artifact: TadArtifact, texts: Sequence[TextTrace]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """report.json content, and the per-dataset arrays the plots need."""
-    table = uncertainty_table(artifact, texts)
-    targets = np.array([t.target for t in texts])
-    report: dict[str, Any] = {"datasets": {}}
-    arrays: dict[str, Any] = {}
-    groups = group_by_dataset(texts)
-    if len(groups) > 1:
-        groups["all"] = list(range(len(texts)))
-    for name, indices in groups.items():
-        quality = targets[indices]
-        methods = {
+OVERALL = "overall"
+
+
+def _entry(table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int]) -> dict[str, Any]:
+    return {
+        "n": len(indices),
+        "accuracy": _finite(accuracy(quality)),
+        "mean_quality": _finite(float(quality.mean())),
+        "methods": {
             method: {
                 "prr": _finite(prediction_rejection_ratio(values[indices], quality)),
                 "roc_auc": _finite(roc_auc_wrong(values[indices], quality)),
             }
             for method, values in table.items()
-        }
-        report["datasets"][name] = {
-            "n": len(indices),
-            "accuracy": _finite(accuracy(quality)),
-            "mean_quality": _finite(float(quality.mean())),
-            "methods": methods,
-        }
-        arrays[name] = {"quality": quality, "uncertainty": {m: v[indices] for m, v in table.items()}}
+        },
+    }
+
+
+def build_report(artifact: TadArtifact, texts: Sequence[TextTrace]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """report.json content (per dataset, plus all texts pooled under "overall"), and the arrays for plots."""
+    table = uncertainty_table(artifact, texts)
+    targets = np.array([t.target for t in texts])
+    report: dict[str, Any] = {"datasets": {}}
+    arrays: dict[str, Any] = {}
+    groups = group_by_dataset(texts)
+    for name, indices in groups.items():
+        report["datasets"][name] = _entry(table, targets[indices], indices)
+        arrays[name] = {"quality": targets[indices], "uncertainty": {m: v[indices] for m, v in table.items()}}
+    if len(groups) > 1:
+        everything = list(range(len(texts)))
+        report[OVERALL] = _entry(table, targets, everything)
+        arrays[OVERALL] = {"quality": targets, "uncertainty": table}
     report["artifact"] = {
         "path": str(artifact.path),
         "variant": artifact.manifest.variant,
@@ -77,25 +84,23 @@ def _fmt(value: float | None) -> str:
 
 
 def report_markdown(report: dict[str, Any]) -> str:
-    extra = sorted(
-        {m for d in report["datasets"].values() for m in d["methods"] if m not in REPORT_METHODS},
-    )
+    """Two tables, PRR then ROC-AUC: rows are datasets (and all pooled), columns methods."""
+    extra = sorted({m for d in report["datasets"].values() for m in d["methods"] if m not in REPORT_METHODS})
     methods = [*REPORT_METHODS, *extra]
-    lines = [
-        "| dataset | n | accuracy | "
-        + " | ".join(f"{m} PRR" for m in methods)
-        + " | "
-        + " | ".join(f"{m} ROC-AUC" for m in methods)
-        + " |",
-        "|" + "---|" * (3 + 2 * len(methods)),
-    ]
-    for name, entry in report["datasets"].items():
-        prr = [_fmt(entry["methods"][m]["prr"]) for m in methods]
-        auc = [_fmt(entry["methods"][m]["roc_auc"]) for m in methods]
-        lines.append(
-            f"| {name} | {entry['n']} | {_fmt(entry['accuracy'])} | " + " | ".join(prr) + " | " + " | ".join(auc) + " |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = list(report["datasets"].items()) + ([(f"*{OVERALL}*", report[OVERALL])] if OVERALL in report else [])
+    sections = []
+    for metric, title in (("prr", "PRR at 50% rejection (1 = oracle, 0 = random)"), ("roc_auc", "ROC-AUC")):
+        lines = [
+            f"{title}:",
+            "",
+            "| dataset | n | accuracy | " + " | ".join(methods) + " |",
+            "|---|---|---|" + "---|" * len(methods),
+        ]
+        for name, entry in rows:
+            values = " | ".join(_fmt(entry["methods"][m][metric]) for m in methods)
+            lines.append(f"| {name} | {entry['n']} | {_fmt(entry['accuracy'])} | {values} |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections) + "\n"
 
 
 def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:

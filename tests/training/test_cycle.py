@@ -51,13 +51,16 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
     assert "coverage@0.5" in manifest.thresholds["tad"] and manifest.default_target is not None
 
     data = json.loads((report / "report.json").read_text())
-    assert set(data["datasets"]) == {"squad", "mmlu", "all"}
-    for entry in data["datasets"].values():
+    assert set(data["datasets"]) == {"squad", "mmlu"}
+    assert data["overall"]["n"] == sum(entry["n"] for entry in data["datasets"].values())
+    for entry in [*data["datasets"].values(), data["overall"]]:
         assert entry["n"] > 0 and 0 <= entry["accuracy"] <= 1
         assert {"tad", "msp", "perplexity", "mean_token_entropy"} <= set(entry["methods"])
         for scores in entry["methods"].values():
             assert set(scores) == {"prr", "roc_auc"}
-    assert (report / "report.md").read_text().startswith("| dataset |")
+    markdown = (report / "report.md").read_text()
+    assert markdown.startswith("PRR at 50% rejection") and "ROC-AUC:" in markdown
+    assert markdown.count("| squad |") == 2
     assert (report / "rejection_squad.png").stat().st_size > 1000
 
 
