@@ -32,13 +32,28 @@ _FUSED_CPU_KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention
 
 
 @dataclass
+class _DecodeStep:
+    """What one layer of a decode step leaves for the weights: no arithmetic during the forward."""
+
+    query: torch.Tensor  # [batch, kv_heads, groups, head_dim]
+    key: torch.Tensor  # [batch, kv_heads, kv_length, head_dim] (the cache's tensor, not a copy)
+    log_sum_exp: torch.Tensor  # [batch, kv_heads, groups]
+    scale: float
+
+
+@dataclass
 class AttentionCapture:
     """A request, passed through the model's forward kwargs, for attention rows.
 
     `query_start`: index (within this forward's queries) of the first query whose row
-    is wanted. `rows[layer]` is filled with a float32 tensor `[batch, heads, queries, n_lags]`
-    where slot `l - 1` holds the weight to the key `l` positions before the query.
-    Slots that point before position 0 are zero.
+    is wanted. `stacked()` returns `[batch, queries, layers, heads, n_lags]` float32 where
+    slot `l - 1` holds the weight to the key `l` positions before the query; slots that
+    point before position 0 are zero.
+
+    On a decode step each layer only stores references (its packed query, the cache's
+    keys and the softmax log-sum-exp the fused kernel returned); the weights of all layers
+    are then computed together in a handful of batched operations, so the per-layer cost
+    inside the forward is a few attribute stores rather than a dozen small kernels.
     """
 
     n_lags: int
@@ -46,21 +61,42 @@ class AttentionCapture:
     query_start: int = 0
     allow_fused_kernel: bool = True
     rows: list[torch.Tensor | None] = field(default_factory=list)
+    decode_steps: list[_DecodeStep | None] = field(default_factory=list)
     _mask_source: torch.Tensor | None = None
     _mask_additive: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.num_layers
+        self.decode_steps = [None] * self.num_layers
 
     def stacked(self) -> torch.Tensor:
         """All layers as one `[batch, queries, layers, heads, n_lags]` float32 tensor on CPU."""
-        if any(row is None for row in self.rows):
-            missing = [i for i, row in enumerate(self.rows) if row is None]
+        if all(step is not None for step in self.decode_steps):
+            return self._decode_weights()
+        missing = [i for i, row in enumerate(self.rows) if row is None]
+        if missing:
             raise RuntimeError(f"attention rows missing for layers {missing}")
         device = self.rows[0].device  # type: ignore[union-attr]
         layers = torch.stack([row.to(device) for row in self.rows], dim=2)  # type: ignore[union-attr]
         # [batch, heads, layers, queries, lags] -> [batch, queries, layers, heads, lags]
         return layers.permute(0, 3, 2, 1, 4).contiguous().cpu()
+
+    def _decode_weights(self) -> torch.Tensor:
+        steps: list[_DecodeStep] = self.decode_steps  # type: ignore[assignment]
+        device = steps[0].query.device
+        kv_length = steps[0].key.shape[2]
+        n_window = min(self.n_lags, kv_length - 1)
+        queries = torch.stack([step.query.to(device) for step in steps])  # [L, b, kvh, g, d]
+        windows = torch.stack([step.key[:, :, kv_length - 1 - n_window : kv_length - 1].to(device) for step in steps])
+        log_sum_exp = torch.stack([step.log_sum_exp.to(device) for step in steps]).unsqueeze(-1)
+        scores = torch.matmul(queries.float(), windows.float().transpose(-1, -2))  # [L, b, kvh, g, window]
+        weights = torch.exp(scores.mul_(steps[0].scale).sub_(log_sum_exp.float())).flip(-1)
+        if n_window < self.n_lags:
+            weights = torch.nn.functional.pad(weights, (0, self.n_lags - n_window))
+        layers, batch, kv_heads, groups, _ = weights.shape
+        # [L, b, kvh * g = heads, lags] -> [b, 1, L, heads, lags]
+        weights = weights.reshape(layers, batch, kv_heads * groups, self.n_lags).permute(1, 0, 2, 3)
+        return weights.unsqueeze(1).contiguous().cpu()
 
     def additive_mask(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The boolean mask as 0/-inf floats, converted once per forward, not once per layer."""
@@ -88,8 +124,8 @@ def _decode_rows(
     attention_mask: torch.Tensor | None,
     scaling: float,
     capture: AttentionCapture,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Output and weights of one decode query via the fused CPU kernel, or None if it cannot run."""
+) -> torch.Tensor | None:
+    """A decode step's output via the fused CPU kernel (which also returns the log-sum-exp), or None."""
     if (
         not capture.allow_fused_kernel
         or _FUSED_CPU_KERNEL is None
@@ -99,10 +135,9 @@ def _decode_rows(
     ):
         return None
     batch, heads, _, head_dim = query.shape
-    kv_heads, kv_length = key.shape[1], key.shape[2]
-    groups = heads // kv_heads
-    # One query per kv head group: queries of a group share keys, so no repeat_kv copy.
-    packed = query.reshape(batch, kv_heads, groups, head_dim)
+    kv_heads = key.shape[1]
+    # The queries of a GQA group share keys: pack them as a group's "query rows", no repeat_kv copy.
+    packed = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
     mask = None
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -110,15 +145,8 @@ def _decode_rows(
         else:
             mask = attention_mask.to(query.dtype)
     output, log_sum_exp = _FUSED_CPU_KERNEL(packed, key, value, 0.0, False, attn_mask=mask, scale=scaling)
-    n_window = min(capture.n_lags, kv_length - 1)
-    window = key[:, :, kv_length - 1 - n_window : kv_length - 1, :]
-    window_scores = torch.matmul(packed.float(), window.float().transpose(-1, -2)) * scaling
-    weights = torch.exp(window_scores - log_sum_exp.float().unsqueeze(-1)).flip(-1)
-    if n_window < capture.n_lags:
-        weights = torch.nn.functional.pad(weights, (0, capture.n_lags - n_window))
-    capture.rows[module.layer_idx] = weights.reshape(batch, heads, 1, capture.n_lags)
-    output = output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
-    return output, weights
+    capture.decode_steps[module.layer_idx] = _DecodeStep(packed, key, log_sum_exp, scaling)
+    return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
 
 
 def _scored_rows(
@@ -169,7 +197,7 @@ def capture_attention_forward(
     if query.shape[2] == 1 and plain_kernel_ok:
         fused = _decode_rows(module, query, key, value, attention_mask, scale, tad_capture)
         if fused is not None:
-            return fused[0], None
+            return fused, None
     output, _ = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )

@@ -39,6 +39,13 @@ class DecodeContext:
     def capturing(self) -> bool:
         return self.n_lags > 0
 
+    @property
+    def decoder(self) -> torch.nn.Module:
+        """The model without its output head (the whole model if it does not expose one)."""
+        get_decoder = getattr(self.model, "get_decoder", None)
+        decoder = get_decoder() if callable(get_decoder) else None
+        return decoder if isinstance(decoder, torch.nn.Module) else self.model
+
     def new_capture(self, query_start: int = 0) -> AttentionCapture | None:
         if not self.capturing:
             return None
@@ -126,26 +133,29 @@ class DecodeBatch:
         ones = torch.ones((size, 1), dtype=self.attention_mask.dtype, device=self.attention_mask.device)
         self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
         capture = self.context.new_capture()
+        active = [index for index, seq in enumerate(self.sequences) if not seq.finished]
+        inputs_kwargs = {
+            "input_ids": inputs,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.positions.view(size, 1),
+            "past_key_values": self.cache,
+            "use_cache": True,
+            "tad_capture": capture,
+        }
         with torch.inference_mode():
-            output = self.context.model(
-                input_ids=inputs,
-                attention_mask=self.attention_mask,
-                position_ids=self.positions.view(size, 1),
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=1,
-                tad_capture=capture,
-            )
+            if active:
+                logits = self.context.model(**inputs_kwargs, logits_to_keep=1).logits[:, -1, :]
+            else:
+                # Only last-token attention rows are wanted: skip the output head (a fifth of a
+                # small model's compute), since no next token will be chosen.
+                self.context.decoder(**inputs_kwargs)
         self.positions = self.positions + 1
         rows = capture.stacked()[:, 0].numpy() if capture is not None else None
-        active = []
         for index, seq in enumerate(self.sequences):
             if rows is not None and len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
                 seq.attention_rows.append(rows[index])
-            if not seq.finished:
-                active.append(index)
         if active:
-            self._choose_next(output.logits[:, -1, :], active)
+            self._choose_next(logits, active)
 
     def _choose_next(self, logits: torch.Tensor, active: list[int]) -> None:
         distribution = RawDistribution.from_logits(logits)
