@@ -8,8 +8,9 @@ attention function with transformers that computes the layer output exactly as
 
 - one decode step (one query): the softmax normaliser (log-sum-exp over all keys)
   comes from the same fused CPU kernel that computes the output, and only N extra
-  dot products per head are needed. Off CPU, the log-sum-exp of the single query
-  row is computed directly (one matrix-vector product per head).
+  dot products per head are needed, done for all layers at once after the forward.
+  Off CPU, the log-sum-exp of the single query row is computed directly (one
+  matrix-vector product per kv head, queries of a GQA group packed together).
 - several queries (teacher-forced scoring): the score rows of the wanted queries
   are computed against all keys, and the band of N keys is read off them.
 
@@ -149,6 +150,27 @@ def _decode_rows(
     return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
 
 
+def _record_decode_row(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scale: float,
+    capture: AttentionCapture,
+) -> None:
+    """Off the fused CPU kernel: the one query row's log-sum-exp, from GQA-packed scores (no key copy)."""
+    batch, heads, _, head_dim = query.shape
+    kv_heads = key.shape[1]
+    packed = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+    scores = torch.matmul(packed, key.transpose(-1, -2)).float() * scale  # [b, kvh, g, kv]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        else:
+            scores = scores + attention_mask.float()
+    capture.decode_steps[module.layer_idx] = _DecodeStep(packed, key, torch.logsumexp(scores, dim=-1), scale)
+
+
 def _scored_rows(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -198,6 +220,11 @@ def capture_attention_forward(
         fused = _decode_rows(module, query, key, value, attention_mask, scale, tad_capture)
         if fused is not None:
             return fused, None
+        output, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        _record_decode_row(module, query, key, attention_mask, scale, tad_capture)
+        return output, None
     output, _ = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )
