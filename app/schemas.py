@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from app.uncertainty.scores import Method
 
@@ -13,6 +22,27 @@ MAX_SEED = 2**63 - 1
 # Longer texts cannot fit the prompt-token limit anyway; keeping them under the body limit
 # means an over-long field is a 422 naming it, not a 413.
 MAX_TEXT_CHARS = 200_000
+
+
+def stop_list(value: str | list[str] | None) -> list[str] | None:
+    """`stop` as a list; empty strings are refused (they would stop at once)."""
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if any(not stop for stop in stops):
+        raise ValueError("stop strings must not be empty")
+    return stops
+
+
+def check_stop_lengths(value: object) -> object:
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if any(isinstance(stop, str) and len(stop) > 1000 for stop in items):
+        raise ValueError("stop strings must be at most 1000 characters")
+    return value
+
+
+# Stop strings as a field type, shared by the native and the OpenAI-compatible requests.
+StopStrings = Annotated[str | list[str] | None, BeforeValidator(check_stop_lengths), AfterValidator(stop_list)]
 
 
 class StrictModel(BaseModel):
@@ -83,15 +113,7 @@ class GenerateRequest(PromptInput):
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="for sampling; echoed in the response")
-    stop: str | list[str] | None = Field(None, description="stop strings (not included in the text)")
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_lengths(cls, value: object) -> object:
-        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-        if any(isinstance(s, str) and len(s) > 1000 for s in items):
-            raise ValueError("stop strings must be at most 1000 characters")
-        return value
+    stop: StopStrings = Field(None, description="stop strings (not included in the text)")
 
     return_tokens: bool = Field(True, description="include per-token details")
     stream: bool = Field(False, description="server-sent events: one per token, then a final event")
@@ -99,16 +121,6 @@ class GenerateRequest(PromptInput):
     early_stop: bool = Field(
         False, description="abort generation once the running uncertainty crosses the reject threshold"
     )
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, value: str | list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
-        stops = [value] if isinstance(value, str) else value
-        if any(not s for s in stops):
-            raise ValueError("stop strings must not be empty")
-        return stops
 
 
 class ScoreRequest(PromptInput):
@@ -148,19 +160,6 @@ class Usage(BaseModel):
     completion_tokens: int
 
 
-class GenerateResponse(BaseModel):
-    text: str
-    finish_reason: Literal["stop", "length", "uncertainty"]
-    tokens: list[TokenInfo] | None
-    uncertainty: SequenceScores
-    decision: DecisionInfo
-    usage: Usage
-    model: str
-    artifact: str | None
-    tad_available: bool
-    seed: int | None
-
-
 class ScoreResponse(BaseModel):
     tokens: list[TokenInfo] | None
     uncertainty: SequenceScores
@@ -169,6 +168,12 @@ class ScoreResponse(BaseModel):
     model: str
     artifact: str | None
     tad_available: bool
+
+
+class GenerateResponse(ScoreResponse):
+    text: str
+    finish_reason: Literal["stop", "length", "uncertainty"]
+    seed: int | None
 
 
 class TokenEvent(TokenInfo):

@@ -25,7 +25,8 @@ import numpy as np
 from sklearn.model_selection import KFold
 from tqdm import tqdm
 
-from app.uncertainty.artifact import FeatureInfo, LlmIdentity, Manifest, RegressorInfo, write_manifest
+from app.identity import ModelIdentity
+from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo, write_manifest
 from app.uncertainty.features import FeatureSpec
 from app.uncertainty.scores import Aggregation, aggregate, baseline_uncertainty
 from app.uncertainty.tad import Regressor, TadScorer
@@ -327,7 +328,7 @@ def _fit_final_mlp(
 def run_fit(options: FitOptions) -> Manifest:
     started = time.monotonic()
     texts, settings, lags = load_runs(options.runs, options.n_lags)
-    identity = LlmIdentity.model_validate(settings["identity"])
+    identity = ModelIdentity.model_validate(settings["identity"])
     spec = FeatureSpec(n_lags=lags, num_layers=identity.num_layers, num_heads=identity.num_heads)
     logger.info(
         "fitting on %d texts, %d tokens, %d stage-2 features", len(texts), sum(len(t) for t in texts), spec.stage2_size

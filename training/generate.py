@@ -21,9 +21,10 @@ import numpy as np
 from tqdm import tqdm
 
 from app.engine.engine import Engine
-from app.engine.loading import ModelIdentity, load_model
+from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
+from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, read_records
 from training.prompts import DEFAULT_MAX_NEW_TOKENS, build_messages
 from training.runs import RUN_FILE, TextTrace, shard_done, write_shard
@@ -78,7 +79,7 @@ def run_settings(options: GenerateOptions, identity: ModelIdentity) -> dict[str,
     return {
         "model": options.model,
         "model_sha256": identity.sha256,
-        "identity": identity.as_dict(),
+        "identity": identity.model_dump(),
         "n_lags": options.n_lags,
         "data": [{"path": str(p), "sha256": _file_digest(Path(p))} for p in options.data],
         "limit": options.limit,

@@ -31,7 +31,7 @@ def sse(event: str, data: object) -> str:
 
 
 def _response(
-    service: GenerationService, result: GenerationResult, body: GenerateRequest, seed: int | None, decision: Decision
+    service: GenerationService, result: GenerationResult, decision: Decision, body: GenerateRequest, seed: int | None
 ) -> GenerateResponse:
     scored = result.scored
     return GenerateResponse(
@@ -70,23 +70,16 @@ async def generate(
     )
     item = service.submit(prepared, stream=body.stream, early_stop=body.early_stop)
     if not body.stream:
-        try:
-            result = await service.result(item, request)
-        except ClientDisconnected:
-            return client_gone()
-        service.observe_generation(result)
-        decision = service.decide(prepared.policy, result.scored)
-        return _response(service, result, body, prepared.seed, decision)
+        finished = await service.finish(item, request)
+        return client_gone() if finished is None else _response(service, *finished, body, prepared.seed)
 
     async def events() -> AsyncIterator[str]:
         try:
             async for event in service.stream(item, None):
                 if isinstance(event, StreamedToken):
                     yield sse("token", service.streamed_token(event))
-                elif isinstance(event, GenerationResult):
-                    service.observe_generation(event)
-                    decision = service.decide(prepared.policy, event.scored)
-                    final = _response(service, event, body, prepared.seed, decision)
+                else:
+                    final = _response(service, event, service.conclude(item, event), body, prepared.seed)
                     yield sse("final", final.model_dump(mode="json"))
         except ServiceError as error:
             yield sse("error", error_body(error.status_code, error.error_type, error.message, error.param))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
 from app.api.openai_protocol import (
     ChatCompletionRequest,
@@ -20,9 +22,10 @@ from app.api.responses import V1_ERRORS, client_gone, errors
 from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import ServiceError, error_body
 from app.schemas import ChatMessage
-from app.serving.generation import ClientDisconnected, GenerationService, PreparedGeneration
+from app.serving.generation import GenerationService
 from app.serving.openai_format import ChunkWriter, chat_response, completion_response
-from app.serving.scheduler import GenerationItem, GenerationResult, StreamedToken
+from app.serving.policy import Decision
+from app.serving.scheduler import GenerationResult, StreamedToken
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
 
@@ -49,13 +52,36 @@ def _data(payload: object) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-def _stream(
+async def _run(
     service: GenerationService,
-    item: GenerationItem,
-    prepared: PreparedGeneration,
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: str | None,
+    messages: list[ChatMessage] | None,
+    max_tokens: int | None,
+    top_logprobs: int,
     writer: ChunkWriter,
-    include_usage: bool,
-) -> StreamingResponse:
+    respond: Callable[[GenerationResult, Decision], BaseModel],
+) -> BaseModel | Response:
+    """Both completion routes: validate, submit, then a JSON answer or a stream of chunks."""
+    prepared = service.prepare(
+        prompt,
+        messages,
+        max_new_tokens=max_tokens,
+        temperature=body.effective_temperature,
+        top_p=body.effective_top_p,
+        seed=body.seed,
+        stop=body.stop,  # type: ignore[arg-type]
+        top_logprobs=top_logprobs,
+        policy=body.tad.policy if body.tad else None,
+        max_tokens_field="max_tokens",
+    )
+    item = service.submit(prepared, stream=body.stream, early_stop=bool(body.tad and body.tad.early_stop))
+    if not body.stream:
+        finished = await service.finish(item, request)
+        return client_gone() if finished is None else respond(*finished)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
     async def chunks() -> AsyncIterator[str]:
         opening = writer.opening()
         if opening is not None:
@@ -64,10 +90,8 @@ def _stream(
             async for event in service.stream(item, None):
                 if isinstance(event, StreamedToken):
                     yield _data(writer.token(event))
-                elif isinstance(event, GenerationResult):
-                    service.observe_generation(event)
-                    decision = service.decide(prepared.policy, event.scored)
-                    yield _data(writer.closing(event, decision))
+                else:
+                    yield _data(writer.closing(event, service.conclude(item, event)))
                     if include_usage:
                         yield _data(writer.usage(event))
         except ServiceError as error:
@@ -83,39 +107,23 @@ def _stream(
     responses={200: STREAM_DOC, **OPENAI_ERRORS},
     summary="OpenAI-compatible chat completion, with an `uncertainty` extension",
 )
-async def chat_completions(
-    body: ChatCompletionRequest, request: Request, runtime: RuntimeDep
-) -> ChatCompletionResponse | StreamingResponse:
+async def chat_completions(body: ChatCompletionRequest, request: Request, runtime: RuntimeDep) -> Any:
     service = GenerationService(runtime)
     model = _check_model(service, body.model)
     messages = [
         ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text()) for m in body.messages
     ]
-    tad = body.tad
-    prepared = service.prepare(
+    return await _run(
+        service,
+        request,
+        body,
         None,
         messages,
-        max_new_tokens=body.max_completion_tokens or body.max_tokens,
-        temperature=body.effective_temperature,
-        top_p=body.effective_top_p,
-        seed=body.seed,
-        stop=body.stop,  # type: ignore[arg-type]
-        top_logprobs=body.top_logprobs or 0,
-        policy=tad.policy if tad else None,
-        max_tokens_field="max_tokens",
+        body.max_completion_tokens or body.max_tokens,
+        body.top_logprobs or 0,
+        ChunkWriter(service, model, chat=True, logprobs=body.logprobs),
+        lambda result, decision: chat_response(service, result, decision, model, body.logprobs),
     )
-    item = service.submit(prepared, stream=body.stream, early_stop=bool(tad and tad.early_stop))
-    if body.stream:
-        writer = ChunkWriter(service, model, chat=True, logprobs=body.logprobs)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _stream(service, item, prepared, writer, include_usage)
-    try:
-        result = await service.result(item, request)
-    except ClientDisconnected:
-        return client_gone()
-    service.observe_generation(result)
-    decision = service.decide(prepared.policy, result.scored)
-    return chat_response(service, result, decision, model, body.logprobs)
 
 
 @router.post(
@@ -124,36 +132,20 @@ async def chat_completions(
     responses={200: STREAM_DOC, **OPENAI_ERRORS},
     summary="OpenAI-compatible text completion (raw prompt), with an `uncertainty` extension",
 )
-async def completions(
-    body: CompletionRequest, request: Request, runtime: RuntimeDep
-) -> CompletionResponse | StreamingResponse:
+async def completions(body: CompletionRequest, request: Request, runtime: RuntimeDep) -> Any:
     service = GenerationService(runtime)
     model = _check_model(service, body.model)
-    tad = body.tad
-    prepared = service.prepare(
+    return await _run(
+        service,
+        request,
+        body,
         str(body.prompt),
         None,
-        max_new_tokens=body.max_tokens,
-        temperature=body.effective_temperature,
-        top_p=body.effective_top_p,
-        seed=body.seed,
-        stop=body.stop,  # type: ignore[arg-type]
-        top_logprobs=body.logprobs or 0,
-        policy=tad.policy if tad else None,
-        max_tokens_field="max_tokens",
+        body.max_tokens,
+        body.logprobs or 0,
+        ChunkWriter(service, model, chat=False, logprobs=body.logprobs is not None),
+        lambda result, decision: completion_response(service, result, decision, model, body.logprobs),
     )
-    item = service.submit(prepared, stream=body.stream, early_stop=bool(tad and tad.early_stop))
-    if body.stream:
-        writer = ChunkWriter(service, model, chat=False, logprobs=body.logprobs is not None)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _stream(service, item, prepared, writer, include_usage)
-    try:
-        result = await service.result(item, request)
-    except ClientDisconnected:
-        return client_gone()
-    service.observe_generation(result)
-    decision = service.decide(prepared.policy, result.scored)
-    return completion_response(service, result, decision, model, body.logprobs)
 
 
 @router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.schemas import MAX_SEED, MAX_TEXT_CHARS, DecisionInfo, PolicyOverride, SequenceScores
+from app.schemas import MAX_SEED, MAX_TEXT_CHARS, DecisionInfo, PolicyOverride, SequenceScores, StopStrings
 
 
 class _Strict(BaseModel):
@@ -54,7 +54,7 @@ class _SamplingFields(_Strict):
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: StopStrings = None
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
@@ -68,16 +68,6 @@ class _SamplingFields(_Strict):
         if value:
             raise ValueError("logit_bias is not supported")
         return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, value: str | list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
-        stops = [value] if isinstance(value, str) else value
-        if any(not s for s in stops):
-            raise ValueError("stop strings must not be empty")
-        return stops
 
     @property
     def effective_temperature(self) -> float:

@@ -78,7 +78,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
     settings = runtime.settings
     policy = runtime.default_policy()
     return InfoResponse(
-        model=engine.identity.as_dict(),
+        model=engine.identity.model_dump(),
         device=str(engine.device),
         dtype=str(engine.dtype).removeprefix("torch."),
         tad_available=runtime.artifact is not None,

@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from app.engine.attention_capture import register_capture_attention
+from app.identity import ModelIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -46,28 +47,6 @@ class ModelSource:
         if self.kind == "gguf" and self.gguf_file:
             return Path(self.gguf_file).stem
         return self.location.rstrip("/").split("/")[-1] if self.kind == "dir" else self.location
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """What a TAD artifact must match: the weights and the attention shape."""
-
-    name: str
-    source: str
-    sha256: str
-    num_layers: int
-    num_heads: int
-    vocab_size: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "sha256": self.sha256,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "vocab_size": self.vocab_size,
-        }
 
 
 @dataclass

@@ -192,6 +192,20 @@ class GenerationService:
             if not finished:
                 self.cancel(item)
 
+    async def finish(self, item: GenerationItem, request: Request) -> tuple[GenerationResult, Decision] | None:
+        """The result, recorded in the metrics, with its decision; None if the client went away."""
+        try:
+            result = await self.result(item, request)
+        except ClientDisconnected:
+            return None
+        return result, self.conclude(item, result)
+
+    def conclude(self, item: GenerationItem, result: GenerationResult) -> Decision:
+        """Record a finished generation in the metrics and decide on it."""
+        assert item.policy is not None
+        self.observe_generation(result)
+        return self.decide(item.policy, result.scored)
+
     async def score(self, prompt_ids: list[int], response: str, request: Request | None) -> ScoredAnswer:
         response_ids = self.engine.encode_response(response)
         if not response_ids:

@@ -25,7 +25,7 @@ from app.serving.policy import Policy, resolve_policy
 from app.serving.scheduler import Scheduler
 from app.serving.uncertainty import UncertaintyScorer
 from app.settings import Settings
-from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, LlmIdentity, TadArtifact, load_artifact
+from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
 from app.uncertainty.scores import Method
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Runtime:
             verify_sha256=settings.verify_model_sha256,
         )
         if artifact is not None:
-            artifact.check_model(LlmIdentity.model_validate(loaded.identity.as_dict()))
+            artifact.check_model(loaded.identity)
         self.engine = Engine(loaded, n_lags=n_lags)
         self.artifact = artifact
         self.scorer = UncertaintyScorer(artifact)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import joblib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.identity import ModelIdentity
 from app.uncertainty.features import FEATURE_ORDER, FeatureSpec
 from app.uncertainty.scores import Aggregation, Method
 from app.uncertainty.tad import TadScorer
@@ -28,17 +29,6 @@ FORMAT_VERSION = 1
 
 class ArtifactError(RuntimeError):
     """The artifact is missing, corrupt, or does not belong to the loaded model."""
-
-
-class LlmIdentity(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    source: str
-    sha256: str
-    num_layers: int
-    num_heads: int
-    vocab_size: int
 
 
 class FeatureInfo(BaseModel):
@@ -82,7 +72,7 @@ class Manifest(BaseModel):
 
     format_version: Literal[1] = FORMAT_VERSION
     created_at: str
-    llm: LlmIdentity
+    llm: ModelIdentity
     features: FeatureInfo
     epsilon: float = Field(gt=0.0, lt=1.0)
     aggregation: Aggregation
@@ -109,7 +99,7 @@ class TadArtifact:
     def n_lags(self) -> int:
         return self.manifest.features.n_lags
 
-    def check_model(self, identity: LlmIdentity) -> None:
+    def check_model(self, identity: ModelIdentity) -> None:
         """Refuse a model other than the one the regressor was trained on."""
         expected = self.manifest.llm
         if (expected.num_layers, expected.num_heads) != (identity.num_layers, identity.num_heads):

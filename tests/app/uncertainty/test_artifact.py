@@ -9,7 +9,8 @@ from pathlib import Path
 import joblib
 import pytest
 
-from app.uncertainty.artifact import ArtifactError, LlmIdentity, file_sha256, load_artifact
+from app.identity import ModelIdentity
+from app.uncertainty.artifact import ArtifactError, file_sha256, load_artifact
 
 
 @pytest.fixture
@@ -89,6 +90,6 @@ def test_other_model_is_refused(artifact_copy: Path) -> None:
     own = artifact.manifest.llm
     artifact.check_model(own)
     with pytest.raises(ArtifactError, match="trained for model"):
-        artifact.check_model(LlmIdentity(**{**own.model_dump(), "sha256": "f" * 64}))
+        artifact.check_model(ModelIdentity(**{**own.model_dump(), "sha256": "f" * 64}))
     with pytest.raises(ArtifactError, match="layers"):
-        artifact.check_model(LlmIdentity(**{**own.model_dump(), "num_layers": own.num_layers + 1}))
+        artifact.check_model(ModelIdentity(**{**own.model_dump(), "num_layers": own.num_layers + 1}))
