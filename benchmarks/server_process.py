@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,6 +22,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_until_ready(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    """Poll `/ready` until it answers 200; fail if `alive()` turns false or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not alive():
+            raise SystemExit("server exited before it was ready")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("server did not become ready")
+        time.sleep(0.1)
+
+
 @contextmanager
 def running_server(env: dict[str, str], ready_timeout: float = 300.0) -> Iterator[str]:
     port = free_port()
@@ -29,18 +45,7 @@ def running_server(env: dict[str, str], ready_timeout: float = 300.0) -> Iterato
     process = subprocess.Popen([sys.executable, "-m", "app"], cwd=REPO, env=full_env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"server exited with status {process.returncode}")
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("server did not become ready")
-            time.sleep(0.2)
+        wait_until_ready(url, ready_timeout, alive=lambda: process.poll() is None)
         yield url
     finally:
         process.terminate()

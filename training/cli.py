@@ -20,6 +20,13 @@ def _add_generation_options(parser: argparse.ArgumentParser, with_model: bool = 
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="dequantised GGUF copies")
 
 
+def _add_artifact_and_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--artifact", type=Path, required=True)
+    parser.add_argument("--data", type=Path, nargs="*", default=[], help="JSONL files to generate on")
+    parser.add_argument("--run", type=Path, default=None, help="reuse this run instead of generating")
+    _add_generation_options(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -63,11 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generates on --data (or reuses --run) and writes report.json, report.md and one "
         "rejection-curve PNG per dataset to --out.",
     )
-    evaluate.add_argument("--artifact", type=Path, required=True)
-    evaluate.add_argument("--data", type=Path, nargs="*", default=[])
-    evaluate.add_argument("--run", type=Path, default=None, help="reuse this run instead of generating")
     evaluate.add_argument("--out", type=Path, required=True, help="report folder")
-    _add_generation_options(evaluate)
+    _add_artifact_and_run_options(evaluate)
 
     calibrate = commands.add_parser(
         "calibrate",
@@ -75,9 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Thresholds for target coverages, and for target error rates among accepted answers "
         "with a Learn-then-Test finite-sample guarantee (probability >= 1 - delta).",
     )
-    calibrate.add_argument("--artifact", type=Path, required=True)
-    calibrate.add_argument("--data", type=Path, nargs="*", default=[])
-    calibrate.add_argument("--run", type=Path, default=None, help="reuse this run instead of generating")
     calibrate.add_argument("--coverage", type=float, nargs="*", default=[0.5, 0.8, 0.9])
     calibrate.add_argument("--error", type=float, nargs="*", default=[0.3, 0.5])
     calibrate.add_argument("--delta", type=float, default=0.05)
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
     )
-    _add_generation_options(calibrate)
+    _add_artifact_and_run_options(calibrate)
     summary = commands.add_parser(
         "summary",
         help="per-dataset accuracy and answer length of generation runs (no artifact needed)",

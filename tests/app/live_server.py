@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 import uvicorn
 
 from app.main import create_app
 from app.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from benchmarks.server_process import free_port, wait_until_ready
 
 
 @contextmanager
@@ -29,17 +21,8 @@ def live_server(settings: Settings) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
     try:
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("live server did not become ready")
-            time.sleep(0.05)
+        wait_until_ready(url, 60, alive=thread.is_alive)
         yield url
     finally:
         server.should_exit = True

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.app.live_server import free_port
+from benchmarks.server_process import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,19 +30,6 @@ def start_server(env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
-def wait_ready(url: str, process: subprocess.Popen[str], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stdout.read() if process.stdout else ""
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("server did not become ready")
-
-
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -57,7 +44,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path
         }
     )
     try:
-        wait_ready(url, process)
+        wait_until_ready(url, 90, alive=lambda: process.poll() is None)
         events: list[str] = []
         first_token = threading.Event()
 

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.app.live_server import free_port, live_server
+from benchmarks.server_process import free_port
+from tests.app.live_server import live_server
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
