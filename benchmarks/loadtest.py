@@ -30,6 +30,7 @@ class LoadResult:
 
     @property
     def ok(self) -> bool:
+        """Every request ended with a declared status (a 200 stream with its final event)."""
         return self.ready_after and all(key.isdigit() and int(key) in DECLARED for key in self.statuses)
 
     def report(self) -> str:
@@ -61,8 +62,10 @@ async def run_load(url: str, requests: int, concurrency: int, max_new_tokens: in
             started = time.perf_counter()
             try:
                 response = await http.post(f"{url}/v1/generate", json=payload, timeout=timeout)
-                await response.aread()
+                body = await response.aread()
                 key = str(response.status_code)
+                if payload["stream"] and response.status_code == 200 and b"event: final" not in body:
+                    key = "stream without final event"
             except httpx.TimeoutException:
                 key = "timeout (hung)"
             except httpx.TransportError as error:

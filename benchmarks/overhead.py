@@ -153,8 +153,8 @@ def main() -> None:
 
     def extra_forward(prompts: list[list[int]]) -> None:
         sequences = hf_generate(sdpa, prompts)
-        mask = (sequences != pad).long()
-        mask[:, -new:] = 1
+        _, prompt_mask = batch_inputs(prompts)
+        mask = torch.cat([prompt_mask, torch.ones_like(sequences[:, prompt_mask.shape[1] :])], dim=1)
         with torch.inference_mode():
             eager(input_ids=sequences, attention_mask=mask, output_attentions=True)
 

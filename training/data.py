@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 logger = logging.getLogger(__name__)
 
 
+MAX_CHOICES = 10
+
+
 class Task(StrEnum):
     OPEN_QA = "open_qa"
     OPEN_QA_TRUTHFULNESS = "open_qa_truthfulness"
@@ -44,6 +47,8 @@ class QARecord(BaseModel):
     def _task_fields(self) -> QARecord:
         if self.task is Task.MULTIPLE_CHOICE and not self.choices:
             raise ValueError("multiple_choice records need 'choices'")
+        if self.choices is not None and len(self.choices) > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} choices (lettered A-J)")
         if self.task is Task.EXTRACTIVE_QA and not self.context:
             raise ValueError("extractive_qa records need 'context'")
         return self

@@ -74,11 +74,12 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run_settings(options: GenerateOptions, identity: ModelIdentity) -> dict[str, Any]:
+def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) -> dict[str, Any]:
     """What must be equal for a rerun to continue an existing run."""
     return {
         "model": options.model,
         "model_sha256": identity.sha256,
+        "dtype": dtype,
         "identity": identity.model_dump(),
         "n_lags": options.n_lags,
         "data": [{"path": str(p), "sha256": _file_digest(Path(p))} for p in options.data],
@@ -90,7 +91,7 @@ def run_settings(options: GenerateOptions, identity: ModelIdentity) -> dict[str,
     }
 
 
-def check_or_write_settings(out: Path, settings: dict[str, Any]) -> None:
+def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0) -> None:
     path = out / RUN_FILE
     if path.is_file():
         existing = json.loads(path.read_text())
@@ -102,7 +103,8 @@ def check_or_write_settings(out: Path, settings: dict[str, Any]) -> None:
             )
         return
     out.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
+    # Every data-parallel process may get here at once: each writes its own temporary file.
+    staging = path.with_name(f"{RUN_FILE}.{rank}.tmp")
     staging.write_text(json.dumps(settings, indent=2) + "\n")
     staging.replace(path)
 
@@ -172,11 +174,13 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     distribution = distribution or Distribution.detect()
     bad: list[BadRecord] = []
     records = list(read_records(options.data, limit=options.limit, bad=bad))
+    bad_in_data = len(bad)
     shards = plan_shards(records, options.shard_size)
     out = options.out
     device = distribution.device or options.device
     loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)
-    check_or_write_settings(out, run_settings(options, loaded.identity))
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    check_or_write_settings(out, run_settings(options, loaded.identity, dtype), distribution.rank)
     mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]
     todo = [i for i in mine if not shard_done(out, i)]
     logger.info(
@@ -194,8 +198,13 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
                 engine, shards[index], options.max_new_tokens, options.batch_size, options.max_prompt_tokens, bad, bar
             )
             write_shard(out, index, texts, shape)
+    if distribution.rank != 0:
+        bad = bad[bad_in_data:]  # every process reads the same data; rank 0 reports its bad lines
     if bad:
         report = out / f"bad_records.{distribution.rank}.txt"
-        report.write_text("".join(f"{item}\n" for item in bad))
-        logger.warning("%d bad records skipped; see %s", len(bad), report)
+        # Shards finished by earlier runs reported theirs already: keep those lines.
+        known = set(report.read_text().splitlines()) if report.is_file() else set()
+        lines = sorted(known | {str(item) for item in bad})
+        report.write_text("".join(f"{line}\n" for line in lines))
+        logger.warning("%d bad records skipped; see %s", len(lines), report)
     return out

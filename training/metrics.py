@@ -67,7 +67,12 @@ def roc_auc_wrong(uncertainty: np.ndarray, quality: np.ndarray) -> float:
     wrong = np.asarray(quality) < CORRECT_THRESHOLD
     if wrong.all() or not wrong.any():
         return math.nan
-    return float(roc_auc_score(wrong, np.asarray(uncertainty, dtype=np.float64)))
+    scores = np.asarray(uncertainty, dtype=np.float64)
+    finite = scores[np.isfinite(scores)]
+    # Empty answers score +inf ("most uncertain"); ROC-AUC only needs the order, so place them above the rest.
+    top = (finite.max() if len(finite) else 0.0) + 1.0
+    scores = np.where(np.isposinf(scores), top, np.where(np.isneginf(scores), -top, scores))
+    return float(roc_auc_score(wrong, scores))
 
 
 def accuracy(quality: np.ndarray) -> float:

@@ -126,7 +126,10 @@ def completed_shards(run_dir: Path) -> list[Path]:
     folder = run_dir / SHARDS
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "texts.json").is_file())
+    # A ".partial" folder is a shard whose writer was killed before the final rename.
+    return sorted(
+        p for p in folder.iterdir() if p.is_dir() and not p.name.endswith(".partial") and (p / "texts.json").is_file()
+    )
 
 
 def iter_texts(run_dirs: Sequence[Path]) -> Iterator[TextTrace]:

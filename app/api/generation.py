@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.api.responses import V1_ERRORS, client_gone
+from app.api.responses import V1_ERRORS, client_gone, json_text
 from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import ServiceError, error_body
 from app.schemas import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse, Usage
@@ -27,7 +26,7 @@ STREAM_DOC = {
 
 
 def sse(event: str, data: object) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return f"event: {event}\ndata: {json_text(data)}\n\n"
 
 
 def _response(

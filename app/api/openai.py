@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ from app.api.openai_protocol import (
     ModelCard,
     ModelList,
 )
-from app.api.responses import V1_ERRORS, client_gone, errors
+from app.api.responses import V1_ERRORS, client_gone, errors, json_text
 from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import ServiceError, error_body
 from app.schemas import ChatMessage
@@ -49,7 +48,7 @@ def _check_model(service: GenerationService, requested: str) -> str:
 
 
 def _data(payload: object) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {json_text(payload)}\n\n"
 
 
 async def _run(

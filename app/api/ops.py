@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 
 from app import __version__
 from app.api.responses import errors
-from app.deps import RuntimeDep
+from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import NotReady
 from app.schemas import HealthResponse, InfoResponse, ReadyResponse
 from app.serving.runtime import State
@@ -72,7 +72,13 @@ def _artifact_summary(runtime: RuntimeDep) -> dict[str, Any] | None:
     }
 
 
-@router.get("/info", response_model=InfoResponse, responses=errors(503), summary="Model, device, artifact, policy")
+@router.get(
+    "/info",
+    response_model=InfoResponse,
+    responses=errors(401, 503),
+    dependencies=[ApiKeyDep],
+    summary="Model, device, artifact, policy (behind the API key when one is set: it names paths)",
+)
 async def info(runtime: RuntimeDep) -> InfoResponse:
     engine, _ = runtime.require_ready()
     settings = runtime.settings

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from fastapi import Response
@@ -30,3 +32,18 @@ V1_ERRORS = errors(401, 413, 422, 429, 503, 504)
 def client_gone() -> Response:
     """The response for a request whose client disconnected (its work was cancelled)."""
     return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def json_text(data: Any) -> str:
+    """Compact JSON for stream events; a non-finite number becomes null (JSON has no NaN or inf)."""
+    return json.dumps(_finite(data), separators=(",", ":"), allow_nan=False)

@@ -231,6 +231,7 @@ class DecodeBatch:
         if seq.stop_text_end is not None:
             text = text[: seq.stop_text_end]
         seq.text = text
+        seq.text_final = True
         del seq.attention_rows[seq.n_kept :]
 
     def _select(self, keep: list[int]) -> None:

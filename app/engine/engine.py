@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 
 from app.engine.decoding import DecodeBatch, DecodeContext, run_to_completion
 from app.engine.loading import LoadedModel, ModelIdentity
@@ -83,9 +84,12 @@ class Engine:
         if messages is not None:
             if not self.has_chat_template:
                 raise PromptError("this model has no chat template; send a plain prompt instead")
-            encoded = tokenizer.apply_chat_template(
-                [dict(message) for message in messages], add_generation_prompt=True, tokenize=True
-            )
+            try:
+                encoded = tokenizer.apply_chat_template(
+                    [dict(message) for message in messages], add_generation_prompt=True, tokenize=True
+                )
+            except (TemplateError, ValueError) as error:  # e.g. a template that wants alternating roles
+                raise PromptError(f"the model's chat template refused these messages: {error}") from error
             ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
             return [int(i) for i in ids]
         if prompt is None:
@@ -93,8 +97,13 @@ class Engine:
         return [int(i) for i in tokenizer(prompt, add_special_tokens=True)["input_ids"]]
 
     def encode_response(self, text: str) -> list[int]:
-        """Token ids of an answer as the model would have produced it (no special tokens)."""
-        return [int(i) for i in self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        """Token ids of an answer as the model would have produced it.
+
+        Special-token strings in the text ("<|im_end|>") are read as plain text: generation never
+        scores a special token, so a scored answer must not contain one either.
+        """
+        encoded = self.loaded.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+        return [int(i) for i in encoded["input_ids"]]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids, with the decode loop's tokenizer (call it from the decode thread)."""

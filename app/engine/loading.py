@@ -144,9 +144,15 @@ def _dequantised_copy(source: ModelSource, sha256: str, cache_dir: Path) -> Path
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / _CACHE_COMPLETE_MARKER).write_text(sha256)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        # Several processes (data-parallel workers) may race here: the first complete copy wins,
+        # and a complete copy is never removed while another process may be reading it.
+        if target.exists() and not (target / _CACHE_COMPLETE_MARKER).exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not (target / _CACHE_COMPLETE_MARKER).exists():
+                raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -53,6 +53,7 @@ class SequenceState:
     n_kept: int = 0
     text: str = ""
     stop_text_end: int | None = None
+    text_final: bool = False  # `text` is the final answer (set when the sequence leaves its batch)
     abandoned: bool = False
 
     @property
@@ -75,8 +76,9 @@ class SequenceState:
         self.n_kept = len(self.tokens) if n_kept is None else n_kept
 
     def abandon(self, reason: FinishReason) -> None:
-        """Stop now; rows still missing are not computed (cancelled or timed-out requests)."""
-        self.finish(reason, n_kept=min(len(self.tokens), len(self.attention_rows)))
+        """Stop now, even if already finished and waiting for a last row; missing rows are not computed."""
+        self.finish_reason = reason
+        self.n_kept = min(len(self.tokens), len(self.attention_rows)) if self.wants_rows else len(self.tokens)
         self.abandoned = True
 
     @property

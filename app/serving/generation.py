@@ -20,7 +20,7 @@ from fastapi import Request
 from app.engine.engine import PromptError
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import FinishReason, GenerationRequest
-from app.errors import InvalidRequest, ServiceError
+from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
 from app.schemas import ChatMessage, DecisionInfo, PolicyOverride, SequenceScores, TokenInfo
 from app.serving.policy import Decision, Policy, decide, resolve_policy
 from app.serving.runtime import Runtime
@@ -35,6 +35,7 @@ from app.serving.scheduler import (
 from app.serving.uncertainty import ScoredAnswer
 
 DISCONNECT_POLL_S = 0.25
+DEADLINE_GRACE_S = 30.0
 
 
 class ClientDisconnected(Exception):
@@ -82,6 +83,15 @@ class GenerationService:
             )
         return ids
 
+    def _check_context(self, prompt_tokens: int, answer_tokens: int, field: str) -> None:
+        context = getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
+        if context is not None and prompt_tokens + answer_tokens > context:
+            raise InvalidRequest(
+                f"prompt ({prompt_tokens} tokens) plus {field} ({answer_tokens}) exceeds the model's context of "
+                f"{context} tokens",
+                param=field,
+            )
+
     def prepare(
         self,
         prompt: str | None,
@@ -106,13 +116,7 @@ class GenerationService:
         if top_logprobs > self.settings.max_top_logprobs:
             raise InvalidRequest(f"top_logprobs must be at most {self.settings.max_top_logprobs}", param="top_logprobs")
         prompt_ids = self.encode(prompt, messages)
-        context_limit = getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
-        if context_limit is not None and len(prompt_ids) + wanted > context_limit:
-            raise InvalidRequest(
-                f"prompt ({len(prompt_ids)} tokens) plus {max_tokens_field} ({wanted}) exceeds the model's "
-                f"context of {context_limit} tokens",
-                param=max_tokens_field,
-            )
+        self._check_context(len(prompt_ids), wanted, max_tokens_field)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
         params = SamplingParams(
@@ -149,7 +153,11 @@ class GenerationService:
         return item
 
     async def next_event(self, item: GenerationItem | ScoringItem, request: Request | None) -> Event:
-        """The item's next event; cancels the work if the client disconnects meanwhile."""
+        """The item's next event; cancels the work if the client disconnects meanwhile.
+
+        The worker enforces the deadline; this side gives up too, a little later, so that
+        no request can wait forever even if the worker thread were stuck.
+        """
         getter = asyncio.ensure_future(item.events.get())
         try:
             while True:
@@ -159,13 +167,15 @@ class GenerationService:
                 if request is not None and await request.is_disconnected():
                     self.cancel(item)
                     raise ClientDisconnected
+                if time.monotonic() > item.deadline + DEADLINE_GRACE_S:
+                    self.cancel(item)
+                    raise DeadlineExceeded("the request ran past its deadline")
         finally:
             if not getter.done():
                 getter.cancel()
 
     def cancel(self, item: GenerationItem | ScoringItem) -> None:
-        item.cancelled = True
-        self.scheduler.wake()
+        self.scheduler.cancel(item)
 
     async def result(self, item: GenerationItem, request: Request | None) -> GenerationResult:
         while True:
@@ -210,6 +220,10 @@ class GenerationService:
         response_ids = self.engine.encode_response(response)
         if not response_ids:
             raise InvalidRequest("the response has no tokens", param="response")
+        limit = self.settings.max_new_tokens_limit
+        if len(response_ids) > limit:
+            raise InvalidRequest(f"the response has {len(response_ids)} tokens; the limit is {limit}", param="response")
+        self._check_context(len(prompt_ids), len(response_ids), "response")
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -248,7 +262,7 @@ class GenerationService:
         return {
             "index": event.index,
             "id": event.token_id,
-            "text": self.engine.token_text(event.token_id),
+            "text": event.text,
             "logprob": event.logprob,
             "entropy": event.entropy,
             "confidence": event.confidence,

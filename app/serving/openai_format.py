@@ -153,6 +153,7 @@ class ChunkWriter:
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = now()
         self.object = "chat.completion.chunk" if chat else "text_completion"
+        self.offset = 0  # characters streamed so far (completions' text_offset)
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
         return {
@@ -173,7 +174,7 @@ class ChunkWriter:
 
     def token(self, event: StreamedToken) -> dict[str, Any]:
         record = TokenRecord(event.token_id, event.logprob, event.entropy, event.top_logprobs)
-        text = self.service.engine.token_text(event.token_id)
+        text = event.text
         confidence = {
             "index": event.index,
             "confidence": event.confidence,
@@ -185,15 +186,16 @@ class ChunkWriter:
         else:
             logprobs = (
                 {
-                    "tokens": [text],
+                    "tokens": [self.service.engine.token_text(event.token_id)],
                     "token_logprobs": [clean_float(event.logprob)],
                     "top_logprobs": None,
-                    "text_offset": [0],
+                    "text_offset": [self.offset],
                 }
                 if self.logprobs
                 else None
             )
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}
+        self.offset += len(text)
         return self._chunk(choice, uncertainty={"token": confidence})
 
     def closing(self, result: GenerationResult, decision: Decision) -> dict[str, Any]:

@@ -44,9 +44,22 @@ def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Po
 
 
 def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: PolicyOverride | None) -> Policy:
-    """The effective policy for one request (settings, then the request's override)."""
+    """The effective policy for one request: its override if any, else the service's settings.
+
+    A fixed threshold from the settings belongs to the settings' method only; a request that
+    names another method gets that method's calibrated threshold (or none). A request that
+    asks for TAD explicitly while no artifact is loaded is refused rather than silently
+    answered with another method.
+    """
     method = override.method if override and override.method else settings.reject_method
     if method is Method.TAD and artifact is None:
+        if override is not None and (
+            override.method is Method.TAD or override.threshold is not None or override.target is not None
+        ):
+            raise InvalidRequest(
+                "TAD is unavailable (no artifact is loaded); name a baseline method in policy.method",
+                param="policy.method",
+            )
         return _fallback(settings)
     if override is not None and override.threshold is not None:
         return Policy(method=method, threshold=override.threshold, name="fixed")
@@ -60,7 +73,7 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
                 param="policy.target",
             )
         return resolved
-    if settings.reject_threshold is not None:
+    if settings.reject_threshold is not None and method is settings.reject_method:
         return Policy(method=method, threshold=settings.reject_threshold, name="fixed")
     if settings.reject_target is not None:
         resolved = _calibrated(artifact, method, settings.reject_target)

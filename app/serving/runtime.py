@@ -65,10 +65,14 @@ class Runtime:
             try:
                 self.load()
             except Exception as error:  # every failure here is fatal and must be reported
-                reason = str(error) if isinstance(error, StartupError | ArtifactError | ModelLoadError) else repr(error)
+                if isinstance(error, StartupError | ArtifactError | ModelLoadError):
+                    reason = str(error)
+                    logger.error("startup failed: %s", reason)
+                else:  # unexpected: the details go to the log only
+                    reason = f"unexpected {type(error).__name__} while loading; see the server log"
+                    logger.exception("startup failed")
                 self.failure = reason
                 self.state = State.FAILED
-                logger.error("startup failed: %s", reason)
                 if on_fatal is not None:
                     on_fatal(reason)
 

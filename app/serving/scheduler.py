@@ -38,8 +38,11 @@ EARLY_STOP_MIN_TOKENS = 4
 
 @dataclass(frozen=True)
 class StreamedToken:
+    """One token of a stream; `text` is what it adds to the answer (pieces concatenate to the final text)."""
+
     index: int
     token_id: int
+    text: str
     logprob: float
     entropy: float
     confidence: float | None
@@ -63,7 +66,7 @@ class Failure:
 Event = StreamedToken | GenerationResult | Failure | ScoredAnswer
 
 
-@dataclass
+@dataclass(eq=False)
 class WorkItem:
     """One request's place in the scheduler; all fields but `cancelled` belong to the worker."""
 
@@ -78,7 +81,7 @@ class WorkItem:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
-@dataclass
+@dataclass(eq=False)
 class GenerationItem(WorkItem):
     request: GenerationRequest | None = None
     stream_tokens: bool = False
@@ -88,11 +91,12 @@ class GenerationItem(WorkItem):
     tad_stream: TadStream | None = None
     emitted: int = 0
     text_ends: list[int] = field(default_factory=list)  # decoded length after each token (stop strings only)
+    emitted_text: str = ""
     admitted_at: float | None = None
     first_token_at: float | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class ScoringItem(WorkItem):
     prompt_ids: tuple[int, ...] = ()
     response_ids: tuple[int, ...] = ()
@@ -181,8 +185,17 @@ class Scheduler:
     def submit_scoring(self, item: ScoringItem) -> None:
         self._admit(self._scoring, item)
 
-    def wake(self) -> None:
+    def cancel(self, item: WorkItem) -> None:
+        """The client went away: drop the item if still queued, else stop it at the next step."""
         with self._condition:
+            item.cancelled = True
+            for queue in (self._waiting, self._scoring):
+                if item in queue:
+                    queue.remove(item)  # type: ignore[arg-type]
+                    self.stats.queue_depth = len(self._waiting)
+                    if not item.released:
+                        item.released = True
+                        self._in_system -= 1
             self._condition.notify_all()
 
     # ------------------------------------------------------------------ worker
@@ -235,18 +248,26 @@ class Scheduler:
         return True
 
     def _answer(self, item: WorkItem, event: Event) -> None:
-        """The item's last event: free its slot first, so a client that retries at once finds it free."""
+        """The item's last event (sent once): its slot is freed first, so a retry at once finds it free."""
+        if item.released:
+            return
         self._release(item)
         item.emit(event)
 
     def _run_scoring(self, items: list[ScoringItem]) -> None:
+        """Teacher-forced passes, a batch of at most `max_batch_size` at a time; a failure fails its batch only."""
         now = time.monotonic()
         live = [item for item in items if self._still_wanted(item, now)]
-        if not live:
-            return
-        traces = self.engine.score([(item.prompt_ids, item.response_ids) for item in live])
-        for item, trace in zip(live, traces, strict=True):
-            self._answer(item, self.scorer.score(trace))
+        for start in range(0, len(live), self.max_batch_size):
+            chunk = live[start : start + self.max_batch_size]
+            try:
+                traces = self.engine.score([(item.prompt_ids, item.response_ids) for item in chunk])
+                for item, trace in zip(chunk, traces, strict=True):
+                    self._answer(item, self.scorer.score(trace))
+            except Exception:
+                logger.exception("scoring failed")
+                for item in chunk:
+                    self._answer(item, Failure(ServiceError("scoring failed; see the server log")))
 
     def _prefill(self, items: list[GenerationItem]) -> None:
         started = time.monotonic()
@@ -283,7 +304,12 @@ class Scheduler:
                 item.first_token_at = now
             self._stream_progress(item, sequence)
         for sequence in self._batch.pop_done():
-            self._finish(self._items.pop(id(sequence)), sequence)
+            item = self._items.pop(id(sequence))
+            try:
+                self._finish(item, sequence)
+            except Exception:  # one answer that cannot be scored must not fail its neighbours
+                logger.exception("finishing a request failed")
+                self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
         if self.on_batch is not None and self._batch.sequences:
             self.on_batch(len(self._batch.sequences))
 
@@ -300,11 +326,15 @@ class Scheduler:
             if sequence.params.stop and not sequence.finished:
                 limit = min(limit, self._clear_of_stop_strings(item, sequence))
             while item.emitted < limit:
+                piece = self._text_piece(item, sequence, item.emitted)
+                if piece is None:
+                    break
                 token = sequence.tokens[item.emitted]
                 item.emit(
                     StreamedToken(
                         index=item.emitted,
                         token_id=token.token_id,
+                        text=piece,
                         logprob=token.logprob,
                         entropy=token.entropy,
                         confidence=confidences[item.emitted] if confidences is not None else None,
@@ -314,6 +344,28 @@ class Scheduler:
                 item.emitted += 1
         if item.early_stop and not sequence.finished:
             self._maybe_stop_early(item, sequence, confidences)
+
+    def _text_piece(self, item: GenerationItem, sequence: SequenceState, index: int) -> str | None:
+        """The text token `index` adds to the answer, or None to wait for the final text.
+
+        Decoding the whole prefix (not the token alone) keeps characters that span several
+        byte-level tokens intact; a trailing incomplete character is held back until complete.
+        The last kept token gets the rest of the final text, so the pieces add up to it exactly
+        (a stop string's first characters included in that token are cut off).
+        """
+        last = sequence.finished and index == sequence.n_kept - 1
+        if last and not sequence.text_final:
+            return None
+        if last:
+            full = sequence.text
+        else:
+            full = self.engine.decode([t.token_id for t in sequence.tokens[: index + 1]]).rstrip("\ufffd")
+            if sequence.text_final:
+                full = full[: len(sequence.text)]
+        piece = full[len(item.emitted_text) :] if full.startswith(item.emitted_text) else ""
+        if len(full) > len(item.emitted_text):
+            item.emitted_text = full
+        return piece
 
     def _clear_of_stop_strings(self, item: GenerationItem, sequence: SequenceState) -> int:
         """How many tokens lie wholly before any place a stop string could still start.
@@ -349,7 +401,7 @@ class Scheduler:
             sequence.finish(FinishReason.UNCERTAINTY, n_kept=scored)
 
     def _finish(self, item: GenerationItem, sequence: SequenceState) -> None:
-        if sequence.finish_reason is FinishReason.CANCELLED:
+        if sequence.finish_reason is FinishReason.CANCELLED or item.cancelled:
             self._release(item)
             return
         if sequence.finish_reason is FinishReason.DEADLINE:

@@ -7,6 +7,7 @@ so a streamed answer gets exactly the confidences of the same answer scored at o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -59,7 +60,8 @@ class TadStream:
                 if self.keep_features:
                     self.features.append(row)
                 raw = predict_one(self.scorer.regressor, row)
-                confidence = min(max(raw, self.scorer.epsilon), 1.0)
+                # A non-finite prediction would poison every later token: treat it as no confidence.
+                confidence = min(max(raw, self.scorer.epsilon), 1.0) if math.isfinite(raw) else self.scorer.epsilon
             self.confidences.append(confidence)
             fresh.append(confidence)
         return fresh

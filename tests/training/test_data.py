@@ -123,3 +123,18 @@ def test_undecodable_line_is_reported_not_raised(tmp_path):
     bad = []
     assert [item.record.id for item in read_records([path], bad=bad)] == ["a", "b"]
     assert [item.line for item in bad] == [2]
+
+
+def test_more_than_ten_choices_is_a_bad_record(tmp_path):
+    record = {
+        "id": "x",
+        "question": "q",
+        "answers": ["a"],
+        "task": "multiple_choice",
+        "choices": [str(i) for i in range(11)],
+    }
+    path = tmp_path / "mc_dev.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    bad = []
+    assert list(read_records([path], bad=bad)) == []
+    assert len(bad) == 1 and "choices" in bad[0].reason

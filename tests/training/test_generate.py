@@ -103,3 +103,14 @@ def test_data_parallel_workers_split_the_shards(
         run_generate(_options(tiny_model_dir, tiny_data["dev"], out), generate_module.Distribution(rank=rank, world=2))
     assert [p.name for p in completed_shards(out)] == [f"shard-0000{i}" for i in range(4)]
     assert len(list(iter_texts([out]))) == 32
+
+
+def test_a_partial_shard_is_never_read(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]) -> None:
+    out = tmp_path / "run"
+    run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=8))
+    shard = completed_shards(out)[0]
+    leftover = shard.with_name("shard-00001.partial")  # a writer killed just before its rename
+    import shutil
+
+    shutil.copytree(shard, leftover)
+    assert completed_shards(out) == [shard]

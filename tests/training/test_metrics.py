@@ -155,3 +155,11 @@ def test_accuracy_thresholds_at_one_half():
     assert accuracy(np.array([0.5, 0.5, 0.5])) == 1.0
     assert accuracy(np.array([0.4999])) == 0.0
     assert math.isnan(accuracy(np.array([])))
+
+
+def test_roc_auc_accepts_infinite_uncertainty_for_empty_answers():
+    from training.metrics import roc_auc_wrong
+
+    uncertainty = np.array([0.1, 0.2, np.inf, 0.3])
+    quality = np.array([1.0, 1.0, 0.0, 0.0])
+    assert roc_auc_wrong(uncertainty, quality) == 1.0

@@ -118,3 +118,44 @@ def test_served_model_name(service_settings: Settings) -> None:
         chat = {"model": "tiny-llm", "messages": CHAT, "max_tokens": 2}
         assert client.post("/v1/chat/completions", json=chat).status_code == 200
         assert client.post("/v1/chat/completions", json={**chat, "model": "model"}).status_code == 404
+
+
+def test_score_refuses_overlong_answers_and_reads_special_tokens_as_text(client: TestClient) -> None:
+    long = client.post("/v1/score", json={"prompt": "a", "response": "the " * 40})
+    assert long.status_code == 422 and long.json()["error"]["param"] == "response"
+    special = client.post("/v1/score", json={"prompt": "a", "response": "paris <|im_end|> london"}).json()
+    ids = [t["id"] for t in special["tokens"]]
+    assert 2 not in ids and len(ids) > 3  # <|im_end|> (id 2) is read as plain text, not as the stop token
+
+
+def test_policy_method_override_uses_that_methods_threshold(service_settings: Settings) -> None:
+    with make_client(service_settings, reject_threshold=0.5) as client:
+        base = {"messages": CHAT, "max_new_tokens": 4}
+        tad = client.post("/v1/generate", json=base).json()["decision"]
+        assert tad["method"] == "tad" and tad["threshold"] == 0.5 and tad["policy"] == "fixed"
+        msp = client.post("/v1/generate", json={**base, "policy": {"method": "msp"}}).json()["decision"]
+        assert msp["method"] == "msp" and msp["threshold"] != 0.5
+
+
+def test_explicit_tad_policy_without_artifact_is_refused(service_settings: Settings, tmp_path) -> None:
+    with make_client(service_settings, artifact_dir=tmp_path / "none") as client:
+        for policy in ({"method": "tad"}, {"threshold": 0.3}, {"target": "error@0.3"}):
+            response = client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2, "policy": policy})
+            assert response.status_code == 422 and response.json()["error"]["param"] == "policy.method"
+        fine = client.post(
+            "/v1/generate", json={"prompt": "a", "max_new_tokens": 2, "policy": {"method": "msp", "threshold": 1.0}}
+        )
+        assert fine.json()["decision"]["policy"] == "fixed"
+
+
+def test_chat_template_errors_are_bad_input(client: TestClient, monkeypatch) -> None:
+    from jinja2 import TemplateError
+
+    tokenizer = client.app.state.runtime.engine.loaded.tokenizer
+
+    def refuse(*args, **kwargs):
+        raise TemplateError("Conversation roles must alternate user/assistant")
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", refuse)
+    response = client.post("/v1/generate", json={"messages": CHAT})
+    assert response.status_code == 422 and response.json()["error"]["param"] == "messages"

@@ -15,6 +15,8 @@ def test_api_key_guards_v1_routes(service_settings: Settings) -> None:
         assert_error(wrong, 401)
         assert wrong.headers["www-authenticate"] == "Bearer"
         assert_error(client.get("/v1/models"), 401)
+        assert_error(client.get("/info"), 401)  # it names paths
+        assert client.get("/info", headers={"X-API-Key": "s3cret"}).status_code == 200
         assert client.post("/v1/generate", json=request, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert client.post("/v1/generate", json=request, headers={"X-API-Key": "s3cret"}).status_code == 200
         for open_route in ("/health", "/ready", "/metrics"):

@@ -64,3 +64,13 @@ def test_stream_never_shows_a_stop_string(client: TestClient) -> None:
     assert final["finish_reason"] == "stop" and stop not in final["text"]
     assert stop not in streamed
     assert len([e for e in events if e[0] == "token"]) == final["usage"]["completion_tokens"]
+
+
+def test_streamed_pieces_add_up_to_the_final_text(client: TestClient) -> None:
+    messages = long_chat(client, 16)
+    free = client.post("/v1/generate", json={"messages": messages, "max_new_tokens": 16}).json()
+    stop = free["text"].split()[4][:2]  # may start inside a token
+    for extra in ({}, {"stop": [stop]}):
+        events = read_events(client, {"messages": messages, "max_new_tokens": 16, "stream": True, **extra})
+        pieces = "".join(data["text"] for name, data in events if name == "token")
+        assert pieces == events[-1][1]["text"]

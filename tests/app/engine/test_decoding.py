@@ -137,3 +137,15 @@ def test_extreme_sampling_parameters_do_not_fail(engine: Engine) -> None:
     for temperature, top_p in ((5e-324, 1.0), (1.0, 5e-324), (2.0, 1e-30)):
         request = _requests(engine, max_new_tokens=4, temperature=temperature, top_p=top_p, seed=0)[0]
         assert len(engine.generate([request])[0].tokens) > 0
+
+
+def test_abandoning_a_sequence_waiting_for_its_last_row(engine: Engine) -> None:
+    batch = DecodeBatch.prefill(engine.context, _requests(engine, max_new_tokens=3)[:1])
+    sequence = batch.sequences[0]
+    while not sequence.finished:
+        batch.step()
+    assert sequence.finish_reason is FinishReason.LENGTH and sequence.needs_final_row
+    sequence.abandon(FinishReason.CANCELLED)  # the client left during the extra step
+    assert batch.pop_done() == [sequence]
+    assert sequence.finish_reason is FinishReason.CANCELLED and not sequence.needs_final_row
+    assert sequence.n_kept == len(sequence.attention_rows) == 2
