@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.api.responses import V1_ERRORS, client_gone, json_text
+from app.api.responses import V1_ERRORS, client_gone, json_text, streamed
 from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import ServiceError, error_body
 from app.schemas import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse, Usage
@@ -17,12 +17,11 @@ from app.serving.scheduler import GenerationResult, StreamedToken
 
 router = APIRouter(prefix="/v1", tags=["generation"], dependencies=[ApiKeyDep])
 
-STREAM_DOC = {
-    "description": "The answer with its uncertainty and decision; with `stream: true`, server-sent events: "
-    "`token` events (one per token, once its TAD confidence is known; see the README) and a last "
-    "`final` event holding this object (or an `error` event).",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
-}
+STREAM_DOC = streamed(
+    "The answer with its uncertainty and decision; with `stream: true`, server-sent events: `token` events "
+    "(one per token, once its TAD confidence is known; see the README) and a last `final` event holding this "
+    "object (or an `error` event)."
+)
 
 
 def sse(event: str, data: object) -> str:

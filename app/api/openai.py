@@ -17,7 +17,7 @@ from app.api.openai_protocol import (
     ModelCard,
     ModelList,
 )
-from app.api.responses import V1_ERRORS, client_gone, errors, json_text
+from app.api.responses import V1_ERRORS, client_gone, errors, json_text, streamed
 from app.deps import ApiKeyDep, RuntimeDep
 from app.errors import ServiceError, error_body
 from app.schemas import ChatMessage
@@ -29,10 +29,7 @@ from app.serving.scheduler import GenerationResult, StreamedToken
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
 
 OPENAI_ERRORS = {**V1_ERRORS, **errors(404)}
-STREAM_DOC = {
-    "description": "The completion; with `stream: true`, server-sent `data:` chunks ending with `data: [DONE]`.",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
-}
+STREAM_DOC = streamed("The completion; with `stream: true`, server-sent `data:` chunks ending with `data: [DONE]`.")
 
 
 class ModelNotFound(ServiceError):

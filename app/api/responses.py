@@ -10,6 +10,23 @@ from fastapi import Response
 
 from app.errors import ErrorBody
 
+# One server-sent event (OpenAPI 3.2's itemSchema for text/event-stream, as FastAPI writes it).
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+
+
+def streamed(description: str) -> dict[str, Any]:
+    """A 200 response that is JSON, or server-sent events when the request asks to stream."""
+    return {"description": description, "content": {"text/event-stream": {"itemSchema": SSE_EVENT_SCHEMA}}}
+
+
 CLIENT_CLOSED_REQUEST = 499  # nginx's code; the client is gone, so nobody receives it
 
 
