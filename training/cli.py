@@ -138,9 +138,11 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
         chosen = manifest.metrics["cv"]["chosen"]
+        if manifest.regressor.kind == "mlp":
+            chosen = manifest.metrics["cv"]["mlp"]["best"]
         print(
-            f"wrote {args.out}: variant {manifest.variant}, alpha {chosen['alpha']}, "
-            f"aggregation {chosen['aggregation']}, CV PRR {chosen['prr_mean']:.3f}"
+            f"wrote {args.out}: {manifest.regressor.kind} {manifest.regressor.params}, variant {manifest.variant}, "
+            f"aggregation {manifest.aggregation.value}, CV PRR {chosen['prr_mean']:.3f}"
         )
     elif args.command == "evaluate":
         from training.evaluate import report_markdown, run_evaluate

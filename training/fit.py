@@ -325,6 +325,13 @@ def _fit_final_mlp(
     return model
 
 
+def library_versions() -> dict[str, str]:
+    """Versions that matter for unpickling the regressor and for the features."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("scikit-learn", "numpy", "torch", "transformers")}
+
+
 def run_fit(options: FitOptions) -> Manifest:
     started = time.monotonic()
     texts, settings, lags = load_runs(options.runs, options.n_lags)
@@ -408,6 +415,7 @@ def run_fit(options: FitOptions) -> Manifest:
             "tokens": int(sum(len(t) for t in texts)),
             "datasets": datasets,
             "fit_seconds": round(time.monotonic() - started, 1),
+            "versions": library_versions(),
             "generation": {
                 k: settings[k] for k in ("model", "data", "limit", "max_new_tokens", "prompts") if k in settings
             },
