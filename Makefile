@@ -45,13 +45,13 @@ format: $(VENV)/.dev-installed
 	$(BIN)/ruff check --fix .
 
 bench-overhead: $(VENV)/.dev-installed
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python -m benchmarks.overhead
 
 bench-concurrency: $(VENV)/.dev-installed
-	$(BIN)/python benchmarks/concurrency.py
+	$(BIN)/python -m benchmarks.concurrency
 
 loadtest: $(VENV)/.dev-installed
-	$(BIN)/python benchmarks/loadtest.py
+	$(BIN)/python -m benchmarks.loadtest
 
 # Rebuilds the committed default artifact and its report (hours on 2 CPU cores; see README).
 train-default: $(VENV)/.dev-installed

@@ -56,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=1, help="passes over the 16 questions")
+    parser.add_argument("--rounds", type=int, default=2, help="passes over the 16 questions")
     args = parser.parse_args()
     requests = [
         {"messages": [{"role": "user", "content": q}], "max_new_tokens": args.max_new_tokens, "return_tokens": False}

@@ -2,15 +2,16 @@
 
 In one process and interleaved (so machine noise hits every method alike), it times:
 
-- plain:    sdpa generation with no capture, the faster of transformers' `generate` and this
-            engine's decode loop without capture (so the ratio is conservative);
+- plain:    transformers' `generate` with sdpa attention, the reference of every ratio;
+- engine:   this engine's decode loop without capture (what the loop itself costs);
 - capture:  this engine with attention capture and TAD scoring of every token;
 - eager:    transformers' `generate` with eager attention and `output_attentions=True`;
 - extra:    plain `generate`, then the paper's extra teacher-forced forward with eager attentions;
 
 at batch 1 and 8 with a short prompt and at batch 1 with a ~1,000-token prompt, each for
 exactly --new-tokens tokens. Prints medians, tokens/s, peak memory (RSS above the idle
-process, sampled every 2 ms) and ratios; the last line is
+process, sampled every 2 ms in a separate untimed pass) and ratios (median over repeats of
+the method's time over plain's time in the same repeat); the last line is
 `overhead_ratio=<worst capture/plain ratio of the three settings>`.
 """
 
@@ -38,6 +39,8 @@ from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
 from app.uncertainty.artifact import load_artifact
 
 PAGE = 4096
+PLAIN = "plain (transformers generate)"
+CAPTURE = "capture + TAD"
 _LIBC = ctypes.CDLL("libc.so.6")
 
 
@@ -95,7 +98,8 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tad-serve")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--slow-repeats", type=int, default=3, help="repeats of the eager and extra-forward runs")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--long-tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=None)
@@ -159,9 +163,9 @@ def main() -> None:
             eager(input_ids=sequences, attention_mask=mask, output_attentions=True)
 
     methods: dict[str, Callable[[list[list[int]]], object]] = {
-        "plain (transformers generate)": lambda p: hf_generate(sdpa, p),
+        PLAIN: lambda p: hf_generate(sdpa, p),
         "plain (engine, no capture)": lambda p: engine_generate(plain_engine, p, score=False),
-        "capture + TAD": lambda p: engine_generate(capture, p, score=True),
+        CAPTURE: lambda p: engine_generate(capture, p, score=True),
         "eager output_attentions": lambda p: hf_generate(
             eager, p, output_attentions=True, return_dict_in_generate=True
         ),
@@ -170,36 +174,51 @@ def main() -> None:
     for setting in settings:  # warm-up
         for run in methods.values():
             run(setting.prompts[:1])
+    # Per run the shared machine's noise is about +-10%, so the three methods the ratio compares
+    # run many times, back to back and in rotating order; the slow alternatives run fewer times.
+    core = [PLAIN, "plain (engine, no capture)", CAPTURE]
+    slow = [m for m in methods if m not in core]
     times = {(s.name, m): [] for s in settings for m in methods}
-    memory = {(s.name, m): 0.0 for s in settings for m in methods}
+    paired = {(s.name, m): [] for s in settings for m in methods}  # a method's time / plain's, same repeat
     for repeat in range(args.repeats):
+        order = core[repeat % len(core) :] + core[: repeat % len(core)]
+        if repeat < args.slow_repeats:
+            order += slow
         for setting in settings:
-            for name, run in methods.items():
-                with PeakMemory() as peak:
-                    started = time.perf_counter()
-                    run(setting.prompts)
-                    times[(setting.name, name)].append(time.perf_counter() - started)
-                memory[(setting.name, name)] = max(memory[(setting.name, name)], peak.delta_mb)
+            this_repeat = {}
+            for name in order:
+                started = time.perf_counter()
+                methods[name](setting.prompts)
+                this_repeat[name] = time.perf_counter() - started
+            for name, seconds in this_repeat.items():
+                times[(setting.name, name)].append(seconds)
+                paired[(setting.name, name)].append(seconds / this_repeat[PLAIN])
         print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
+    # Memory in its own pass: the sampling thread would otherwise steal CPU from the timed runs.
+    memory = {}
+    for setting in settings:
+        for name, run in methods.items():
+            with PeakMemory() as peak:
+                run(setting.prompts)
+            memory[(setting.name, name)] = peak.delta_mb
 
     print(
         f"\nmodel {loaded.identity.name} on {device} ({str(dtype).removeprefix('torch.')}), "
-        f"{torch.get_num_threads()} threads, {new} new tokens, {args.repeats} interleaved repeats, "
-        f"TAD artifact: {artifact.path}, N={n_lags}"
+        f"{torch.get_num_threads()} threads, {new} new tokens, {args.repeats} interleaved repeats "
+        f"({args.slow_repeats} for eager and extra), TAD artifact: {artifact.path}, N={n_lags}"
     )
     print(f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9}")
     worst = 0.0
     for setting in settings:
-        medians = {m: statistics.median(times[(setting.name, m)]) for m in methods}
-        plain = min(medians["plain (transformers generate)"], medians["plain (engine, no capture)"])
         tokens = new * len(setting.prompts)
         for name in methods:
-            ratio = medians[name] / plain
+            median = statistics.median(times[(setting.name, name)])
+            ratio = statistics.median(paired[(setting.name, name)])
             print(
-                f"{setting.name:<28} {name:<30} {medians[name]:>9.3f} {tokens / medians[name]:>9.1f} "
+                f"{setting.name:<28} {name:<30} {median:>9.3f} {tokens / median:>9.1f} "
                 f"{memory[(setting.name, name)]:>8.0f} {ratio:>8.2f}x"
             )
-        worst = max(worst, medians["capture + TAD"] / plain)
+        worst = max(worst, statistics.median(paired[(setting.name, CAPTURE)]))
     print(f"overhead_ratio={worst:.3f}")
 
 

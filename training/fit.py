@@ -4,7 +4,7 @@
 paper-exact), selected by mean PRR at 50% rejection of the held-out folds, scored with
 the very scorer the server runs (recurrent, c_1 = p_1). The better variant becomes the
 artifact's regressor; the other is kept beside it for comparison, and every number goes
-into the manifest. Memory: Gram matrices only (about (folds + 3) x F^2 x 8 bytes), never
+into the manifest. Memory: Gram matrices only (about (folds + 6) x F^2 x 8 bytes at peak), never
 a fold's feature matrix; attention rows are memory-mapped from the run shards.
 """
 
