@@ -11,7 +11,8 @@ In one process and interleaved (so machine noise hits every method alike), it ti
 at batch 1 and 8 with a short prompt and at batch 1 with a ~1,000-token prompt, each for
 exactly --new-tokens tokens. Prints medians, tokens/s, peak memory (RSS above the idle
 process, sampled every 2 ms in a separate untimed pass) and ratios (median over repeats of
-the method's time over plain's time in the same repeat); the last line is
+the method's time over plain's time in the same repeat; "vs engine" likewise over the
+engine without capture, which isolates what capture and scoring add); the last line is
 `overhead_ratio=<worst capture/plain ratio of the three settings>`.
 """
 
@@ -40,6 +41,7 @@ from app.uncertainty.artifact import load_artifact
 
 PAGE = 4096
 PLAIN = "plain (transformers generate)"
+ENGINE = "plain (engine, no capture)"
 CAPTURE = "capture + TAD"
 _LIBC = ctypes.CDLL("libc.so.6")
 
@@ -164,7 +166,7 @@ def main() -> None:
 
     methods: dict[str, Callable[[list[list[int]]], object]] = {
         PLAIN: lambda p: hf_generate(sdpa, p),
-        "plain (engine, no capture)": lambda p: engine_generate(plain_engine, p, score=False),
+        ENGINE: lambda p: engine_generate(plain_engine, p, score=False),
         CAPTURE: lambda p: engine_generate(capture, p, score=True),
         "eager output_attentions": lambda p: hf_generate(
             eager, p, output_attentions=True, return_dict_in_generate=True
@@ -176,10 +178,12 @@ def main() -> None:
             run(setting.prompts[:1])
     # Per run the shared machine's noise is about +-10%, so the three methods the ratio compares
     # run many times, back to back and in rotating order; the slow alternatives run fewer times.
-    core = [PLAIN, "plain (engine, no capture)", CAPTURE]
+    core = [PLAIN, ENGINE, CAPTURE]
     slow = [m for m in methods if m not in core]
     times = {(s.name, m): [] for s in settings for m in methods}
-    paired = {(s.name, m): [] for s in settings for m in methods}  # a method's time / plain's, same repeat
+    # A method's time over plain's, and over the engine without capture's, in the same repeat.
+    paired = {(s.name, m): [] for s in settings for m in methods}
+    paired_engine = {(s.name, m): [] for s in settings for m in methods}
     for repeat in range(args.repeats):
         order = core[repeat % len(core) :] + core[: repeat % len(core)]
         if repeat < args.slow_repeats:
@@ -193,6 +197,7 @@ def main() -> None:
             for name, seconds in this_repeat.items():
                 times[(setting.name, name)].append(seconds)
                 paired[(setting.name, name)].append(seconds / this_repeat[PLAIN])
+                paired_engine[(setting.name, name)].append(seconds / this_repeat[ENGINE])
         print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
     # Memory in its own pass: the sampling thread would otherwise steal CPU from the timed runs.
     memory = {}
@@ -207,16 +212,20 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, {new} new tokens, {args.repeats} interleaved repeats "
         f"({args.slow_repeats} for eager and extra), TAD artifact: {artifact.path}, N={n_lags}"
     )
-    print(f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9}")
+    print(
+        f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9} "
+        f"{'vs engine':>10}"
+    )
     worst = 0.0
     for setting in settings:
         tokens = new * len(setting.prompts)
         for name in methods:
             median = statistics.median(times[(setting.name, name)])
             ratio = statistics.median(paired[(setting.name, name)])
+            ratio_engine = statistics.median(paired_engine[(setting.name, name)])
             print(
                 f"{setting.name:<28} {name:<30} {median:>9.3f} {tokens / median:>9.1f} "
-                f"{memory[(setting.name, name)]:>8.0f} {ratio:>8.2f}x"
+                f"{memory[(setting.name, name)]:>8.0f} {ratio:>8.2f}x {ratio_engine:>9.2f}x"
             )
         worst = max(worst, statistics.median(paired[(setting.name, CAPTURE)]))
     print(f"overhead_ratio={worst:.3f}")
