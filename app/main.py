@@ -10,12 +10,15 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app import __version__
-from app.api import generation, openai, ops
 from app.api.body_limit import BodySizeLimitMiddleware
+from app.api.deployment_schema import deployment_openapi
+from app.api.native import routes as native_routes
+from app.api.openai import routes as openai_routes
+from app.api.ops import routes as ops_routes
 from app.errors import install_error_handlers
-from app.metrics import MetricsMiddleware, ServiceMetrics
 from app.serving.runtime import Runtime
 from app.settings import Settings
+from app.telemetry import MetricsMiddleware, ServiceMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
         lifespan=lifespan,
     )
     app.state.runtime = runtime
+    app.openapi = deployment_openapi(app, runtime)  # type: ignore[method-assign]
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
@@ -53,7 +57,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
         )
     app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http)
-    app.include_router(ops.router)
-    app.include_router(generation.router)
-    app.include_router(openai.router)
+    app.include_router(ops_routes.router)
+    app.include_router(native_routes.router)
+    app.include_router(openai_routes.router)
     return app

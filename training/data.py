@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 logger = logging.getLogger(__name__)
 
 
-MAX_CHOICES = 10
+LETTERS = "ABCDEFGHIJ"
+MAX_CHOICES = len(LETTERS)
 
 
 class Task(StrEnum):

@@ -5,8 +5,8 @@
         texts.json                   per text: key, dataset, task, id, file, line, answer, target, ...
         offsets.npy                  [texts + 1] token offsets into the arrays below
         token_ids.npy                [tokens] int32
-        logprobs.npy                 [tokens] float64, raw-logit log-probabilities
-        entropies.npy                [tokens] float64
+        stat-<name>.npy              [tokens] float64, one per token statistic (app/engine/token_stats.py),
+                                     e.g. stat-logprob.npy (raw-logit log-probabilities), stat-entropy.npy
         attention.npy                [tokens, layers, heads, lags] float32 (memory-mapped on read)
 
 A shard folder exists only when all its files are written (it is written under a
@@ -19,25 +19,24 @@ import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from app.uncertainty.trace import TokenTrace
+
 SHARDS = "shards"
 RUN_FILE = "run.json"
+STAT_PREFIX = "stat-"
 
 
 @dataclass(frozen=True)
-class TextTrace:
-    """One generated answer with its per-token statistics and target."""
+class TextTrace(TokenTrace):
+    """One generated answer with its per-token statistics (a `TokenTrace`) and what the run knows of it."""
 
-    meta: dict[str, Any]
-    token_ids: np.ndarray
-    logprobs: np.ndarray
-    entropies: np.ndarray
-    attention: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -51,8 +50,10 @@ class TextTrace:
     def dataset(self) -> str:
         return str(self.meta["dataset"])
 
-    def __len__(self) -> int:
-        return len(self.token_ids)
+    def token_trace(self, n_lags: int | None = None) -> TokenTrace:
+        """The trace the uncertainty methods read (attention cut to `n_lags` lags)."""
+        attention = np.asarray(self.attention if n_lags is None else self.attention[..., :n_lags])
+        return TokenTrace(token_ids=tuple(int(t) for t in self.token_ids), stats=self.stats, attention=attention)
 
 
 def shard_name(index: int) -> str:
@@ -82,8 +83,8 @@ def write_shard(run_dir: Path, index: int, texts: Sequence[TextTrace], attention
 
     np.save(staging / "offsets.npy", offsets)
     np.save(staging / "token_ids.npy", joined([t.token_ids for t in texts], np.int32))
-    np.save(staging / "logprobs.npy", joined([t.logprobs for t in texts], np.float64))
-    np.save(staging / "entropies.npy", joined([t.entropies for t in texts], np.float64))
+    for name in texts[0].stats if texts else ():
+        np.save(staging / f"{STAT_PREFIX}{name}.npy", joined([t.stats[name] for t in texts], np.float64))
     attention = [t.attention for t in texts if len(t)]
     np.save(staging / "attention.npy", joined(attention, np.float32, attention_shape))
     (staging / "texts.json").write_text(json.dumps([t.meta for t in texts], ensure_ascii=False))
@@ -97,8 +98,10 @@ def read_shard(path: Path) -> list[TextTrace]:
     metas = json.loads((path / "texts.json").read_text())
     offsets = np.load(path / "offsets.npy")
     token_ids = np.load(path / "token_ids.npy")
-    logprobs = np.load(path / "logprobs.npy")
-    entropies = np.load(path / "entropies.npy")
+    stats = {
+        file.name.removeprefix(STAT_PREFIX).removesuffix(".npy"): np.load(file)
+        for file in sorted(path.glob(f"{STAT_PREFIX}*.npy"))
+    }
     attention = np.load(path / "attention.npy", mmap_mode="r")
     texts = []
     for i, meta in enumerate(metas):
@@ -107,8 +110,7 @@ def read_shard(path: Path) -> list[TextTrace]:
             TextTrace(
                 meta=meta,
                 token_ids=token_ids[start:end],
-                logprobs=logprobs[start:end],
-                entropies=entropies[start:end],
+                stats={name: values[start:end] for name, values in stats.items()},
                 attention=attention[start:end],
             )
         )

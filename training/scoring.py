@@ -1,4 +1,4 @@
-"""Scoring stored traces with an artifact, through the same code the server runs."""
+"""Scoring stored traces with every registered method, through the same code the server runs."""
 
 from __future__ import annotations
 
@@ -9,10 +9,20 @@ from pathlib import Path
 import joblib
 import numpy as np
 
+from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.artifact import TadArtifact
-from app.uncertainty.scores import BASELINES, Aggregation, Method, aggregate, baseline_uncertainty
+from app.uncertainty.methods import BASELINES, METHODS, REGISTRY, MethodInput
 from app.uncertainty.tad import TadScorer
+from app.uncertainty.trace import TokenTrace
 from training.runs import TextTrace
+
+# An empty answer has no score; for ranking it counts as maximally uncertain.
+EMPTY_ANSWER_UNCERTAINTY = math.inf
+
+
+def ranked(value: float | None) -> float:
+    """A score as rankings use it: undefined (empty answer) sorts as most uncertain."""
+    return EMPTY_ANSWER_UNCERTAINTY if value is None or math.isnan(value) else float(value)
 
 
 def alternative_scorers(artifact: TadArtifact) -> dict[str, tuple[TadScorer, Aggregation]]:
@@ -30,21 +40,31 @@ def alternative_scorers(artifact: TadArtifact) -> dict[str, tuple[TadScorer, Agg
     return scorers
 
 
+def baseline_table(traces: Sequence[TokenTrace]) -> dict[str, np.ndarray]:
+    """Per baseline method (every registered method that needs no artifact), each answer's score."""
+    return {
+        method.value: np.array([ranked(REGISTRY[method.value](MethodInput(trace=t))) for t in traces])
+        for method in BASELINES
+    }
+
+
 def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict[str, np.ndarray]:
-    """Per method, the sequence uncertainty of each text (an empty answer is +inf)."""
+    """Per method (and per stored TAD variant, `tad_<variant>`), the sequence uncertainty of each text."""
     n_lags = artifact.n_lags
     scorers = alternative_scorers(artifact)
-    table: dict[str, list[float]] = {name: [] for name in [Method.TAD.value, *[m.value for m in BASELINES], *scorers]}
+    main = f"tad_{artifact.manifest.variant}"
+    table: dict[str, list[float]] = {name: [] for name in [*(m.name for m in METHODS), *scorers]}
     for text in texts:
-        if len(text) == 0:
-            for values in table.values():
-                values.append(math.inf)
-            continue
-        attention = np.asarray(text.attention)[..., :n_lags]
-        baselines = baseline_uncertainty(text.logprobs, text.entropies, None)
-        for method in BASELINES:
-            table[method.value].append(float(baselines.get(method)))  # type: ignore[arg-type]
-        for name, (scorer, aggregation) in scorers.items():
-            table[name].append(aggregate(scorer.confidences(text.logprobs, attention), aggregation))
-        table[Method.TAD.value].append(table[f"tad_{artifact.manifest.variant}"][-1])
+        trace = text.token_trace(n_lags)
+        confidences = {
+            name: scorer.confidences(trace.logprobs, trace.attention) if len(trace) else np.zeros(0)
+            for name, (scorer, _) in scorers.items()
+        }
+        for name, (_, aggregation) in scorers.items():
+            table[name].append(ranked(aggregate(confidences[name], aggregation)))
+        answer = MethodInput(
+            trace=trace, tad_confidences=confidences[main], tad_aggregation=artifact.manifest.aggregation
+        )
+        for method in METHODS:
+            table[method.name].append(ranked(REGISTRY[method.name](answer)))
     return {name: np.array(values, dtype=np.float64) for name, values in table.items()}

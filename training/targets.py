@@ -17,8 +17,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
-from training.data import QARecord, Task
-from training.prompts import LETTERS
+from training.data import LETTERS, QARecord
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -129,14 +128,5 @@ def truthfulness_score(prediction: str, record: QARecord) -> float:
     return float(correct > incorrect)
 
 
-def score_answer(prediction: str, record: QARecord) -> float:
-    """sim(y, y*) in [0, 1] for the record's task."""
-    if record.task in (Task.OPEN_QA, Task.EXTRACTIVE_QA):
-        return short_answer_score(prediction, record.answers)
-    if record.task is Task.MULTIPLE_CHOICE:
-        return multiple_choice_score(prediction, record)
-    if record.task is Task.MATH_WORD_PROBLEM:
-        return math_score(prediction, record.answers)
-    if record.task is Task.OPEN_QA_TRUTHFULNESS:
-        return truthfulness_score(prediction, record)
-    return max(rouge_l(prediction, ref) for ref in record.answers)
+def rouge_l_best(prediction: str, references: list[str]) -> float:
+    return max(rouge_l(prediction, ref) for ref in references)

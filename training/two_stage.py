@@ -21,6 +21,7 @@ import numpy as np
 
 from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features, token_probabilities
 from app.uncertainty.tad import Regressor
+from app.uncertainty.trace import TokenTrace
 from training.ridge import GramStats
 from training.runs import TextTrace
 
@@ -39,8 +40,7 @@ class FitText:
     key: str
     dataset: str
     target: float
-    logprobs: np.ndarray
-    entropies: np.ndarray
+    stats: dict[str, np.ndarray]
     probs: np.ndarray
     attention: np.ndarray  # [n, layers, heads, lags], possibly a memory map
 
@@ -50,14 +50,20 @@ class FitText:
             key=trace.key,
             dataset=trace.dataset,
             target=trace.target,
-            logprobs=np.asarray(trace.logprobs),
-            entropies=np.asarray(trace.entropies),
+            stats={name: np.asarray(values) for name, values in trace.stats.items()},
             probs=token_probabilities(trace.logprobs),
             attention=trace.attention[..., :n_lags],
         )
 
     def __len__(self) -> int:
         return len(self.probs)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return self.stats["logprob"]
+
+    def token_trace(self) -> TokenTrace:
+        return TokenTrace(token_ids=tuple(range(len(self))), stats=self.stats, attention=np.asarray(self.attention))
 
     def rows_target(self) -> np.ndarray:
         return np.full(max(len(self) - 1, 0), self.target)

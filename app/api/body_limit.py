@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from app.errors import error_body
-from app.metrics import ASGIApp, Message, Receive, Scope, Send
+from app.telemetry import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodySizeLimitMiddleware:

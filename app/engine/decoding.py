@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from app.engine.attention_capture import AttentionCapture
+from app.engine.detokenizer import final_text, find_stop_string
 from app.engine.sampling import RawDistribution, choose_token, make_generator, top_alternatives
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState, TokenRecord
 
@@ -174,8 +175,7 @@ class DecodeBatch:
         if not active:
             return
         rows = torch.tensor(active, device=logits.device)
-        picked = distribution.log_probs[rows, torch.tensor(chosen, device=logits.device)].tolist()
-        entropies = distribution.entropy[rows].tolist()
+        stats = RawDistribution(distribution.log_probs[rows]).token_stats(torch.tensor(chosen, device=logits.device))
         for position, index in enumerate(active):
             seq, token = self.sequences[index], chosen[position]
             if token in self.context.stop_token_ids:
@@ -185,8 +185,7 @@ class DecodeBatch:
             seq.tokens.append(
                 TokenRecord(
                     token_id=token,
-                    logprob=picked[position],
-                    entropy=entropies[position],
+                    stats={name: values[position] for name, values in stats.items()},
                     top_logprobs=tuple(alternatives),
                 )
             )
@@ -197,21 +196,15 @@ class DecodeBatch:
 
     def _hit_stop_string(self, seq: SequenceState) -> bool:
         """Finish at the first stop string; keep the tokens that make up the text before it."""
-        ids = [token.token_id for token in seq.tokens]
-        text = self.context.tokenizer.decode(ids, skip_special_tokens=True)
-        longest = max(len(stop) for stop in seq.params.stop)
-        previous = len(self.context.tokenizer.decode(ids[:-1], skip_special_tokens=True))
-        search_from = max(0, previous - longest + 1)
-        hits = [pos for stop in seq.params.stop if (pos := text.find(stop, search_from)) >= 0]
-        if not hits:
+        hit = find_stop_string(self._decode, [token.token_id for token in seq.tokens], seq.params.stop)
+        if hit is None:
             return False
-        cut = min(hits)
-        n_kept = len(ids)
-        while n_kept > 0 and len(self.context.tokenizer.decode(ids[: n_kept - 1], skip_special_tokens=True)) >= cut:
-            n_kept -= 1
-        seq.stop_text_end = cut
-        seq.finish(FinishReason.STOP, n_kept=n_kept)
+        seq.stop_text_end = hit.text_end
+        seq.finish(FinishReason.STOP, n_kept=hit.n_kept)
         return True
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.context.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # ------------------------------------------------------------------ membership
     def pop_done(self) -> list[SequenceState]:
@@ -226,11 +219,7 @@ class DecodeBatch:
         return done
 
     def _finalise_text(self, seq: SequenceState) -> None:
-        ids = [token.token_id for token in seq.kept_tokens]
-        text = self.context.tokenizer.decode(ids, skip_special_tokens=True)
-        if seq.stop_text_end is not None:
-            text = text[: seq.stop_text_end]
-        seq.text = text
+        seq.text = final_text(self._decode, seq)
         seq.text_final = True
         del seq.attention_rows[seq.n_kept :]
 

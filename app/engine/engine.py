@@ -11,9 +11,11 @@ import torch
 from jinja2 import TemplateError
 
 from app.engine.decoding import DecodeBatch, DecodeContext, run_to_completion
+from app.engine.detokenizer import StreamDetokenizer
 from app.engine.loading import LoadedModel, ModelIdentity
-from app.engine.sequence import GenerationRequest, SequenceState, TokenTrace
+from app.engine.sequence import GenerationRequest, SequenceState, trace_of
 from app.engine.teacher_forcing import score_responses
+from app.uncertainty.trace import TokenTrace
 
 
 class PromptError(ValueError):
@@ -109,6 +111,10 @@ class Engine:
         """Text of token ids, with the decode loop's tokenizer (call it from the decode thread)."""
         return self.context.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def stream_detokenizer(self) -> StreamDetokenizer:
+        """Text pieces of one streamed answer (use it from the decode thread)."""
+        return StreamDetokenizer(self.decode)
+
     def token_text(self, token_id: int) -> str:
         """One token's text, with the request-side tokenizer (call it from the request thread)."""
         return self.loaded.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -122,7 +128,7 @@ class Engine:
         return run_to_completion(self.context, requests)
 
     def trace(self, sequence: SequenceState) -> TokenTrace:
-        return TokenTrace.from_sequence(sequence)
+        return trace_of(sequence)
 
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
         """Teacher-forced traces of given (prompt ids, response ids) pairs."""

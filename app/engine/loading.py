@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from app.engine.attention_capture import register_capture_attention
+from app.hashing import file_sha256
 from app.identity import ModelIdentity
 
 logger = logging.getLogger(__name__)
@@ -81,14 +82,6 @@ def resolve_source(spec: str) -> ModelSource:
     if path.is_absolute() or spec.startswith("."):
         raise ModelLoadError(f"model path not found: {path}")
     return ModelSource(kind="hub", location=spec)
-
-
-def file_sha256(path: Path, chunk_size: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def weights_sha256(source: ModelSource) -> str:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from app.engine.token_stats import compute_token_stats
+
 # Below this, dividing logits by the temperature overflows; such temperatures mean greedy anyway.
 MIN_SAMPLING_TEMPERATURE = 1e-4
 
@@ -33,18 +35,18 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class RawDistribution:
-    """Log-softmax of the raw logits of a batch `[batch, vocab]` (float32) and its entropies."""
+    """Log-softmax of the raw logits of a batch `[batch, vocab]` (float32)."""
 
     log_probs: torch.Tensor
-    entropy: torch.Tensor
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor) -> RawDistribution:
         logits = logits.float()
-        log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-        # -sum p log p; measured closer to a float64 reference than entr(exp(.)) and faster.
-        entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
-        return cls(log_probs=log_probs, entropy=entropy)
+        return cls(log_probs=logits - torch.logsumexp(logits, dim=-1, keepdim=True))
+
+    def token_stats(self, chosen: torch.Tensor) -> dict[str, list[float]]:
+        """Every registered per-token statistic (`app.engine.token_stats`) of the chosen tokens."""
+        return compute_token_stats(self.log_probs, chosen)
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -9,6 +10,8 @@ import numpy as np
 import torch
 
 from app.engine.sampling import SamplingParams
+from app.engine.token_stats import TOKEN_STATISTICS
+from app.uncertainty.trace import TokenTrace
 
 
 class FinishReason(StrEnum):
@@ -19,6 +22,13 @@ class FinishReason(StrEnum):
     DEADLINE = "deadline"  # the request ran past its deadline
     ERROR = "error"  # choosing this sequence's token failed; its neighbours are unaffected
 
+    @property
+    def reported(self) -> str:
+        """What a client is told: stop, length, or uncertainty (an early stop)."""
+        if self in (FinishReason.LENGTH, FinishReason.UNCERTAINTY):
+            return self.value
+        return FinishReason.STOP.value
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -28,12 +38,19 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class TokenRecord:
-    """One generated token and its raw-logit statistics."""
+    """One generated token and its raw-logit statistics (`stats[name]`, see `app.engine.token_stats`)."""
 
     token_id: int
-    logprob: float
-    entropy: float
+    stats: Mapping[str, float]
     top_logprobs: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def logprob(self) -> float:
+        return self.stats["logprob"]
+
+    @property
+    def entropy(self) -> float:
+        return self.stats["entropy"]
 
 
 @dataclass
@@ -95,24 +112,12 @@ class SequenceState:
         return np.stack(rows)
 
 
-@dataclass(frozen=True)
-class TokenTrace:
-    """What the uncertainty methods read of one answer: per scored token, its raw statistics."""
-
-    token_ids: tuple[int, ...]
-    logprobs: np.ndarray  # [n] float64, log p_i under the raw logits
-    entropies: np.ndarray  # [n] float64, entropy of the full next-token distribution
-    attention: np.ndarray | None  # [n, layers, heads, n_lags] float32, or None without capture
-
-    @classmethod
-    def from_sequence(cls, seq: SequenceState) -> TokenTrace:
-        kept = seq.kept_tokens
-        return cls(
-            token_ids=tuple(token.token_id for token in kept),
-            logprobs=np.array([token.logprob for token in kept], dtype=np.float64),
-            entropies=np.array([token.entropy for token in kept], dtype=np.float64),
-            attention=seq.kept_rows(),
-        )
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
+def trace_of(sequence: SequenceState) -> TokenTrace:
+    """The trace of a sequence's kept tokens, as the uncertainty methods read it."""
+    kept = sequence.kept_tokens
+    names = kept[0].stats.keys() if kept else TOKEN_STATISTICS.keys()
+    return TokenTrace(
+        token_ids=tuple(token.token_id for token in kept),
+        stats={name: np.array([token.stats[name] for token in kept], dtype=np.float64) for name in names},
+        attention=sequence.kept_rows(),
+    )

@@ -15,7 +15,8 @@ from transformers import DynamicCache
 
 from app.engine.decoding import DecodeContext, left_pad, positions_from_mask
 from app.engine.sampling import RawDistribution
-from app.engine.sequence import TokenTrace
+from app.engine.token_stats import TOKEN_STATISTICS
+from app.uncertainty.trace import TokenTrace
 
 
 def score_responses(context: DecodeContext, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
@@ -54,12 +55,11 @@ def score_responses(context: DecodeContext, pairs: Sequence[tuple[Sequence[int],
         start = longest - count
         distribution = RawDistribution.from_logits(logits[index, start:longest])
         targets = torch.tensor(list(response), dtype=torch.long, device=distribution.log_probs.device)
-        chosen = distribution.log_probs.gather(-1, targets[:, None])[:, 0]
+        stats = distribution.token_stats(targets)
         traces.append(
             TokenTrace(
                 token_ids=tuple(int(t) for t in response),
-                logprobs=chosen.double().cpu().numpy(),
-                entropies=distribution.entropy.double().cpu().numpy(),
+                stats={name: np.array(values, dtype=np.float64) for name, values in stats.items()},
                 attention=None if rows is None else np.ascontiguousarray(rows[index, start:longest]),
             )
         )
@@ -69,7 +69,6 @@ def score_responses(context: DecodeContext, pairs: Sequence[tuple[Sequence[int],
 def _empty_trace(context: DecodeContext) -> TokenTrace:
     return TokenTrace(
         token_ids=(),
-        logprobs=np.zeros(0),
-        entropies=np.zeros(0),
+        stats={name: np.zeros(0) for name in TOKEN_STATISTICS},
         attention=None if not context.capturing else np.zeros((0, 0, 0, context.n_lags), dtype=np.float32),
     )

@@ -1,4 +1,4 @@
-"""Reject policy: which method's uncertainty is compared with which threshold, and the decision."""
+"""Reject policy: which method's uncertainty is compared with which threshold, the decision, and early stop."""
 
 from __future__ import annotations
 
@@ -6,10 +6,21 @@ import math
 from dataclasses import dataclass
 
 from app.errors import InvalidRequest
-from app.schemas import PolicyOverride
 from app.settings import Settings
 from app.uncertainty.artifact import TadArtifact
-from app.uncertainty.scores import Method, SequenceUncertainty
+from app.uncertainty.methods import REGISTRY, Method, SequenceUncertainty
+
+# Early stop waits for this many scored tokens: a running score over one or two tokens says little.
+EARLY_STOP_MIN_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """What one request asks of the policy (every field optional): a method, and a threshold or a target."""
+
+    method: Method | None = None
+    threshold: float | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -20,6 +31,20 @@ class Policy:
 
     def as_dict(self) -> dict[str, object]:
         return {"method": self.method.value, "threshold": self.threshold, "policy": self.name}
+
+    @property
+    def needs_artifact(self) -> bool:
+        return REGISTRY[self.method.value].needs_artifact
+
+    def stops_early(self, running: float | None, scored_tokens: int) -> bool:
+        """Whether an answer still being generated should be cut off now (it will be rejected).
+
+        For sums (MSP, sum-log TAD) the running score only grows, so the answer would have been
+        rejected anyway; for means this is a heuristic.
+        """
+        if self.threshold is None or running is None or scored_tokens < EARLY_STOP_MIN_TOKENS:
+            return False
+        return not math.isnan(running) and running > self.threshold
 
 
 @dataclass(frozen=True)
@@ -43,7 +68,7 @@ def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Po
     return Policy(method=method, threshold=entry.threshold, name=f"calibrated:{name}")
 
 
-def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: PolicyOverride | None) -> Policy:
+def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: PolicyRequest | None) -> Policy:
     """The effective policy for one request: its override if any, else the service's settings.
 
     A fixed threshold from the settings belongs to the settings' method only; a request that
@@ -52,12 +77,12 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
     answered with another method.
     """
     method = override.method if override and override.method else settings.reject_method
-    if method is Method.TAD and artifact is None:
+    if REGISTRY[method.value].needs_artifact and artifact is None:
         if override is not None and (
-            override.method is Method.TAD or override.threshold is not None or override.target is not None
+            override.method is method or override.threshold is not None or override.target is not None
         ):
             raise InvalidRequest(
-                "TAD is unavailable (no artifact is loaded); name a baseline method in policy.method",
+                f"{method.value} is unavailable (no TAD artifact is loaded); name a baseline method in policy.method",
                 param="policy.method",
             )
         return _fallback(settings)

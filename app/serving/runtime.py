@@ -20,13 +20,13 @@ import torch
 from app.engine.engine import Engine
 from app.engine.loading import ModelLoadError, load_model
 from app.errors import NotReady
-from app.metrics import ServiceMetrics
 from app.serving.policy import Policy, resolve_policy
 from app.serving.scheduler import Scheduler
-from app.serving.uncertainty import UncertaintyScorer
 from app.settings import Settings
+from app.telemetry import ServiceMetrics
+from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
-from app.uncertainty.scores import Method
+from app.uncertainty.methods import Method
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Runtime:
         self.engine: Engine | None = None
         self.artifact: TadArtifact | None = None
         self.tad_unavailable_reason: str | None = None
-        self.scorer = UncertaintyScorer(None)
+        self.scorer = AnswerScorer(None)
         self.scheduler: Scheduler | None = None
         self.http_in_flight = 0
         self.load_seconds: float | None = None
@@ -99,7 +99,7 @@ class Runtime:
             artifact.check_model(loaded.identity)
         self.engine = Engine(loaded, n_lags=n_lags)
         self.artifact = artifact
-        self.scorer = UncertaintyScorer(artifact)
+        self.scorer = AnswerScorer(artifact)
         self._check_policy()
         self.scheduler = Scheduler(
             self.engine,

@@ -4,8 +4,9 @@ Requests wait in a bounded queue. The worker admits them into the running batch 
 decode steps (an idle worker first waits a short window for more to arrive), prefills
 them together, merges them into the batch, and steps the whole batch one token at a
 time; finished sequences leave at once. Teacher-forced scoring requests are run between
-steps. Each request gets its events (tokens as their TAD confidence becomes known, then
-a final result) through an asyncio queue fed thread-safely.
+steps. The scheduler only batches: what a request wants after each step (streamed tokens,
+early stop, the scored result) is its observer's business (`app/serving/progress.py`);
+the events reach the request through an asyncio queue fed thread-safely.
 """
 
 from __future__ import annotations
@@ -18,52 +19,28 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 from app.engine.decoding import DecodeBatch
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
 from app.errors import DeadlineExceeded, Overloaded, ServiceError
-from app.serving.policy import Policy
-from app.serving.uncertainty import ScoredAnswer, UncertaintyScorer
-from app.uncertainty.scores import Method, baseline_uncertainty
-from app.uncertainty.tad import TadStream
+from app.serving.events import Event, Failure, Timing
+from app.uncertainty.answer import AnswerScorer
 
 logger = logging.getLogger(__name__)
 
-EARLY_STOP_MIN_TOKENS = 4
 
+class SequenceObserver(Protocol):
+    """What a generation request wants done with its sequence between steps (on the worker thread)."""
 
-@dataclass(frozen=True)
-class StreamedToken:
-    """One token of a stream; `text` is what it adds to the answer (pieces concatenate to the final text)."""
+    def on_step(self, sequence: SequenceState) -> list[Event]:
+        """Events to send now; may finish the sequence (an early stop)."""
+        ...
 
-    index: int
-    token_id: int
-    text: str
-    logprob: float
-    entropy: float
-    confidence: float | None
-    top_logprobs: tuple[tuple[int, float], ...]
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    sequence: SequenceState
-    scored: ScoredAnswer
-    queued_s: float
-    first_token_s: float | None
-    total_s: float
-
-
-@dataclass(frozen=True)
-class Failure:
-    error: ServiceError
-
-
-Event = StreamedToken | GenerationResult | Failure | ScoredAnswer
+    def on_finish(self, sequence: SequenceState, timing: Timing) -> list[Event]:
+        """The last events of a sequence that ended normally (its result comes last)."""
+        ...
 
 
 @dataclass(eq=False)
@@ -84,14 +61,8 @@ class WorkItem:
 @dataclass(eq=False)
 class GenerationItem(WorkItem):
     request: GenerationRequest | None = None
-    stream_tokens: bool = False
-    policy: Policy | None = None
-    early_stop: bool = False
+    observer: SequenceObserver | None = None
     sequence: SequenceState | None = None
-    tad_stream: TadStream | None = None
-    emitted: int = 0
-    text_ends: list[int] = field(default_factory=list)  # decoded length after each token (stop strings only)
-    emitted_text: str = ""
     admitted_at: float | None = None
     first_token_at: float | None = None
 
@@ -115,7 +86,7 @@ class Scheduler:
     def __init__(
         self,
         engine: Engine,
-        scorer: UncertaintyScorer,
+        scorer: AnswerScorer,
         max_batch_size: int,
         max_queue: int,
         batch_window_s: float,
@@ -275,7 +246,6 @@ class Scheduler:
         for item, sequence in zip(items, batch.sequences, strict=True):
             item.sequence = sequence
             item.admitted_at = started
-            item.tad_stream = self.scorer.stream() if (item.stream_tokens or item.early_stop) else None
             self._items[id(sequence)] = item
         if self._batch is None or not self._batch.sequences:
             self._batch = batch
@@ -314,91 +284,9 @@ class Scheduler:
             self.on_batch(len(self._batch.sequences))
 
     def _stream_progress(self, item: GenerationItem, sequence: SequenceState) -> None:
-        """Emit tokens whose confidence is now known; stop early if the policy says so."""
-        known = len(sequence.tokens)
-        confidences: list[float] | None = None
-        if item.tad_stream is not None:
-            item.tad_stream.advance([token.logprob for token in sequence.tokens], sequence.attention_rows)
-            confidences = item.tad_stream.confidences
-            known = len(confidences)
-        if item.stream_tokens and not sequence.abandoned:
-            limit = min(known, len(sequence.kept_tokens))
-            if sequence.params.stop and not sequence.finished:
-                limit = min(limit, self._clear_of_stop_strings(item, sequence))
-            while item.emitted < limit:
-                piece = self._text_piece(item, sequence, item.emitted)
-                if piece is None:
-                    break
-                token = sequence.tokens[item.emitted]
-                item.emit(
-                    StreamedToken(
-                        index=item.emitted,
-                        token_id=token.token_id,
-                        text=piece,
-                        logprob=token.logprob,
-                        entropy=token.entropy,
-                        confidence=confidences[item.emitted] if confidences is not None else None,
-                        top_logprobs=token.top_logprobs,
-                    )
-                )
-                item.emitted += 1
-        if item.early_stop and not sequence.finished:
-            self._maybe_stop_early(item, sequence, confidences)
-
-    def _text_piece(self, item: GenerationItem, sequence: SequenceState, index: int) -> str | None:
-        """The text token `index` adds to the answer, or None to wait for the final text.
-
-        Decoding the whole prefix (not the token alone) keeps characters that span several
-        byte-level tokens intact; a trailing incomplete character is held back until complete.
-        The last kept token gets the rest of the final text, so the pieces add up to it exactly
-        (a stop string's first characters included in that token are cut off).
-        """
-        last = sequence.finished and index == sequence.n_kept - 1
-        if last and not sequence.text_final:
-            return None
-        if last:
-            full = sequence.text
-        else:
-            full = self.engine.decode([t.token_id for t in sequence.tokens[: index + 1]]).rstrip("\ufffd")
-            if sequence.text_final:
-                full = full[: len(sequence.text)]
-        piece = full[len(item.emitted_text) :] if full.startswith(item.emitted_text) else ""
-        if len(full) > len(item.emitted_text):
-            item.emitted_text = full
-        return piece
-
-    def _clear_of_stop_strings(self, item: GenerationItem, sequence: SequenceState) -> int:
-        """How many tokens lie wholly before any place a stop string could still start.
-
-        A stop string not yet seen must end after the current text, so it starts within its
-        last (longest stop - 1) characters; tokens that end before that cannot be part of it.
-        """
-        ids = [token.token_id for token in sequence.tokens]
-        while len(item.text_ends) < len(ids):
-            item.text_ends.append(len(self.engine.decode(ids[: len(item.text_ends) + 1])))
-        if not item.text_ends:
-            return 0
-        horizon = item.text_ends[-1] - max(len(stop) for stop in sequence.params.stop) + 1
-        return sum(1 for end in item.text_ends if end <= horizon)
-
-    def _maybe_stop_early(self, item: GenerationItem, sequence: SequenceState, confidences: list[float] | None) -> None:
-        policy = item.policy
-        if policy is None or policy.threshold is None:
-            return
-        if policy.method is Method.TAD:
-            if confidences is None or len(confidences) < EARLY_STOP_MIN_TOKENS:
-                return
-            running, scored = self.scorer.running_tad(confidences), len(confidences)
-        else:
-            if len(sequence.tokens) < EARLY_STOP_MIN_TOKENS:
-                return
-            tokens = sequence.tokens
-            partial = baseline_uncertainty(
-                np.array([t.logprob for t in tokens]), np.array([t.entropy for t in tokens]), None
-            )
-            running, scored = partial.get(policy.method), len(tokens)
-        if running is not None and running > policy.threshold:
-            sequence.finish(FinishReason.UNCERTAINTY, n_kept=scored)
+        if item.observer is not None:
+            for event in item.observer.on_step(sequence):
+                item.emit(event)
 
     def _finish(self, item: GenerationItem, sequence: SequenceState) -> None:
         if sequence.finish_reason is FinishReason.CANCELLED or item.cancelled:
@@ -410,21 +298,19 @@ class Scheduler:
         if sequence.finish_reason is FinishReason.ERROR:
             self._answer(item, Failure(ServiceError("choosing a token failed; see the server log")))
             return
-        self._stream_progress(item, sequence)
-        scored = self.scorer.score(self.engine.trace(sequence))
         now = time.monotonic()
         total = now - item.enqueued_at
         self.stats.average_request_s = 0.9 * self.stats.average_request_s + 0.1 * total
-        self._answer(
-            item,
-            GenerationResult(
-                sequence=sequence,
-                scored=scored,
-                queued_s=(item.admitted_at or now) - item.enqueued_at,
-                first_token_s=(item.first_token_at - item.enqueued_at) if item.first_token_at else None,
-                total_s=total,
-            ),
+        timing = Timing(
+            queued_s=(item.admitted_at or now) - item.enqueued_at,
+            first_token_s=(item.first_token_at - item.enqueued_at) if item.first_token_at else None,
+            total_s=total,
         )
+        assert item.observer is not None, "a generation item needs an observer to answer it"
+        *events, last = item.observer.on_finish(sequence, timing)
+        for event in events:
+            item.emit(event)
+        self._answer(item, last)
 
     def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         failure = Failure(ServiceError("generation failed inside the model; see the server log"))

@@ -9,7 +9,6 @@ feature spec against the regressor, then the LLM against the loaded model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,11 @@ from typing import Any, Literal
 import joblib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.hashing import file_sha256
 from app.identity import ModelIdentity
+from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.features import FEATURE_ORDER, FeatureSpec
-from app.uncertainty.scores import Aggregation, Method
+from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
 
 MANIFEST_NAME = "manifest.json"
@@ -113,14 +114,6 @@ class TadArtifact:
                 f"{expected.sha256[:16]}...), but the loaded model is {identity.name!r} "
                 f"(sha256 {identity.sha256[:16]}...)"
             )
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(path: Path) -> Manifest:

@@ -33,7 +33,7 @@ def test_feature_vectors_are_bit_identical(tiny_runs: dict[str, Path], tiny_arti
 def test_server_reproduces_the_training_run(tiny_runs: dict[str, Path], tiny_artifact: Path, service_settings) -> None:
     """The server, given a training record's prompt, generates the stored answer with the same confidences."""
     from training.data import read_records
-    from training.prompts import build_messages
+    from training.tasks import build_messages
 
     texts = [t for t in iter_texts([tiny_runs["dev"]]) if len(t) > 1][:4]
     records = {f"{r.dataset}/{r.record.id}": r.record for r in read_records([Path(t.meta["file"]) for t in texts])}

@@ -10,7 +10,6 @@ from training.targets import (
     multiple_choice_score,
     normalise,
     rouge_l,
-    score_answer,
     short_answer_score,
     token_f1,
     truthfulness_score,
@@ -200,41 +199,3 @@ def test_truthfulness_tie_is_zero_and_no_incorrect_refs_needs_overlap():
     no_incorrect = _record(Task.OPEN_QA_TRUTHFULNESS, ["Nothing happens"])
     assert truthfulness_score("nothing at all happens", no_incorrect) == 1.0
     assert truthfulness_score("purple elephants", no_incorrect) == 0.0
-
-
-# --- dispatch -------------------------------------------------------------------------------------
-
-
-def test_score_answer_open_and_extractive_qa_use_short_answer_rules():
-    open_qa = _record(Task.OPEN_QA, ["Thames River"])
-    assert score_answer("It is the Thames river.", open_qa) == 1.0
-    assert score_answer("the river Thames in London", open_qa) == pytest.approx(2 / 3)
-    extractive = _record(Task.EXTRACTIVE_QA, ["1596"], context="Warsaw became the capital in 1596.")
-    assert score_answer("in 1596", extractive) == 1.0
-    assert score_answer("1597", extractive) == 0.0
-
-
-def test_score_answer_multiple_choice():
-    # A short-answer rule would give "B" vs "Bird" no credit.
-    record = _mc_record("B")
-    assert score_answer("B", record) == 1.0
-    assert score_answer("A", record) == 0.0
-
-
-def test_score_answer_math_uses_final_number():
-    # Containment would give 1 (the text contains "12"); the final-number rule gives 0.
-    record = _record(Task.MATH_WORD_PROBLEM, ["12"])
-    assert score_answer("3 + 9 = 12, so the answer is 13.", record) == 0.0
-    assert score_answer("3 + 9 = 12. The answer is 12.", record) == 1.0
-
-
-def test_score_answer_truthfulness_is_binary():
-    # Token F1 against "Nothing happens if you swallow gum" would be fractional; this rule gives 1.
-    record = _truthful_record(["Gum stays in your stomach for seven years"])
-    assert score_answer("nothing happens", record) == 1.0
-
-
-def test_score_answer_long_form_uses_best_rouge_l():
-    record = _record(Task.LONG_FORM_QA, ["the cat sat on the mat", "dogs bark loudly"])
-    # Best of 2/3 (LCS "the cat sat" against the first reference) and 0 (against the second).
-    assert score_answer("the cat sat", record) == pytest.approx(2 / 3)

@@ -9,8 +9,9 @@ from pathlib import Path
 import joblib
 import pytest
 
+from app.hashing import file_sha256
 from app.identity import ModelIdentity
-from app.uncertainty.artifact import ArtifactError, file_sha256, load_artifact
+from app.uncertainty.artifact import ArtifactError, load_artifact
 
 
 @pytest.fixture

@@ -1,0 +1,112 @@
+"""The OpenAPI schema of this deployment: the limits and names that validation enforces, stated in the schema.
+
+The static schema (from the pydantic models) cannot know the configured limits, the served
+model's name or the artifact's calibrated targets; the service can, once it is loaded. This
+fills them in, so that every request the schema allows is one the service accepts (up to
+the prompt's length in tokens, which no JSON schema can state), and the other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app.serving.runtime import Runtime, State
+from app.uncertainty.methods import REGISTRY, Method
+
+
+def _maximum(field: dict[str, Any], value: int) -> None:
+    """Set the maximum of an integer field (plain, or one branch of an optional)."""
+    for branch in [field, *field.get("anyOf", [])]:
+        if branch.get("type") == "integer":
+            branch["maximum"] = value
+
+
+def _max_items(field: dict[str, Any], value: int) -> None:
+    for branch in field.get("anyOf", []):
+        if branch.get("type") == "array":
+            branch["maxItems"] = value
+
+
+def _targets_by_method(runtime: Runtime) -> dict[str, list[str]]:
+    artifact = runtime.artifact
+    if artifact is None:
+        return {}
+    manifest = artifact.manifest
+    result = {}
+    for method, entries in manifest.thresholds.items():
+        names = sorted(entries)
+        if manifest.default_target in entries:
+            names.append("default")
+        result[Method(method).value] = names
+    return result
+
+
+def _policy_choices(runtime: Runtime) -> list[dict[str, Any]]:
+    """Which (method, target) pairs resolve: no target; a target the named (or default) method calibrated."""
+    targets = _targets_by_method(runtime)
+    default_method = runtime.settings.reject_method.value
+    choices: list[dict[str, Any]] = [{"properties": {"target": {"type": "null"}}}]
+    for method, names in targets.items():
+        choices.append(
+            {
+                "required": ["method", "target"],
+                "properties": {"method": {"const": method}, "target": {"enum": names}},
+            }
+        )
+    if targets.get(default_method):
+        choices.append(
+            {"properties": {"method": {"type": "null"}, "target": {"enum": targets[default_method]}}},
+        )
+    return choices
+
+
+def _fill_in(schema: dict[str, Any], runtime: Runtime) -> None:
+    settings = runtime.settings
+    components = schema["components"]["schemas"]
+    native = components["GenerateRequest"]["properties"]
+    chat = components["ChatCompletionRequest"]["properties"]
+    completion = components["CompletionRequest"]["properties"]
+    for field in (
+        native["max_new_tokens"],
+        chat["max_tokens"],
+        chat["max_completion_tokens"],
+        completion["max_tokens"],
+    ):
+        _maximum(field, settings.max_new_tokens_limit)
+    for field in (native["stop"], chat["stop"], completion["stop"]):
+        _max_items(field, settings.max_stop_strings)
+    _maximum(chat["top_logprobs"], settings.max_top_logprobs)
+    _maximum(completion["logprobs"], settings.max_top_logprobs)
+    for field in (chat["model"], completion["model"]):
+        field["enum"] = [runtime.model_name]
+    if runtime.artifact is None:
+        # Methods that need an artifact cannot be asked for.
+        available = [m.value for m in Method if not REGISTRY[m.value].needs_artifact]
+        components["Method"]["enum"] = available
+    components["PolicyOverride"]["anyOf"] = _policy_choices(runtime)
+
+
+def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str, Any]]:
+    """`app.openapi`: the schema with this deployment's limits; cached once the model is loaded."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            openapi_version=app.openapi_version,
+            description=app.description,
+            routes=app.routes,
+            separate_input_output_schemas=app.separate_input_output_schemas,
+        )
+        if runtime.state is State.READY:
+            _fill_in(schema, runtime)
+            app.openapi_schema = schema
+        return schema
+
+    return build

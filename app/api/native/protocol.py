@@ -1,0 +1,180 @@
+"""Request and response models of the native API (/v1/generate, /v1/score).
+
+The OpenAPI schema states what validation enforces: a prompt or messages (exactly one,
+never null), text that is not blank, non-empty lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from app.api.common import (
+    MAX_TEXT_CHARS,
+    NOT_BLANK,
+    DecisionInfo,
+    PolicyOverride,
+    PositiveInt,
+    Seed,
+    SequenceScores,
+    StopStrings,
+    StrictModel,
+    TokenConfidence,
+    is_blank,
+)
+from app.serving.service import PromptInput as DomainPrompt
+
+MAX_MESSAGES = 256
+_EXPLICIT_NULL = object()
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=MAX_TEXT_CHARS)
+
+
+def _never_null(schema: dict[str, Any]) -> None:
+    """The field may be left out but never sent as null (validation refuses it): drop null from its schema."""
+    branches = [branch for branch in schema.pop("anyOf", []) if branch.get("type") != "null"]
+    if len(branches) == 1:
+        schema.update(branches[0])
+    schema.pop("default", None)
+    if "items" in schema:
+        schema["contains"] = {"properties": {"content": {"pattern": NOT_BLANK}}}
+
+
+class PromptFields(StrictModel):
+    """Exactly one of `prompt` (raw text, no chat template) or `messages` (chat template applied)."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+    )
+
+    prompt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_TEXT_CHARS,
+        pattern=NOT_BLANK,
+        description="raw prompt text, sent to the model as is (not blank)",
+        json_schema_extra=_never_null,
+    )
+    messages: list[ChatMessage] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_MESSAGES,
+        validate_default=True,
+        description="chat messages; the model's chat template is applied (at least one with text)",
+        json_schema_extra=_never_null,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mark_explicit_nulls(cls, data: Any) -> Any:
+        # A missing field and an explicit null look alike to field validators: mark the null.
+        if isinstance(data, dict) and any(data.get(name, ...) is None for name in ("prompt", "messages")):
+            return {
+                key: _EXPLICIT_NULL if value is None and key in ("prompt", "messages") else value
+                for key, value in data.items()
+            }
+        return data
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_not_blank(cls, value: Any) -> Any:
+        if value is _EXPLICIT_NULL:
+            raise ValueError("prompt must not be null; send prompt or messages")
+        if isinstance(value, str) and is_blank(value):
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages_with_text(cls, value: Any) -> Any:
+        if value is _EXPLICIT_NULL:
+            raise ValueError("messages must not be null; send prompt or messages")
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("messages must not be empty")
+            contents = [m.get("content") if isinstance(m, dict) else getattr(m, "content", None) for m in value]
+            if all(isinstance(c, str) for c in contents) and all(is_blank(c) for c in contents):
+                raise ValueError("messages must contain some text")
+        return value
+
+    @field_validator("messages")
+    @classmethod
+    def _exactly_one(cls, value: list[ChatMessage] | None, info: ValidationInfo) -> list[ChatMessage] | None:
+        has_prompt = info.data.get("prompt") is not None
+        if value is not None and has_prompt:
+            raise ValueError("give either prompt or messages, not both")
+        if value is None and not has_prompt and "prompt" in info.data:
+            raise ValueError("one of prompt or messages is required")
+        return value
+
+    def to_prompt(self) -> DomainPrompt:
+        messages = [m.model_dump() for m in self.messages] if self.messages is not None else None
+        return DomainPrompt(prompt=self.prompt, messages=messages)
+
+
+class GenerateRequest(PromptFields):
+    max_new_tokens: PositiveInt | None = Field(None, description="1..the service's limit (default: its default)")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: Seed | None = Field(None, description="for sampling; echoed in the response")
+    stop: StopStrings = Field(None, description="stop strings (not included in the text)")
+
+    return_tokens: bool = Field(True, description="include per-token details")
+    stream: bool = Field(False, description="server-sent events: one per token, then a final event")
+    policy: PolicyOverride | None = None
+    early_stop: bool = Field(
+        False, description="abort generation once the running uncertainty crosses the reject threshold"
+    )
+
+
+class ScoreRequest(PromptFields):
+    response: str = Field(
+        min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK, description="the answer to score (not blank)"
+    )
+    return_tokens: bool = True
+    policy: PolicyOverride | None = None
+
+    @field_validator("response", mode="before")
+    @classmethod
+    def _response_not_blank(cls, value: Any) -> Any:
+        if isinstance(value, str) and is_blank(value):
+            raise ValueError("response must not be blank")
+        return value
+
+
+class TokenInfo(TokenConfidence):
+    id: int
+    text: str
+    logprob: float = Field(description="log-probability under the model's raw logits")
+    entropy: float = Field(description="entropy of the full next-token distribution")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class ScoreResponse(BaseModel):
+    tokens: list[TokenInfo] | None
+    uncertainty: SequenceScores  # type: ignore[valid-type]
+    decision: DecisionInfo
+    usage: Usage
+    model: str
+    artifact: str | None
+    tad_available: bool
+
+
+class GenerateResponse(ScoreResponse):
+    text: str
+    finish_reason: Literal["stop", "length", "uncertainty"]
+    seed: int | None
+
+
+class TokenEvent(TokenInfo):
+    """Streamed as `event: token`; `index` is the token's position in the answer."""
+
+    index: int

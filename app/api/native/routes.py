@@ -1,0 +1,58 @@
+"""Native routes: /v1/generate (JSON or server-sent events) and /v1/score."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from app.api.common import policy_request
+from app.api.deps import ApiKeyDep, ServiceDep
+from app.api.native.format import NativeStreamEncoder, generate_response, score_response
+from app.api.native.protocol import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
+from app.api.openapi import V1_ERRORS, client_gone, streamed
+from app.api.streaming import stream_response
+
+router = APIRouter(prefix="/v1", tags=["generation"], dependencies=[ApiKeyDep])
+
+STREAM_DOC = streamed(
+    "The answer with its uncertainty and decision; with `stream: true`, server-sent events: `token` events "
+    "(one per token, once its TAD confidence is known; see the README) and a last `final` event holding this "
+    "object (or an `error` event)."
+)
+
+
+@router.post(
+    "/generate",
+    response_model=GenerateResponse,
+    responses={200: STREAM_DOC, **V1_ERRORS},
+    summary="Generate, with per-token and sequence uncertainty and an accept/reject decision",
+)
+async def generate(body: GenerateRequest, request: Request, service: ServiceDep) -> GenerateResponse | Response:
+    prepared = service.prepare(
+        body.to_prompt(),
+        max_new_tokens=body.max_new_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop,  # type: ignore[arg-type]
+        policy=policy_request(body.policy),
+    )
+    submitted = service.submit(prepared, stream=body.stream, early_stop=body.early_stop)
+    tokens = service.token_text if body.return_tokens else None
+    if body.stream:
+        return stream_response(service, submitted, NativeStreamEncoder(service.served, tokens))
+    outcome = await service.finish(submitted, request)
+    return client_gone() if outcome is None else generate_response(outcome, service.served, tokens)
+
+
+@router.post(
+    "/score",
+    response_model=ScoreResponse,
+    responses=V1_ERRORS,
+    summary="Uncertainty and decision for a given answer (one teacher-forced pass)",
+)
+async def score(body: ScoreRequest, request: Request, service: ServiceDep) -> ScoreResponse | Response:
+    outcome = await service.score(body.to_prompt(), body.response, policy_request(body.policy), request)
+    if outcome is None:
+        return client_gone()
+    return score_response(outcome, service.served, service.token_text if body.return_tokens else None)

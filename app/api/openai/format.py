@@ -1,0 +1,234 @@
+"""Domain outcomes to OpenAI-shaped responses and stream chunks."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from app.api.common import DecisionInfo, TokenConfidence, sequence_scores
+from app.api.openai.protocol import (
+    ChatChoice,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    IndexedConfidence,
+    TokenLogprob,
+    TopLogprob,
+    UncertaintyExtension,
+    UsageInfo,
+)
+from app.api.streaming import sse_data
+from app.engine.sequence import FinishReason
+from app.errors import ServiceError, error_body
+from app.numeric import logprob_or_floor
+from app.serving.events import StreamedToken
+from app.serving.service import GenerationOutcome, ServedModel
+
+TokenText = Callable[[int], str]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def token_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def openai_finish_reason(reason: FinishReason | None) -> str:
+    """OpenAI knows stop and length; an early stop on uncertainty is reported as stop (see the extension)."""
+    return "length" if reason is FinishReason.LENGTH else "stop"
+
+
+def _top(token_text: TokenText, alternatives: tuple[tuple[int, float], ...]) -> list[TopLogprob]:
+    result = []
+    for token_id, logprob in alternatives:
+        text = token_text(token_id)
+        result.append(TopLogprob(token=text, logprob=logprob_or_floor(logprob), bytes=token_bytes(text)))
+    return result
+
+
+def chat_logprob(
+    token_text: TokenText, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
+) -> TokenLogprob:
+    text = token_text(token_id)
+    return TokenLogprob(
+        token=text,
+        logprob=logprob_or_floor(logprob),
+        bytes=token_bytes(text),
+        top_logprobs=_top(token_text, alternatives),
+    )
+
+
+def extension(outcome: GenerationOutcome, served: ServedModel) -> UncertaintyExtension:
+    scored = outcome.scored
+    confidences = scored.confidences
+    tokens = [
+        IndexedConfidence(index=i, **TokenConfidence.fields(None if confidences is None else float(confidences[i])))
+        for i in range(len(scored.trace))
+    ]
+    reason = outcome.result.sequence.finish_reason
+    return UncertaintyExtension(
+        sequence=sequence_scores(scored.sequence),
+        tokens=tokens,
+        decision=DecisionInfo.of(outcome.decision),
+        finish_reason=reason.reported if reason else None,
+        tad_available=served.tad_available,
+    )
+
+
+def usage(outcome: GenerationOutcome) -> UsageInfo:
+    prompt, completion = outcome.prompt_tokens, len(outcome.scored.trace)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def chat_response(
+    outcome: GenerationOutcome, served: ServedModel, token_text: TokenText, logprobs: bool
+) -> ChatCompletionResponse:
+    sequence = outcome.result.sequence
+    kept = sequence.kept_tokens
+    content = [chat_logprob(token_text, t.token_id, t.logprob, t.top_logprobs) for t in kept] if logprobs else None
+    return ChatCompletionResponse(
+        id=new_id("chatcmpl"),
+        created=now(),
+        model=served.model,
+        choices=[
+            ChatChoice(
+                index=0,
+                message=ChatMessageOut(content=sequence.text),
+                logprobs=ChoiceLogprobs(content=content) if logprobs else None,
+                finish_reason=openai_finish_reason(sequence.finish_reason),  # type: ignore[arg-type]
+            )
+        ],
+        usage=usage(outcome),
+        uncertainty=extension(outcome, served),
+    )
+
+
+def completion_response(
+    outcome: GenerationOutcome, served: ServedModel, token_text: TokenText, logprobs: int | None
+) -> CompletionResponse:
+    sequence = outcome.result.sequence
+    kept = sequence.kept_tokens
+    choice_logprobs = None
+    if logprobs is not None:
+        texts = [token_text(t.token_id) for t in kept]
+        offsets, position = [], 0
+        for text in texts:
+            offsets.append(position)
+            position += len(text)
+        choice_logprobs = CompletionLogprobs(
+            tokens=texts,
+            token_logprobs=[logprob_or_floor(t.logprob) for t in kept],
+            top_logprobs=[{token_text(i): logprob_or_floor(lp) for i, lp in t.top_logprobs} for t in kept]
+            if logprobs > 0
+            else None,
+            text_offset=offsets,
+        )
+    return CompletionResponse(
+        id=new_id("cmpl"),
+        created=now(),
+        model=served.model,
+        choices=[
+            CompletionChoice(
+                index=0,
+                text=sequence.text,
+                logprobs=choice_logprobs,
+                finish_reason=openai_finish_reason(sequence.finish_reason),  # type: ignore[arg-type]
+            )
+        ],
+        usage=usage(outcome),
+        uncertainty=extension(outcome, served),
+    )
+
+
+class OpenAIStreamEncoder:
+    """The `data:` chunks of one chat or text completion, ending with `data: [DONE]`."""
+
+    def __init__(
+        self, served: ServedModel, token_text: TokenText, chat: bool, logprobs: bool, include_usage: bool
+    ) -> None:
+        self.served = served
+        self.token_text = token_text
+        self.chat = chat
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = now()
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+        self.offset = 0  # characters streamed so far (completions' text_offset)
+
+    def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> str:
+        return sse_data(
+            {
+                "id": self.id,
+                "object": self.object,
+                "created": self.created,
+                "model": self.served.model,
+                "choices": [choice] if choice is not None else [],
+                **extra,
+            }
+        )
+
+    def opening(self) -> list[str]:
+        if not self.chat:
+            return []
+        return [
+            self._chunk(
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            )
+        ]
+
+    def token(self, event: StreamedToken) -> list[str]:
+        text = event.text
+        confidence = {"index": event.index, **TokenConfidence.fields(event.confidence)}
+        if self.chat:
+            logprobs = None
+            if self.logprobs:
+                entry = chat_logprob(self.token_text, event.token_id, event.logprob, event.top_logprobs)
+                logprobs = {"content": [entry.model_dump()]}
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
+        else:
+            logprobs = (
+                {
+                    "tokens": [self.token_text(event.token_id)],
+                    "token_logprobs": [logprob_or_floor(event.logprob)],
+                    "top_logprobs": None,
+                    "text_offset": [self.offset],
+                }
+                if self.logprobs
+                else None
+            )
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}
+        self.offset += len(text)
+        return [self._chunk(choice, uncertainty={"token": confidence})]
+
+    def final(self, outcome: GenerationOutcome) -> list[str]:
+        sequence = outcome.result.sequence
+        reason = openai_finish_reason(sequence.finish_reason)
+        if self.chat:
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+        ext = extension(outcome, self.served).model_dump(mode="json")
+        ext.pop("tokens", None)
+        ext["text"] = sequence.text
+        chunks = [self._chunk(choice, uncertainty=ext)]
+        if self.include_usage:
+            chunks.append(self._chunk(None, usage=usage(outcome).model_dump()))
+        return chunks
+
+    def error(self, error: ServiceError) -> list[str]:
+        return [sse_data(error_body(error.status_code, error.error_type, error.message, error.param))]
+
+    def done(self) -> list[str]:
+        return ["data: [DONE]\n\n"]

@@ -1,0 +1,263 @@
+"""OpenAI-compatible request/response models (chat completions, completions, models).
+
+Responses carry one extension field, `uncertainty`: the sequence scores, per-token
+confidences and the accept/reject decision. Requests may carry `tad` options.
+Known OpenAI options this service cannot honour are refused with a 422 naming them,
+rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.api.common import (
+    MAX_TEXT_CHARS,
+    NOT_BLANK,
+    DecisionInfo,
+    LogprobCount,
+    OnlyOne,
+    PolicyOverride,
+    PositiveInt,
+    Seed,
+    SequenceScores,
+    StopStrings,
+    StrictModel,
+    TokenConfidence,
+    is_blank,
+)
+
+
+class TadOptions(StrictModel):
+    """Extension: the reject policy and early stopping for this request."""
+
+    policy: PolicyOverride | None = None
+    early_stop: bool = False
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+
+
+class OpenAIMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] = Field(max_length=MAX_TEXT_CHARS)
+    name: str | None = Field(None, max_length=256)
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _SamplingFields(StrictModel):
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1.0, as in the OpenAI API")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: OnlyOne = Field(1, description="only 1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: StopStrings = None
+    seed: Seed | None = None
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="not supported (must be empty)", json_schema_extra={"maxProperties": 0}
+    )
+    user: str | None = None
+    tad: TadOptions | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return value
+
+    @property
+    def effective_temperature(self) -> float:
+        return 1.0 if self.temperature is None else self.temperature
+
+    @property
+    def effective_top_p(self) -> float:
+        return 1.0 if self.top_p is None else self.top_p
+
+
+class ChatCompletionRequest(_SamplingFields):
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        # Validation: top_logprobs > 0 needs logprobs: true. The schema says the same.
+        json_schema_extra={
+            "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+            "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        },
+    )
+
+    messages: list[OpenAIMessage] = Field(
+        min_length=1,
+        max_length=256,
+        description="at least one message with text",
+        json_schema_extra={
+            "contains": {
+                "properties": {
+                    "content": {
+                        "anyOf": [
+                            {"type": "string", "pattern": NOT_BLANK},
+                            {"type": "array", "contains": {"properties": {"text": {"pattern": NOT_BLANK}}}},
+                        ]
+                    }
+                }
+            }
+        },
+    )
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: LogprobCount | None = None
+
+    @model_validator(mode="after")
+    def _logprob_options(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs: true")
+        if all(is_blank(m.text()) for m in self.messages):
+            raise ValueError("messages must contain some text")
+        return self
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] = Field(
+        max_length=MAX_TEXT_CHARS,
+        description="one prompt (a string, or a list holding one string), not blank",
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": NOT_BLANK},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 1,
+                    "items": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "pattern": NOT_BLANK},
+                },
+            ]
+        },
+    )
+    max_tokens: PositiveInt | None = 16
+    logprobs: LogprobCount | None = None
+    echo: bool = Field(False, description="not supported (must be false)", json_schema_extra={"const": False})
+    best_of: OnlyOne | None = None
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, value: str | list[str]) -> str:
+        prompts = [value] if isinstance(value, str) else value
+        if len(prompts) != 1:
+            raise ValueError("exactly one prompt is supported")
+        if is_blank(prompts[0]):
+            raise ValueError("prompt must not be empty")
+        return prompts[0]
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class IndexedConfidence(TokenConfidence):
+    index: int
+
+
+class UncertaintyExtension(BaseModel):
+    """This service's addition to the OpenAI shapes."""
+
+    sequence: SequenceScores | None = None  # type: ignore[valid-type]
+    tokens: list[IndexedConfidence] | None = None
+    decision: DecisionInfo | None = None
+    finish_reason: str | None = Field(None, description="stop, length, or uncertainty (early stop)")
+    tad_available: bool | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChoiceLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    uncertainty: UncertaintyExtension
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    uncertainty: UncertaintyExtension
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tad-serve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

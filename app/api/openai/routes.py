@@ -1,0 +1,112 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from app.api.common import policy_request
+from app.api.deps import ApiKeyDep, RuntimeDep, ServiceDep
+from app.api.openai.format import OpenAIStreamEncoder, chat_response, completion_response
+from app.api.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from app.api.openapi import V1_ERRORS, client_gone, errors, streamed
+from app.api.streaming import stream_response
+from app.errors import ServiceError
+from app.serving.service import GenerationService, PromptInput, Submitted
+
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
+
+OPENAI_ERRORS = {**V1_ERRORS, **errors(404)}
+STREAM_DOC = streamed("The completion; with `stream: true`, server-sent `data:` chunks ending with `data: [DONE]`.")
+
+
+class ModelNotFound(ServiceError):
+    status_code = 404
+    error_type = "model_not_found"
+
+
+def _check_model(service: GenerationService, requested: str) -> None:
+    served = service.served.model
+    if requested != served:
+        raise ModelNotFound(f"model '{requested}' is not served here; this server serves '{served}'", param="model")
+
+
+def _submit(
+    service: GenerationService,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: PromptInput,
+    max_tokens: int | None,
+    top_logprobs: int,
+) -> Submitted:
+    _check_model(service, body.model)
+    prepared = service.prepare(
+        prompt,
+        max_new_tokens=max_tokens,
+        temperature=body.effective_temperature,
+        top_p=body.effective_top_p,
+        seed=body.seed,
+        stop=body.stop,  # type: ignore[arg-type]
+        top_logprobs=top_logprobs,
+        policy=policy_request(body.tad.policy if body.tad else None),
+        max_tokens_field="max_tokens",
+    )
+    return service.submit(prepared, stream=body.stream, early_stop=bool(body.tad and body.tad.early_stop))
+
+
+def _encoder(service: GenerationService, body: ChatCompletionRequest | CompletionRequest) -> OpenAIStreamEncoder:
+    chat = isinstance(body, ChatCompletionRequest)
+    return OpenAIStreamEncoder(
+        service.served,
+        service.token_text,
+        chat=chat,
+        logprobs=bool(body.logprobs) if chat else body.logprobs is not None,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
+
+
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={200: STREAM_DOC, **OPENAI_ERRORS},
+    summary="OpenAI-compatible chat completion, with an `uncertainty` extension",
+)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, service: ServiceDep
+) -> ChatCompletionResponse | Response:
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    submitted = _submit(service, body, PromptInput(messages=messages), max_tokens, body.top_logprobs or 0)
+    if body.stream:
+        return stream_response(service, submitted, _encoder(service, body))
+    outcome = await service.finish(submitted, request)
+    if outcome is None:
+        return client_gone()
+    return chat_response(outcome, service.served, service.token_text, body.logprobs)
+
+
+@router.post(
+    "/completions",
+    response_model=CompletionResponse,
+    responses={200: STREAM_DOC, **OPENAI_ERRORS},
+    summary="OpenAI-compatible text completion (raw prompt), with an `uncertainty` extension",
+)
+async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> CompletionResponse | Response:
+    submitted = _submit(service, body, PromptInput(prompt=str(body.prompt)), body.max_tokens, body.logprobs or 0)
+    if body.stream:
+        return stream_response(service, submitted, _encoder(service, body))
+    outcome = await service.finish(submitted, request)
+    if outcome is None:
+        return client_gone()
+    return completion_response(outcome, service.served, service.token_text, body.logprobs)
+
+
+@router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")
+async def models(runtime: RuntimeDep) -> ModelList:
+    runtime.require_ready()
+    return ModelList(data=[ModelCard(id=runtime.model_name, created=int(runtime.started_at))])

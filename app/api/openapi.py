@@ -1,0 +1,49 @@
+"""OpenAPI declarations of the error responses every route can return."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Response
+
+from app.errors import ErrorBody
+
+# One server-sent event (OpenAPI 3.2's itemSchema for text/event-stream, as FastAPI writes it).
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+
+
+def streamed(description: str) -> dict[str, Any]:
+    """A 200 response that is JSON, or server-sent events when the request asks to stream."""
+    return {"description": description, "content": {"text/event-stream": {"itemSchema": SSE_EVENT_SCHEMA}}}
+
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's code; the client is gone, so nobody receives it
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    descriptions = {
+        401: "Missing or invalid API key (only when TAD_API_KEY is set)",
+        404: "The requested model is not served here",
+        413: "Request body over the payload limit",
+        422: "Invalid request; `error.param` names the field",
+        429: "Too many requests in flight; retry after `Retry-After` seconds",
+        503: "Not ready yet (model loading) or shutting down; see `Retry-After`",
+        504: "The request ran past its deadline",
+    }
+    return {code: {"model": ErrorBody, "description": descriptions[code]} for code in codes}
+
+
+V1_ERRORS = errors(401, 413, 422, 429, 503, 504)
+
+
+def client_gone() -> Response:
+    """The response for a request whose client disconnected (its work was cancelled)."""
+    return Response(status_code=CLIENT_CLOSED_REQUEST)

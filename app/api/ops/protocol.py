@@ -1,0 +1,29 @@
+"""Response models of the operational routes (/health, /ready, /info)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyResponse(BaseModel):
+    status: Literal["ready"]
+    model: str
+    artifact: str | None
+
+
+class InfoResponse(BaseModel):
+    model: dict[str, Any]
+    device: str
+    dtype: str
+    tad_available: bool
+    tad_unavailable_reason: str | None
+    artifact: dict[str, Any] | None
+    policy: dict[str, Any]
+    limits: dict[str, Any]
+    version: str

@@ -1,0 +1,104 @@
+"""Operational routes: liveness, readiness, metrics, info."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from app import __version__
+from app.api.deps import ApiKeyDep, RuntimeDep
+from app.api.openapi import errors
+from app.api.ops.protocol import HealthResponse, InfoResponse, ReadyResponse
+from app.errors import NotReady
+from app.serving.runtime import State
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/health", response_model=HealthResponse, summary="The process is alive")
+async def health() -> HealthResponse:
+    return HealthResponse(status="ok")
+
+
+@router.get(
+    "/ready",
+    response_model=ReadyResponse,
+    responses=errors(503),
+    summary="Model and artifact are loaded (503 before, and while shutting down)",
+)
+async def ready(runtime: RuntimeDep) -> ReadyResponse:
+    if runtime.state is State.FAILED:
+        raise NotReady(f"startup failed: {runtime.failure}", retry_after_s=60)
+    runtime.require_ready()
+    return ReadyResponse(
+        status="ready", model=runtime.model_name, artifact=runtime.artifact.name if runtime.artifact else None
+    )
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
+async def metrics(runtime: RuntimeDep) -> Response:
+    if runtime.scheduler is not None:
+        runtime.metrics.queue_depth.set(runtime.scheduler.stats.queue_depth)
+    body, content_type = runtime.metrics.exposition()
+    return Response(content=body, media_type=content_type)
+
+
+def _artifact_summary(runtime: RuntimeDep) -> dict[str, Any] | None:
+    artifact = runtime.artifact
+    if artifact is None:
+        return None
+    manifest = artifact.manifest
+    return {
+        "path": str(artifact.path),
+        "name": artifact.name,
+        "created_at": manifest.created_at,
+        "llm": manifest.llm.model_dump(),
+        "features": manifest.features.model_dump(),
+        "epsilon": manifest.epsilon,
+        "aggregation": manifest.aggregation.value,
+        "variant": manifest.variant,
+        "regressor": manifest.regressor.model_dump(),
+        "thresholds": {m.value: {k: v.model_dump() for k, v in t.items()} for m, t in manifest.thresholds.items()},
+        "default_target": manifest.default_target,
+        "cv": {k: v for k, v in manifest.metrics.get("cv", {}).items() if k in ("chosen", "best_per_variant")},
+        "training": {k: v for k, v in manifest.training.items() if k != "generation"},
+        "files": manifest.files,
+    }
+
+
+@router.get(
+    "/info",
+    response_model=InfoResponse,
+    responses=errors(401, 503),
+    dependencies=[ApiKeyDep],
+    summary="Model, device, artifact, policy (behind the API key when one is set: it names paths)",
+)
+async def info(runtime: RuntimeDep) -> InfoResponse:
+    engine, _ = runtime.require_ready()
+    settings = runtime.settings
+    policy = runtime.default_policy()
+    return InfoResponse(
+        model=engine.identity.model_dump(),
+        device=str(engine.device),
+        dtype=str(engine.dtype).removeprefix("torch."),
+        tad_available=runtime.artifact is not None,
+        tad_unavailable_reason=runtime.tad_unavailable_reason if runtime.artifact is None else None,
+        artifact=_artifact_summary(runtime),
+        policy={**policy.as_dict(), "active": policy.threshold is not None},
+        limits={
+            "max_new_tokens": settings.max_new_tokens_limit,
+            "default_max_new_tokens": settings.default_max_new_tokens,
+            "max_prompt_tokens": settings.max_prompt_tokens,
+            "max_body_bytes": settings.max_body_bytes,
+            "max_batch_size": settings.max_batch_size,
+            "max_queue": settings.max_queue,
+            "request_timeout_s": settings.request_timeout_s,
+        },
+        version=__version__,
+    )

@@ -1,0 +1,61 @@
+"""The one streaming path: a generation's events, encoded by its protocol, as server-sent events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from fastapi.responses import StreamingResponse
+
+from app.errors import ServiceError
+from app.numeric import finite_tree
+from app.serving.events import StreamedToken
+from app.serving.service import GenerationOutcome, GenerationService, Submitted
+
+
+class StreamEncoder(Protocol):
+    """How one protocol spells the parts of a stream (each returns the text chunks to send)."""
+
+    def opening(self) -> list[str]: ...
+
+    def token(self, event: StreamedToken) -> list[str]: ...
+
+    def final(self, outcome: GenerationOutcome) -> list[str]: ...
+
+    def error(self, error: ServiceError) -> list[str]: ...
+
+    def done(self) -> list[str]: ...
+
+
+def json_text(data: Any) -> str:
+    """Compact JSON for stream events; a non-finite number becomes null (JSON has no NaN or inf)."""
+    return json.dumps(finite_tree(data), separators=(",", ":"), allow_nan=False)
+
+
+def sse_event(event: str, data: object) -> str:
+    return f"event: {event}\ndata: {json_text(data)}\n\n"
+
+
+def sse_data(data: object) -> str:
+    return f"data: {json_text(data)}\n\n"
+
+
+def stream_response(service: GenerationService, submitted: Submitted, encoder: StreamEncoder) -> StreamingResponse:
+    """Server-sent events for a submitted generation; a consumer that goes away cancels it."""
+
+    async def chunks() -> AsyncIterator[str]:
+        for chunk in encoder.opening():
+            yield chunk
+        try:
+            async for event in service.stream(submitted):
+                parts = encoder.token(event) if isinstance(event, StreamedToken) else encoder.final(event)
+                for chunk in parts:
+                    yield chunk
+        except ServiceError as error:
+            for chunk in encoder.error(error):
+                yield chunk
+        for chunk in encoder.done():
+            yield chunk
+
+    return StreamingResponse(chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

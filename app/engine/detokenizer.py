@@ -1,0 +1,111 @@
+"""Token ids to text: stop strings, the final cut, and the pieces a stream sends as tokens settle.
+
+One home for everything that turns tokens into the answer's text (vLLM v1's
+`engine/detokenizer.py` plays this part there). Decoding always goes through the whole
+prefix rather than token by token, so characters spanning several byte-level tokens stay
+intact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from app.engine.sequence import SequenceState
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass(frozen=True)
+class StopHit:
+    text_end: int  # the answer's text ends here (where the stop string starts)
+    n_kept: int  # tokens that make up the text before it
+
+
+def find_stop_string(decode: Decode, ids: Sequence[int], stops: Sequence[str]) -> StopHit | None:
+    """The first stop string that the last token completed, if any.
+
+    Only the text the last token could have completed a stop string in is searched. The
+    token in which a stop string starts is kept (its text is cut at the stop string).
+    """
+    text = decode(ids)
+    longest = max(len(stop) for stop in stops)
+    previous = len(decode(ids[:-1]))
+    search_from = max(0, previous - longest + 1)
+    hits = [pos for stop in stops if (pos := text.find(stop, search_from)) >= 0]
+    if not hits:
+        return None
+    cut = min(hits)
+    n_kept = len(ids)
+    while n_kept > 0 and len(decode(ids[: n_kept - 1])) >= cut:
+        n_kept -= 1
+    return StopHit(text_end=cut, n_kept=n_kept)
+
+
+def final_text(decode: Decode, sequence: SequenceState) -> str:
+    """The answer: its kept tokens' text, cut where a stop string started."""
+    text = decode([token.token_id for token in sequence.kept_tokens])
+    return text if sequence.stop_text_end is None else text[: sequence.stop_text_end]
+
+
+@dataclass
+class StreamDetokenizer:
+    """The text pieces of one streamed answer; the pieces concatenate to the final text exactly."""
+
+    decode: Decode
+    emitted: int = 0  # tokens whose piece was handed out
+    emitted_text: str = ""
+    text_ends: list[int] = field(default_factory=list)  # decoded length after each token (stop strings only)
+
+    def ready(self, sequence: SequenceState, known: int) -> list[tuple[int, str]]:
+        """(token index, text piece) of every token that can be sent now.
+
+        `known`: how many tokens the caller can describe (e.g. whose confidence is known).
+        Tokens that might still be the start of a stop string are held back until that is
+        settled, so a stop string never appears in a stream.
+        """
+        limit = min(known, len(sequence.kept_tokens))
+        if sequence.params.stop and not sequence.finished:
+            limit = min(limit, self._clear_of_stop_strings(sequence))
+        pieces = []
+        while self.emitted < limit:
+            piece = self._piece(sequence, self.emitted)
+            if piece is None:
+                break
+            pieces.append((self.emitted, piece))
+            self.emitted += 1
+        return pieces
+
+    def _piece(self, sequence: SequenceState, index: int) -> str | None:
+        """The text token `index` adds to the answer, or None to wait for the final text.
+
+        A trailing incomplete character is held back until complete. The last kept token gets
+        the rest of the final text (a stop string's first characters in that token are cut off).
+        """
+        last = sequence.finished and index == sequence.n_kept - 1
+        if last and not sequence.text_final:
+            return None
+        if last:
+            full = sequence.text
+        else:
+            full = self.decode([t.token_id for t in sequence.tokens[: index + 1]]).rstrip("\ufffd")
+            if sequence.text_final:
+                full = full[: len(sequence.text)]
+        piece = full[len(self.emitted_text) :] if full.startswith(self.emitted_text) else ""
+        if len(full) > len(self.emitted_text):
+            self.emitted_text = full
+        return piece
+
+    def _clear_of_stop_strings(self, sequence: SequenceState) -> int:
+        """How many tokens lie wholly before any place a stop string could still start.
+
+        A stop string not yet seen must end after the current text, so it starts within its
+        last (longest stop - 1) characters; tokens that end before that cannot be part of it.
+        """
+        ids = [token.token_id for token in sequence.tokens]
+        while len(self.text_ends) < len(ids):
+            self.text_ends.append(len(self.decode(ids[: len(self.text_ends) + 1])))
+        if not self.text_ends:
+            return 0
+        horizon = self.text_ends[-1] - max(len(stop) for stop in sequence.params.stop) + 1
+        return sum(1 for end in self.text_ends if end <= horizon)

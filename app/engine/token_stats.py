@@ -1,0 +1,55 @@
+"""Per-token statistics of the raw next-token distribution, recorded for every scored token.
+
+A registry: the decode loop and teacher-forced scoring compute every entry here for each
+token, traces carry them by name, runs store them by name, and uncertainty methods declare
+which of them they read. Adding a statistic is one entry.
+
+All of them come from the model's raw logits (never the processed scores of a generation
+config): temperature and top-p change which token is drawn, not what is recorded for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenStatistic:
+    name: str
+    description: str
+    # (log-probabilities [rows, vocab] float32, chosen token ids [rows]) -> [rows]
+    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def chosen_logprob(log_probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    return log_probs.gather(-1, chosen[:, None])[:, 0]
+
+
+def entropy(log_probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """-sum p log p over the vocabulary; tokens with probability 0 (logit -inf) contribute 0, not NaN."""
+    terms = log_probs.exp() * log_probs
+    return -torch.where(torch.isfinite(log_probs), terms, torch.zeros_like(terms)).sum(dim=-1)
+
+
+def top2_margin(log_probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Probability of the most likely token minus that of the second."""
+    top = torch.topk(log_probs, k=min(2, log_probs.shape[-1]), dim=-1).values.exp()
+    return top[:, 0] - top[:, 1] if top.shape[-1] > 1 else top[:, 0]
+
+
+TOKEN_STATISTICS: Mapping[str, TokenStatistic] = {
+    stat.name: stat
+    for stat in (
+        TokenStatistic("logprob", "log-probability of the emitted token", chosen_logprob),
+        TokenStatistic("entropy", "entropy of the full next-token distribution (natural log)", entropy),
+        TokenStatistic("top2_margin", "probability of the most likely token minus the second's", top2_margin),
+    )
+}
+
+
+def compute_token_stats(log_probs: torch.Tensor, chosen: torch.Tensor) -> dict[str, list[float]]:
+    """Every registered statistic for each row, as Python floats."""
+    return {name: stat.compute(log_probs, chosen).double().tolist() for name, stat in TOKEN_STATISTICS.items()}

@@ -1,0 +1,292 @@
+"""The logic behind every generation and scoring route, whatever its protocol.
+
+Validates what needs the tokenizer or the settings (limits, prompt length, policy),
+submits work to the scheduler, waits for it while watching for client disconnects, and
+turns results into decisions and metrics. It returns domain objects (`GenerationOutcome`,
+`ScoreOutcome`); each protocol's formatter turns them into its own response shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from app.engine.engine import Engine, PromptError
+from app.engine.sampling import SamplingParams
+from app.engine.sequence import GenerationRequest
+from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
+from app.serving.events import Event, Failure, GenerationResult, StreamedToken
+from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
+from app.serving.progress import AnswerProgress
+from app.serving.runtime import Runtime
+from app.serving.scheduler import GenerationItem, ScoringItem, WorkItem
+from app.uncertainty.answer import ScoredAnswer
+
+DISCONNECT_POLL_S = 0.25
+DEADLINE_GRACE_S = 30.0
+
+
+class ClientDisconnected(Exception):
+    """The client went away; its work was cancelled."""
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """A raw prompt (sent as is) or chat messages (through the model's chat template): exactly one."""
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, str]] | None = None
+
+    @property
+    def field(self) -> str:
+        return "messages" if self.messages is not None else "prompt"
+
+
+@dataclass(frozen=True)
+class PreparedGeneration:
+    prompt_ids: list[int]
+    params: SamplingParams
+    policy: Policy
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A generation handed to the scheduler, with what deciding on its answer needs."""
+
+    item: GenerationItem
+    policy: Policy
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """Who answered: what every response names."""
+
+    model: str
+    artifact: str | None
+
+    @property
+    def tad_available(self) -> bool:
+        return self.artifact is not None
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    result: GenerationResult
+    decision: Decision
+    seed: int | None
+
+    @property
+    def scored(self) -> ScoredAnswer:
+        return self.result.scored
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.result.sequence.request.prompt_ids)
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    scored: ScoredAnswer
+    decision: Decision
+    prompt_tokens: int
+
+
+class GenerationService:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.engine: Engine
+        self.engine, self.scheduler = runtime.require_ready()
+        self.settings = runtime.settings
+
+    @property
+    def served(self) -> ServedModel:
+        artifact = self.runtime.artifact
+        return ServedModel(model=self.runtime.model_name, artifact=artifact.name if artifact else None)
+
+    def token_text(self, token_id: int) -> str:
+        return self.engine.token_text(token_id)
+
+    # ------------------------------------------------------------------ validation
+    def encode(self, prompt: PromptInput) -> list[int]:
+        field = prompt.field
+        try:
+            ids = self.engine.encode_prompt(
+                prompt=prompt.prompt,
+                messages=[dict(m) for m in prompt.messages] if prompt.messages is not None else None,
+            )
+        except PromptError as error:
+            raise InvalidRequest(str(error), param=field) from error
+        if not ids:
+            raise InvalidRequest("the prompt has no tokens", param=field)
+        if len(ids) > self.settings.max_prompt_tokens:
+            raise InvalidRequest(
+                f"the prompt has {len(ids)} tokens; the limit is {self.settings.max_prompt_tokens}", param=field
+            )
+        return ids
+
+    def _check_context(self, prompt_tokens: int, answer_tokens: int, field: str) -> None:
+        context = getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
+        if context is not None and prompt_tokens + answer_tokens > context:
+            raise InvalidRequest(
+                f"prompt ({prompt_tokens} tokens) plus {field} ({answer_tokens}) exceeds the model's context of "
+                f"{context} tokens",
+                param=field,
+            )
+
+    def policy(self, request: PolicyRequest | None) -> Policy:
+        return resolve_policy(self.settings, self.runtime.artifact, request)
+
+    def prepare(
+        self,
+        prompt: PromptInput,
+        *,
+        max_new_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stop: Sequence[str] | None,
+        top_logprobs: int = 0,
+        policy: PolicyRequest | None = None,
+        max_tokens_field: str = "max_new_tokens",
+    ) -> PreparedGeneration:
+        limit = self.settings.max_new_tokens_limit
+        wanted = max_new_tokens if max_new_tokens is not None else min(self.settings.default_max_new_tokens, limit)
+        if wanted > limit:
+            raise InvalidRequest(f"{max_tokens_field} must be between 1 and {limit}", param=max_tokens_field)
+        stops = tuple(stop or ())
+        if len(stops) > self.settings.max_stop_strings:
+            raise InvalidRequest(f"at most {self.settings.max_stop_strings} stop strings", param="stop")
+        if top_logprobs > self.settings.max_top_logprobs:
+            raise InvalidRequest(f"top_logprobs must be at most {self.settings.max_top_logprobs}", param="top_logprobs")
+        prompt_ids = self.encode(prompt)
+        self._check_context(len(prompt_ids), wanted, max_tokens_field)
+        if temperature > 0 and seed is None:
+            seed = secrets.randbelow(2**31)
+        params = SamplingParams(
+            max_new_tokens=wanted,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stops,
+            top_logprobs=top_logprobs,
+        )
+        return PreparedGeneration(prompt_ids=prompt_ids, params=params, policy=self.policy(policy), seed=seed)
+
+    # ------------------------------------------------------------------ running
+    def _deadline(self) -> float:
+        return time.monotonic() + self.settings.request_timeout_s
+
+    def submit(self, prepared: PreparedGeneration, stream: bool, early_stop: bool) -> Submitted:
+        item = GenerationItem(
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
+            deadline=self._deadline(),
+            request=GenerationRequest(prompt_ids=tuple(prepared.prompt_ids), params=prepared.params),
+            observer=AnswerProgress(self.engine, self.runtime.scorer, prepared.policy, stream, early_stop),
+        )
+        self.scheduler.submit_generation(item)
+        self.runtime.metrics.prompt_tokens.inc(len(prepared.prompt_ids))
+        return Submitted(item=item, policy=prepared.policy, seed=prepared.seed)
+
+    async def next_event(self, item: WorkItem, request: Request | None) -> Event:
+        """The item's next event; cancels the work if the client disconnects meanwhile.
+
+        The worker enforces the deadline; this side gives up too, a little later, so that
+        no request can wait forever even if the worker thread were stuck.
+        """
+        getter = asyncio.ensure_future(item.events.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return getter.result()
+                if request is not None and await request.is_disconnected():
+                    self.scheduler.cancel(item)
+                    raise ClientDisconnected
+                if time.monotonic() > item.deadline + DEADLINE_GRACE_S:
+                    self.scheduler.cancel(item)
+                    raise DeadlineExceeded("the request ran past its deadline")
+        finally:
+            if not getter.done():
+                getter.cancel()
+
+    async def stream(
+        self, submitted: Submitted, request: Request | None = None
+    ) -> AsyncIterator[StreamedToken | GenerationOutcome]:
+        """Token events, then the outcome; if the consumer stops early, the generation is cancelled."""
+        item = submitted.item
+        finished = False
+        try:
+            while not finished:
+                event = await self.next_event(item, request)
+                if isinstance(event, Failure):
+                    finished = True
+                    raise event.error
+                if isinstance(event, GenerationResult):
+                    finished = True
+                    yield self.conclude(submitted, event)
+                elif isinstance(event, StreamedToken):
+                    yield event
+        finally:
+            if not finished:
+                self.scheduler.cancel(item)
+
+    async def finish(self, submitted: Submitted, request: Request) -> GenerationOutcome | None:
+        """The outcome, recorded in the metrics; None if the client went away."""
+        try:
+            async for event in self.stream(submitted, request):
+                if isinstance(event, GenerationOutcome):
+                    return event
+        except ClientDisconnected:
+            return None
+        raise ServiceError("the generation ended without a result")
+
+    def conclude(self, submitted: Submitted, result: GenerationResult) -> GenerationOutcome:
+        """Record a finished generation in the metrics and decide on it."""
+        self.runtime.metrics.observe_generation(result)
+        decision = self.decide(submitted.policy, result.scored)
+        return GenerationOutcome(result=result, decision=decision, seed=submitted.seed)
+
+    async def score(
+        self, prompt: PromptInput, response: str, policy: PolicyRequest | None, request: Request | None
+    ) -> ScoreOutcome | None:
+        """Uncertainty and decision of a given answer; None if the client went away."""
+        prompt_ids = self.encode(prompt)
+        resolved = self.policy(policy)
+        response_ids = self.engine.encode_response(response)
+        if not response_ids:
+            raise InvalidRequest("the response has no tokens", param="response")
+        limit = self.settings.max_new_tokens_limit
+        if len(response_ids) > limit:
+            raise InvalidRequest(f"the response has {len(response_ids)} tokens; the limit is {limit}", param="response")
+        self._check_context(len(prompt_ids), len(response_ids), "response")
+        item = ScoringItem(
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
+            deadline=self._deadline(),
+            prompt_ids=tuple(prompt_ids),
+            response_ids=tuple(response_ids),
+        )
+        self.scheduler.submit_scoring(item)
+        try:
+            event = await self.next_event(item, request)
+        except ClientDisconnected:
+            return None
+        if isinstance(event, Failure):
+            raise event.error
+        if not isinstance(event, ScoredAnswer):
+            raise ServiceError("unexpected scheduler event")
+        return ScoreOutcome(scored=event, decision=self.decide(resolved, event), prompt_tokens=len(prompt_ids))
+
+    def decide(self, policy: Policy, scored: ScoredAnswer) -> Decision:
+        """The decision, recorded in the metrics with the answer's scores."""
+        decision = decide(policy, scored.sequence)
+        self.runtime.metrics.observe_decision(decision, scored.sequence, self.runtime.method_thresholds())
+        return decision

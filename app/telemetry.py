@@ -1,0 +1,145 @@
+"""Prometheus metrics of the service, in a registry of its own (one per app instance)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from app.serving.events import GenerationResult
+from app.serving.policy import Decision
+from app.uncertainty.methods import Method, SequenceUncertainty
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
+TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+UNCERTAINTY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1, 1.5, 2, 3, 5, 10, 20, 50)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+
+
+class ServiceMetrics:
+    def __init__(self, rejection_window: int = 200) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("tad_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.latency = Histogram(
+            "tad_request_duration_seconds", "Request latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.in_flight = Gauge("tad_requests_in_flight", "Requests being handled", registry=r)
+        self.time_per_token = Histogram(
+            "tad_time_per_output_token_seconds", "Generation time per output token", buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "tad_time_to_first_token_seconds", "Time from arrival to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "tad_queue_time_seconds", "Time requests waited before prefill", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_depth = Gauge("tad_queue_depth", "Requests waiting for a batch slot", registry=r)
+        self.batch_size = Histogram(
+            "tad_batch_size", "Sequences in the running batch, per scheduling event", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.generated_tokens = Counter("tad_generated_tokens", "Tokens generated", registry=r)
+        self.prompt_tokens = Counter("tad_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.decisions = Counter("tad_decisions", "Accept/reject decisions", ["method", "outcome"], registry=r)
+        self.sequence_uncertainty = Histogram(
+            "tad_sequence_uncertainty",
+            "Sequence uncertainty of answers, per method",
+            ["method"],
+            buckets=UNCERTAINTY_BUCKETS,
+            registry=r,
+        )
+        self.rejection_rate = Gauge(
+            "tad_rolling_rejection_rate",
+            "Share of the last N answers each method would reject at its threshold (drift signal)",
+            ["method"],
+            registry=r,
+        )
+        self.finish_reasons = Counter("tad_finish_reasons", "Why generations ended", ["reason"], registry=r)
+        self.info = Gauge("tad_model_info", "Loaded model and artifact", ["model", "artifact", "device"], registry=r)
+        self.ready = Gauge("tad_ready", "1 when the model (and artifact) are loaded", registry=r)
+        self._windows: dict[str, deque[bool]] = {m.value: deque(maxlen=rejection_window) for m in Method}
+
+    def observe_generation(self, result: GenerationResult) -> None:
+        count = len(result.sequence.kept_tokens)
+        timing = result.timing
+        self.generated_tokens.inc(count)
+        reason = result.sequence.finish_reason
+        self.finish_reasons.labels(reason=reason.reported if reason else "stop").inc()
+        self.queue_time.observe(timing.queued_s)
+        if timing.first_token_s is not None:
+            self.time_to_first_token.observe(timing.first_token_s)
+        if count:
+            self.time_per_token.observe((timing.total_s - timing.queued_s) / count)
+
+    def observe_decision(
+        self, decision: Decision, scores: SequenceUncertainty, thresholds: dict[str, float | None]
+    ) -> None:
+        self.decisions.labels(method=decision.method.value, outcome="accept" if decision.accept else "reject").inc()
+        self.observe_answer(scores.as_dict(), thresholds)
+
+    def observe_answer(self, scores: dict[str, float | None], thresholds: dict[str, float | None]) -> None:
+        """Per-method uncertainty histograms and rolling would-reject rates."""
+        for method, value in scores.items():
+            if value is None or math.isnan(value):
+                continue
+            self.sequence_uncertainty.labels(method=method).observe(value)
+            threshold = thresholds.get(method)
+            if threshold is not None:
+                window = self._windows[method]
+                window.append(value > threshold)
+                self.rejection_rate.labels(method=method).set(sum(window) / len(window))
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def route_label(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+class MetricsMiddleware:
+    """Counts requests by route template and status, and times them (streams until their end)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, counter: Callable[[int], None]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+        tracked = scope.get("path", "").startswith("/v1/")
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+            await send(message)
+
+        if tracked:
+            self.metrics.in_flight.inc()
+            self.counter(+1)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            if tracked:
+                self.metrics.in_flight.dec()
+                self.counter(-1)
+            route = route_label(scope)
+            self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
+            self.metrics.latency.labels(route=route).observe(time.perf_counter() - started)

@@ -1,0 +1,119 @@
+"""The uncertainty methods, as plug-ins: one registry that serving, training, metrics and the API read.
+
+Each method is one `UncertaintyMethod` entry: a name, what it computes, the per-token
+statistics it reads (names from `app.engine.token_stats.TOKEN_STATISTICS`) and a function
+from one answer to its sequence uncertainty (higher = less trustworthy; NaN when undefined,
+e.g. for an empty answer). Adding a method is one entry in `METHODS` and its test: the
+`Method` enum, the response schemas, the Prometheus labels, calibration and the training
+reports are all built from this registry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from app.uncertainty.aggregation import Aggregation, aggregate
+from app.uncertainty.trace import TokenTrace
+
+
+@dataclass(frozen=True)
+class MethodInput:
+    """One answer as the methods see it."""
+
+    trace: TokenTrace
+    tad_confidences: np.ndarray | None = None  # c_i per token, when a TAD artifact is loaded
+    tad_aggregation: Aggregation | None = None
+
+
+@dataclass(frozen=True)
+class UncertaintyMethod:
+    name: str
+    description: str
+    token_stats: tuple[str, ...]
+    compute: Callable[[MethodInput], float]
+    needs_artifact: bool = False
+
+    def __call__(self, answer: MethodInput) -> float:
+        return self.compute(answer)
+
+
+def maximum_sequence_probability(logprobs: np.ndarray) -> float:
+    """MSP uncertainty: -sum_i log p_i."""
+    return float(-np.sum(logprobs)) if len(logprobs) else math.nan
+
+
+def perplexity(logprobs: np.ndarray) -> float:
+    """Perplexity uncertainty as METHOD.md defines it: -mean_i log p_i."""
+    return float(-np.mean(logprobs)) if len(logprobs) else math.nan
+
+
+def mean_token_entropy(entropies: np.ndarray) -> float:
+    return float(np.mean(entropies)) if len(entropies) else math.nan
+
+
+def _tad(answer: MethodInput) -> float:
+    if answer.tad_confidences is None or answer.tad_aggregation is None:
+        return math.nan
+    return aggregate(answer.tad_confidences, answer.tad_aggregation)
+
+
+METHODS: tuple[UncertaintyMethod, ...] = (
+    UncertaintyMethod(
+        "tad",
+        "TAD: 1 - mean c_i or -sum log c_i of the learned token confidences (the artifact says which)",
+        ("logprob",),
+        _tad,
+        needs_artifact=True,
+    ),
+    UncertaintyMethod(
+        "msp",
+        "maximum sequence probability: -sum log p_i",
+        ("logprob",),
+        lambda answer: maximum_sequence_probability(answer.trace.logprobs),
+    ),
+    UncertaintyMethod(
+        "perplexity",
+        "-mean log p_i",
+        ("logprob",),
+        lambda answer: perplexity(answer.trace.logprobs),
+    ),
+    UncertaintyMethod(
+        "mean_token_entropy",
+        "mean entropy of the next-token distributions",
+        ("entropy",),
+        lambda answer: mean_token_entropy(answer.trace.entropies),
+    ),
+)
+
+REGISTRY: Mapping[str, UncertaintyMethod] = {method.name: method for method in METHODS}
+
+# The enum the API, settings and manifests validate method names with, built from the registry.
+Method = StrEnum("Method", [(method.name.upper(), method.name) for method in METHODS])  # type: ignore[misc]
+
+BASELINES: tuple[Method, ...] = tuple(Method(m.name) for m in METHODS if not m.needs_artifact)
+
+
+@dataclass(frozen=True)
+class SequenceUncertainty:
+    """Every method's sequence uncertainty for one answer; None where a method is unavailable."""
+
+    values: Mapping[Method, float | None]
+
+    def get(self, method: Method) -> float | None:
+        return self.values.get(method)
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {method.value: value for method, value in self.values.items()}
+
+
+def score_all(answer: MethodInput, tad_available: bool) -> SequenceUncertainty:
+    """Every registered method on one answer (methods that need an artifact are None without one)."""
+    values: dict[Method, float | None] = {}
+    for method in METHODS:
+        values[Method(method.name)] = None if method.needs_artifact and not tad_available else method(answer)
+    return SequenceUncertainty(values)

@@ -1,0 +1,38 @@
+"""What every uncertainty method reads of one answer: per token, its raw statistics and attention row."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """One scored answer. `stats[name]` is `[n]` float64 per token statistic (see `app.engine.token_stats`)."""
+
+    token_ids: tuple[int, ...]
+    stats: Mapping[str, np.ndarray]
+    attention: np.ndarray | None  # [n, layers, heads, n_lags] float32, or None without capture
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        """log p_i under the raw logits."""
+        return self.stats["logprob"]
+
+    @property
+    def entropies(self) -> np.ndarray:
+        """Entropy of the full next-token distribution at each step."""
+        return self.stats["entropy"]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def prefix(self, count: int) -> TokenTrace:
+        """The first `count` tokens (what is known of an answer still being generated)."""
+        return TokenTrace(
+            token_ids=self.token_ids[:count],
+            stats={name: values[:count] for name, values in self.stats.items()},
+            attention=None if self.attention is None else self.attention[:count],
+        )

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from app.api.common import SequenceScores
+from app.engine.token_stats import TOKEN_STATISTICS
+from app.settings import Settings
+from app.uncertainty.aggregation import Aggregation, aggregate
+from app.uncertainty.methods import (
+    METHODS,
+    Method,
+    MethodInput,
+    maximum_sequence_probability,
+    mean_token_entropy,
+    perplexity,
+    score_all,
+)
+from app.uncertainty.trace import TokenTrace
+
+
+def _trace(logprobs: np.ndarray, entropies: np.ndarray) -> TokenTrace:
+    return TokenTrace(
+        token_ids=tuple(range(len(logprobs))), stats={"logprob": logprobs, "entropy": entropies}, attention=None
+    )
+
+
+def test_aggregations() -> None:
+    c = np.array([0.9, 0.5, 0.8])
+    assert aggregate(c, Aggregation.MEAN) == pytest.approx(1 - (0.9 + 0.5 + 0.8) / 3)
+    assert aggregate(c, Aggregation.SUM_LOG) == pytest.approx(-(math.log(0.9) + math.log(0.5) + math.log(0.8)))
+    assert math.isnan(aggregate(np.zeros(0), Aggregation.MEAN))
+
+
+def test_baselines() -> None:
+    logprobs = np.log([0.5, 0.25])
+    assert maximum_sequence_probability(logprobs) == pytest.approx(math.log(8))
+    assert perplexity(logprobs) == pytest.approx(math.log(8) / 2)
+    assert mean_token_entropy(np.array([1.0, 2.0])) == 1.5
+    confidences = np.array([0.8, 0.6])  # mean aggregation: TAD = 0.3
+    answer = MethodInput(_trace(logprobs, np.array([1.0, 2.0])), confidences, Aggregation.MEAN)
+    scores = score_all(answer, tad_available=True)
+    assert scores.get(Method.TAD) == pytest.approx(0.3) and scores.get(Method.MSP) == pytest.approx(math.log(8))
+    empty = score_all(MethodInput(_trace(np.zeros(0), np.zeros(0))), tad_available=False)
+    assert math.isnan(empty.get(Method.MSP)) and empty.get(Method.TAD) is None
+
+
+def test_the_registry_is_what_every_consumer_sees() -> None:
+    names = [method.name for method in METHODS]
+    assert len(set(names)) == len(names)
+    assert [m.value for m in Method] == names
+    assert list(SequenceScores.model_fields) == names  # the response schema has one field per method
+    for method in METHODS:
+        assert set(method.token_stats) <= set(TOKEN_STATISTICS), method.name
+        assert Settings(reject_method=method.name).reject_method.value == method.name

@@ -1,0 +1,63 @@
+"""The two-stage fit: variants differ where METHOD.md says, the Gram shortcut is exact, and the MLP option runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features
+from training.commands.fit import FitOptions, load_runs, run_fit
+from training.ridge import GramStats, fit_ridge
+from training.two_stage import (
+    Variant,
+    confidence_lags,
+    cross_stats,
+    stage1_confidences,
+    stage2_stats,
+    static_stats,
+)
+
+
+def test_stage2_gram_from_blocks_equals_the_direct_gram(tiny_runs: dict[str, Path]) -> None:
+    texts, _, lags = load_runs([tiny_runs["train"]], None)
+    spec = FeatureSpec(lags, 3, 4)
+    stats1 = GramStats.zeros(lags + 1)
+    for text in texts:
+        stats1.add(stage1_features(text.probs, lags), text.rows_target())
+    model = fit_ridge(stats1, 0.1)
+    candidates = [[stage1_confidences(t, model, variant, lags, 1e-4) for t in texts] for variant in Variant]
+    static, cross = static_stats(texts, spec), cross_stats(texts, candidates, spec)
+    for k, confidences in enumerate(candidates):
+        direct = GramStats.zeros(spec.stage2_size)
+        for text, conf in zip(texts, confidences, strict=True):
+            direct.add(stage2_features(text.probs, conf, np.asarray(text.attention), spec), text.rows_target())
+        combined = stage2_stats(static, cross, k, spec)
+        np.testing.assert_allclose(combined.xtx, direct.xtx, rtol=1e-9, atol=1e-6)
+        np.testing.assert_allclose(combined.xty, direct.xty, rtol=1e-9, atol=1e-6)
+        np.testing.assert_allclose(combined.sum_x, direct.sum_x, rtol=1e-9, atol=1e-6)
+
+
+def test_variants_set_the_first_confidence_as_method_md_says(tiny_runs: dict[str, Path]) -> None:
+    texts, _, lags = load_runs([tiny_runs["train"]], None)
+    text = next(t for t in texts if len(t) > 2)
+    stats = GramStats.zeros(lags + 1)
+    stats.add(stage1_features(text.probs, lags), text.rows_target())
+    model = fit_ridge(stats, 1.0)
+    exact = stage1_confidences(text, model, Variant.PAPER_EXACT, lags, 1e-4)
+    free = stage1_confidences(text, model, Variant.LEAK_FREE, lags, 1e-4)
+    assert exact[0] == text.target and free[0] == np.float32(text.probs[0])
+    np.testing.assert_array_equal(exact[1:], free[1:])
+    lagged = confidence_lags(exact, lags)
+    assert lagged[0, 0] == np.float32(exact[0]) and lagged[0, 1:].sum() == 0
+
+
+def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
+    manifest = run_fit(
+        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), mlp=True, mlp_width=16, mlp_grid=grid)
+    )
+    mlp = manifest.metrics["cv"]["mlp"]
+    assert mlp["width"] == 16 and len(mlp["grid"]) == 2  # one configuration x two aggregations
+    assert all(len(row["prr_folds"]) == 5 for row in mlp["grid"])
+    assert manifest.regressor.kind in ("ridge", "mlp")

@@ -1,0 +1,410 @@
+"""`fit`: cross-validated two-stage training of TAD and the artifact the server loads.
+
+5-fold cross-validation split by text; grid: ridge L2 x aggregation x variant (leak-free,
+paper-exact), selected by mean PRR at 50% rejection of the held-out folds, scored with
+the very scorer the server runs (recurrent, c_1 = p_1). The better variant becomes the
+artifact's regressor; the other is kept beside it for comparison, and every number goes
+into the manifest. Memory: Gram matrices only (about (folds + 6) x F^2 x 8 bytes at peak), never
+a fold's feature matrix; attention rows are memory-mapped from the run shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import joblib
+import numpy as np
+from sklearn.model_selection import KFold
+from tqdm import tqdm
+
+from app.identity import ModelIdentity
+from app.uncertainty.aggregation import Aggregation, aggregate
+from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo, write_manifest
+from app.uncertainty.features import FeatureSpec
+from app.uncertainty.methods import BASELINES
+from app.uncertainty.tad import Regressor, TadScorer
+from training.rejection import prediction_rejection_ratio
+from training.ridge import GramStats, fit_ridge
+from training.runs import iter_texts, read_run_settings
+from training.scoring import baseline_table, ranked
+from training.two_stage import (
+    FitText,
+    Variant,
+    cross_stats,
+    stage1_confidences,
+    stage1_stats,
+    stage2_matrix,
+    stage2_stats,
+    static_stats,
+)
+
+logger = logging.getLogger(__name__)
+
+ALPHAS = (10.0, 1.0, 0.1, 0.01, 0.001, 0.0001)
+MLP_GRIDS = {
+    # The paper's grid (36 configurations).
+    "paper": {"layers": (2, 4), "epochs": (10, 20, 30), "learning_rate": (1e-5, 3e-5, 5e-5), "batch_size": (64, 128)},
+    # One configuration from it, for a quick check.
+    "small": {"layers": (2,), "epochs": (10,), "learning_rate": (5e-5,), "batch_size": (64,)},
+}
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    runs: Sequence[Path]
+    out: Path
+    n_lags: int | None = None
+    alphas: Sequence[float] = ALPHAS
+    folds: int = 5
+    seed: int = 0
+    epsilon: float = 1e-4
+    mlp: bool = False
+    mlp_width: int = 256
+    mlp_grid: dict[str, Sequence[float]] = field(default_factory=lambda: dict(MLP_GRIDS["paper"]))
+
+
+@dataclass
+class Candidate:
+    variant: Variant
+    alpha: float
+    prr: dict[Aggregation, list[float]] = field(default_factory=lambda: {a: [] for a in Aggregation})
+
+
+def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], dict[str, Any], int]:
+    settings = [read_run_settings(Path(run)) for run in runs]
+    first = settings[0]
+    for other, run in zip(settings[1:], runs[1:], strict=True):
+        if other["model_sha256"] != first["model_sha256"]:
+            raise SystemExit(f"run {run} was generated with a different model than {runs[0]}")
+    available = min(s["n_lags"] for s in settings)
+    lags = n_lags or available
+    if lags > available:
+        raise SystemExit(f"--n-lags {lags} exceeds the {available} lags stored in the runs")
+    texts = [FitText.from_trace(trace, lags) for trace in iter_texts(runs)]
+    if not texts:
+        raise SystemExit("the runs hold no completed shards")
+    return texts, first, lags
+
+
+def stage1_for_stage2(
+    texts: Sequence[FitText],
+    text_folds: np.ndarray,
+    s1_by_fold: Sequence[GramStats],
+    available: Sequence[int],
+    alpha: float,
+    variant: Variant,
+    spec: FeatureSpec,
+    epsilon: float,
+) -> list[np.ndarray]:
+    """Stage-1 confidences of texts drawn from folds `available`, as stage 2 trains on them.
+
+    paper-exact: one model on all of them, predicting in-sample; leak-free: each text
+    predicted by a model trained without its own fold.
+    """
+    total = sum((s1_by_fold[g] for g in available[1:]), s1_by_fold[available[0]])
+    if variant is Variant.PAPER_EXACT:
+        model = fit_ridge(total, alpha)
+        return [stage1_confidences(t, model, variant, spec.n_lags, epsilon) for t in texts]
+    models = {g: fit_ridge(total - s1_by_fold[g], alpha) for g in available}
+    return [
+        stage1_confidences(t, models[int(g)], variant, spec.n_lags, epsilon)
+        for t, g in zip(texts, text_folds, strict=True)
+    ]
+
+
+def held_out_prr(scorer: TadScorer, texts: Sequence[FitText]) -> dict[Aggregation, float]:
+    targets = np.array([t.target for t in texts])
+    confidences = [scorer.confidences(t.logprobs, np.asarray(t.attention)) if len(t) else np.zeros(0) for t in texts]
+    result = {}
+    for aggregation in Aggregation:
+        scores = np.array([ranked(aggregate(c, aggregation)) for c in confidences])
+        result[aggregation] = prediction_rejection_ratio(scores, targets)
+    return result
+
+
+@dataclass
+class FoldData:
+    """Per-fold statistics, accumulated once and reused by every candidate."""
+
+    fold_of: np.ndarray
+    groups: list[list[FitText]]
+    stage1: list[GramStats]
+    static: list[GramStats]
+
+    @property
+    def count(self) -> int:
+        return len(self.groups)
+
+    def static_without(self, excluded: int | None) -> GramStats:
+        kept = [s for g, s in enumerate(self.static) if g != excluded]
+        return sum(kept[1:], kept[0])
+
+    def texts_without(self, excluded: int | None, texts: Sequence[FitText]) -> tuple[list[FitText], np.ndarray]:
+        mask = self.fold_of != excluded
+        return [t for t, keep in zip(texts, mask, strict=True) if keep], self.fold_of[mask]
+
+
+def prepare_folds(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptions) -> FoldData:
+    splitter = KFold(n_splits=options.folds, shuffle=True, random_state=options.seed)
+    fold_of = np.zeros(len(texts), dtype=int)
+    for g, (_, held) in enumerate(splitter.split(np.arange(len(texts)))):
+        fold_of[held] = g
+    groups = [[t for t, f in zip(texts, fold_of, strict=True) if f == g] for g in range(options.folds)]
+    stage1 = [stage1_stats(group, spec.n_lags) for group in groups]
+    static = [static_stats(group, spec) for group in tqdm(groups, desc="fit: static Gram per fold", unit="fold")]
+    return FoldData(fold_of=fold_of, groups=groups, stage1=stage1, static=static)
+
+
+def cross_validate(
+    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, options: FitOptions
+) -> tuple[list[Candidate], dict[str, list[float]]]:
+    """Every (variant, alpha) candidate scored on every held-out fold, for both aggregations."""
+    candidates = [Candidate(v, a) for a in options.alphas for v in Variant]
+    baselines: dict[str, list[float]] = {method.value: [] for method in BASELINES}
+    for f in tqdm(range(data.count), desc="fit: cross-validation", unit="fold"):
+        train, train_folds = data.texts_without(f, texts)
+        available = [g for g in range(data.count) if g != f]
+        confidences = [
+            stage1_for_stage2(train, train_folds, data.stage1, available, c.alpha, c.variant, spec, options.epsilon)
+            for c in candidates
+        ]
+        cross = cross_stats(train, confidences, spec)
+        static_train = data.static_without(f)
+        for k, candidate in enumerate(candidates):
+            model = fit_ridge(stage2_stats(static_train, cross, k, spec), candidate.alpha)
+            for aggregation, value in held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f]).items():
+                candidate.prr[aggregation].append(value)
+        targets = np.array([t.target for t in data.groups[f]])
+        for name, values in baseline_table([t.token_trace() for t in data.groups[f]]).items():
+            baselines[name].append(prediction_rejection_ratio(values, targets))
+    return candidates, baselines
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def cv_table(candidates: Sequence[Candidate]) -> list[dict[str, Any]]:
+    rows = []
+    for c in candidates:
+        for aggregation, values in c.prr.items():
+            rows.append(
+                {
+                    "variant": c.variant.value,
+                    "alpha": c.alpha,
+                    "aggregation": aggregation.value,
+                    "prr_mean": _mean(values),
+                    "prr_std": float(np.nanstd(values)) if values else math.nan,
+                    "prr_folds": values,
+                }
+            )
+    return rows
+
+
+def best_per_variant(table: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    best: dict[str, dict[str, Any]] = {}
+    for row in table:
+        current = best.get(row["variant"])
+        score = -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"]
+        if current is None or score > (-math.inf if math.isnan(current["prr_mean"]) else current["prr_mean"]):
+            best[row["variant"]] = row
+    return best
+
+
+def fit_final(
+    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, chosen: Sequence[tuple[Variant, float]], epsilon: float
+) -> list[tuple[Regressor, Regressor]]:
+    """(stage-1, stage-2) models on all texts for each (variant, alpha)."""
+    available = list(range(data.count))
+    confidences = [
+        stage1_for_stage2(texts, data.fold_of, data.stage1, available, alpha, variant, spec, epsilon)
+        for variant, alpha in chosen
+    ]
+    cross = cross_stats(texts, confidences, spec)
+    static_total = data.static_without(None)
+    stage1_total = sum(data.stage1[1:], data.stage1[0])
+    return [
+        (fit_ridge(stage1_total, alpha), fit_ridge(stage2_stats(static_total, cross, k, spec), alpha))
+        for k, (_, alpha) in enumerate(chosen)
+    ]
+
+
+def mlp_search(
+    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, variant: Variant, alpha: float, options: FitOptions
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Optional stage-2 MLP (stage 1 stays ridge): the paper's grid, same folds and selection.
+
+    Unlike the ridge path this holds one fold's training matrix in memory.
+    """
+    from itertools import product
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    grid = options.mlp_grid
+    configs = [
+        dict(zip(("layers", "epochs", "learning_rate", "batch_size"), values, strict=True))
+        for values in product(grid["layers"], grid["epochs"], grid["learning_rate"], grid["batch_size"])
+    ]
+    scores: list[dict[Aggregation, list[float]]] = [{a: [] for a in Aggregation} for _ in configs]
+    for f in tqdm(range(data.count), desc="fit: MLP cross-validation", unit="fold"):
+        train, train_folds = data.texts_without(f, texts)
+        available = [g for g in range(data.count) if g != f]
+        confidences = stage1_for_stage2(
+            train, train_folds, data.stage1, available, alpha, variant, spec, options.epsilon
+        )
+        features, targets = stage2_matrix(train, confidences, spec)
+        for config, score in zip(configs, scores, strict=True):
+            model = _mlp(config, options, MLPRegressor)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                model.fit(features, targets)
+            for aggregation, value in held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f]).items():
+                score[aggregation].append(value)
+    table = [
+        {**config, "aggregation": aggregation.value, "prr_mean": _mean(values), "prr_folds": values}
+        for config, score in zip(configs, scores, strict=True)
+        for aggregation, values in score.items()
+    ]
+    best = max(table, key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"], default=None)
+    return best, table
+
+
+def _mlp(config: dict[str, Any], options: FitOptions, factory: Any) -> Any:
+    return factory(
+        hidden_layer_sizes=(options.mlp_width,) * int(config["layers"]),
+        learning_rate_init=float(config["learning_rate"]),
+        max_iter=int(config["epochs"]),
+        batch_size=int(config["batch_size"]),
+        random_state=options.seed,
+    )
+
+
+def _fit_final_mlp(
+    texts: Sequence[FitText],
+    spec: FeatureSpec,
+    data: FoldData,
+    variant: Variant,
+    alpha: float,
+    config: dict[str, Any],
+    options: FitOptions,
+) -> Regressor:
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    available = list(range(data.count))
+    confidences = stage1_for_stage2(texts, data.fold_of, data.stage1, available, alpha, variant, spec, options.epsilon)
+    features, targets = stage2_matrix(texts, confidences, spec)
+    model = _mlp(config, options, MLPRegressor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(features, targets)
+    return model
+
+
+def library_versions() -> dict[str, str]:
+    """Versions that matter for unpickling the regressor and for the features."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("scikit-learn", "numpy", "torch", "transformers")}
+
+
+def run_fit(options: FitOptions) -> Manifest:
+    started = time.monotonic()
+    texts, settings, lags = load_runs(options.runs, options.n_lags)
+    identity = ModelIdentity.model_validate(settings["identity"])
+    spec = FeatureSpec(n_lags=lags, num_layers=identity.num_layers, num_heads=identity.num_heads)
+    logger.info(
+        "fitting on %d texts, %d tokens, %d stage-2 features", len(texts), sum(len(t) for t in texts), spec.stage2_size
+    )
+    data = prepare_folds(texts, spec, options)
+    candidates, baselines = cross_validate(texts, spec, data, options)
+    table = cv_table(candidates)
+    best = best_per_variant(table)
+    ranked = sorted(best.values(), key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"])
+    chosen_row = ranked[-1]
+    chosen = Variant(chosen_row["variant"])
+    other = Variant.PAPER_EXACT if chosen is Variant.LEAK_FREE else Variant.LEAK_FREE
+    order = [(chosen, float(best[chosen.value]["alpha"])), (other, float(best[other.value]["alpha"]))]
+    (stage1_main, stage2_main), (stage1_other, stage2_other) = fit_final(texts, spec, data, order, options.epsilon)
+    aggregation = Aggregation(chosen_row["aggregation"])
+    regressor_kind, regressor_params = "ridge", {"alpha": order[0][1]}
+    mlp_summary: dict[str, Any] | None = None
+    if options.mlp:
+        best_mlp, mlp_table = mlp_search(texts, spec, data, chosen, order[0][1], options)
+        mlp_summary = {"best": best_mlp, "grid": mlp_table, "width": options.mlp_width}
+        if best_mlp is not None and best_mlp["prr_mean"] > chosen_row["prr_mean"]:
+            stage2_main = _fit_final_mlp(texts, spec, data, chosen, order[0][1], best_mlp, options)
+            aggregation = Aggregation(best_mlp["aggregation"])
+            regressor_kind = "mlp"
+            regressor_params = {k: best_mlp[k] for k in ("layers", "epochs", "learning_rate", "batch_size")}
+            regressor_params.update(width=options.mlp_width, stage1_alpha=order[0][1])
+
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    joblib.dump(stage2_main, out / "regressor.joblib")
+    joblib.dump(stage1_main, out / "stage1.joblib")
+    alternative_dir = out / "alternatives" / other.value
+    alternative_dir.mkdir(parents=True, exist_ok=True)
+    joblib.dump(stage2_other, alternative_dir / "regressor.joblib")
+    joblib.dump(stage1_other, alternative_dir / "stage1.joblib")
+    datasets: dict[str, int] = {}
+    for text in texts:
+        datasets[text.dataset] = datasets.get(text.dataset, 0) + 1
+    manifest = Manifest(
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        llm=identity,
+        features=FeatureInfo(
+            order=spec.order,
+            n_lags=spec.n_lags,
+            num_layers=spec.num_layers,
+            num_heads=spec.num_heads,
+            stage1_size=spec.stage1_size,
+            stage2_size=spec.stage2_size,
+        ),
+        epsilon=options.epsilon,
+        aggregation=aggregation,
+        variant=chosen.value,
+        regressor=RegressorInfo(file="regressor.joblib", kind=regressor_kind, params=regressor_params),
+        metrics={
+            "cv": {
+                "folds": options.folds,
+                "split": "by text",
+                "seed": options.seed,
+                "selection": "mean PRR at 50% rejection over held-out folds",
+                "chosen": chosen_row,
+                "best_per_variant": best,
+                "baselines": {name: {"prr_mean": _mean(v), "prr_folds": v} for name, v in baselines.items()},
+                "grid": table,
+                "mlp": mlp_summary,
+            },
+            "alternatives": {
+                other.value: {
+                    "file": f"alternatives/{other.value}/regressor.joblib",
+                    "alpha": order[1][1],
+                    "aggregation": best[other.value]["aggregation"],
+                }
+            },
+        },
+        training={
+            "runs": [str(p) for p in options.runs],
+            "texts": len(texts),
+            "tokens": int(sum(len(t) for t in texts)),
+            "datasets": datasets,
+            "fit_seconds": round(time.monotonic() - started, 1),
+            "versions": library_versions(),
+            "generation": {
+                k: settings[k] for k in ("model", "data", "limit", "max_new_tokens", "prompts") if k in settings
+            },
+        },
+    )
+    return write_manifest(out, manifest)

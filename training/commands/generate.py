@@ -1,0 +1,205 @@
+"""`generate`: answer every record with the LLM and store what TAD trains on, shard by shard.
+
+The same engine as the server generates (greedy, raw-logit probabilities, attention rows
+captured in the same attention function), so the stored features are the ones the
+server would see for the same answer. Shards are planned from the input alone, so a
+rerun of the same command skips finished shards and continues where it stopped. Under
+`accelerate launch`, process k of n takes shards k, k + n, ... (data parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from app.engine.engine import Engine
+from app.engine.loading import load_model
+from app.engine.sampling import SamplingParams
+from app.engine.sequence import GenerationRequest
+from app.hashing import file_sha256
+from app.identity import ModelIdentity
+from training.data import BadRecord, LocatedRecord, read_records
+from training.runs import RUN_FILE, TextTrace, shard_done, write_shard
+from training.tasks import build_messages, score_answer
+from training.tasks import max_new_tokens as default_length
+
+logger = logging.getLogger(__name__)
+
+PROMPT_VERSION = "prompts-v1"
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    data: Sequence[Path]
+    out: Path
+    model: str
+    n_lags: int = 10
+    limit: int | None = None
+    max_new_tokens: int | None = None
+    batch_size: int = 8
+    shard_size: int = 64
+    max_prompt_tokens: int = 2048
+    device: str = "auto"
+    dtype: str = "auto"
+    cache_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """This process's place among data-parallel workers."""
+
+    rank: int = 0
+    world: int = 1
+    device: str | None = None
+
+    @classmethod
+    def detect(cls) -> Distribution:
+        try:
+            from accelerate import PartialState
+        except ImportError:  # pragma: no cover - accelerate is a runtime dependency
+            return cls()
+        state = PartialState()
+        device = str(state.device) if state.num_processes > 1 else None
+        return cls(rank=state.process_index, world=state.num_processes, device=device)
+
+
+def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) -> dict[str, Any]:
+    """What must be equal for a rerun to continue an existing run."""
+    return {
+        "model": options.model,
+        "model_sha256": identity.sha256,
+        "dtype": dtype,
+        "identity": identity.model_dump(),
+        "n_lags": options.n_lags,
+        "data": [{"path": str(p), "sha256": file_sha256(Path(p))} for p in options.data],
+        "limit": options.limit,
+        "max_new_tokens": options.max_new_tokens,
+        "shard_size": options.shard_size,
+        "max_prompt_tokens": options.max_prompt_tokens,
+        "prompts": PROMPT_VERSION,
+    }
+
+
+def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0) -> None:
+    path = out / RUN_FILE
+    if path.is_file():
+        existing = json.loads(path.read_text())
+        changed = sorted(key for key in settings if existing.get(key) != settings[key])
+        if changed:
+            raise SystemExit(
+                f"{out} was generated with different settings ({', '.join(changed)}); "
+                "use a new --out folder or the original settings"
+            )
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    # Every data-parallel process may get here at once: each writes its own temporary file.
+    staging = path.with_name(f"{RUN_FILE}.{rank}.tmp")
+    staging.write_text(json.dumps(settings, indent=2) + "\n")
+    staging.replace(path)
+
+
+def plan_shards(records: Sequence[LocatedRecord], shard_size: int) -> list[list[LocatedRecord]]:
+    return [list(records[i : i + shard_size]) for i in range(0, len(records), shard_size)]
+
+
+def answer_records(
+    engine: Engine,
+    records: Sequence[LocatedRecord],
+    max_new_tokens: int | None,
+    batch_size: int,
+    max_prompt_tokens: int,
+    bad: list[BadRecord],
+    progress: tqdm | None = None,
+) -> list[TextTrace]:
+    """Generate greedily for each record and score the answer; results in input order."""
+    prompts: list[tuple[int, list[int]]] = []
+    for position, located in enumerate(records):
+        ids = engine.encode_prompt(messages=build_messages(located.record))
+        if len(ids) > max_prompt_tokens:
+            bad.append(BadRecord(located.path, located.line, f"prompt has {len(ids)} tokens > {max_prompt_tokens}"))
+            continue
+        prompts.append((position, ids))
+    # Similar lengths together waste less compute on padding; order is restored below.
+    prompts.sort(key=lambda item: len(item[1]))
+    results: dict[int, TextTrace] = {}
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        requests = []
+        for position, ids in chunk:
+            task = records[position].record.task
+            limit = max_new_tokens or default_length(task)
+            requests.append(GenerationRequest(prompt_ids=tuple(ids), params=SamplingParams(max_new_tokens=limit)))
+        for (position, ids), sequence in zip(chunk, engine.generate(requests), strict=True):
+            located = records[position]
+            trace = engine.trace(sequence)
+            attention = trace.attention
+            if attention is None:
+                attention = np.zeros((0, engine.identity.num_layers, engine.identity.num_heads, engine.n_lags))
+            meta = {
+                "key": f"{located.dataset}/{located.record.id}",
+                "id": located.record.id,
+                "dataset": located.dataset,
+                "task": located.record.task.value,
+                "file": str(located.path),
+                "line": located.line,
+                "prompt_tokens": len(ids),
+                "answer": sequence.text,
+                "finish_reason": str(sequence.finish_reason),
+                "target": score_answer(sequence.text, located.record),
+            }
+            results[position] = TextTrace(
+                meta=meta,
+                token_ids=np.array(trace.token_ids, dtype=np.int32),
+                stats=dict(trace.stats),
+                attention=attention.astype(np.float32),
+            )
+        if progress is not None:
+            progress.update(len(chunk))
+    return [results[position] for position in sorted(results)]
+
+
+def run_generate(options: GenerateOptions, distribution: Distribution | None = None) -> Path:
+    distribution = distribution or Distribution.detect()
+    bad: list[BadRecord] = []
+    records = list(read_records(options.data, limit=options.limit, bad=bad))
+    bad_in_data = len(bad)
+    shards = plan_shards(records, options.shard_size)
+    out = options.out
+    device = distribution.device or options.device
+    loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    check_or_write_settings(out, run_settings(options, loaded.identity, dtype), distribution.rank)
+    mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]
+    todo = [i for i in mine if not shard_done(out, i)]
+    logger.info(
+        "%d records in %d shards; %d to do here, %d already done",
+        len(records),
+        len(shards),
+        len(todo),
+        len(mine) - len(todo),
+    )
+    engine = Engine(loaded, n_lags=options.n_lags)
+    shape = (loaded.identity.num_layers, loaded.identity.num_heads, options.n_lags)
+    with tqdm(total=sum(len(shards[i]) for i in todo), desc=f"generate [{distribution.rank}]", unit="text") as bar:
+        for index in todo:
+            texts = answer_records(
+                engine, shards[index], options.max_new_tokens, options.batch_size, options.max_prompt_tokens, bad, bar
+            )
+            write_shard(out, index, texts, shape)
+    if distribution.rank != 0:
+        bad = bad[bad_in_data:]  # every process reads the same data; rank 0 reports its bad lines
+    if bad:
+        report = out / f"bad_records.{distribution.rank}.txt"
+        # Shards finished by earlier runs reported theirs already: keep those lines.
+        known = set(report.read_text().splitlines()) if report.is_file() else set()
+        lines = sorted(known | {str(item) for item in bad})
+        report.write_text("".join(f"{line}\n" for line in lines))
+        logger.warning("%d bad records skipped; see %s", len(lines), report)
+    return out
