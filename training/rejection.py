@@ -1,4 +1,4 @@
-"""Selective-prediction metrics: rejection curves, PRR (METHOD.md), ROC-AUC.
+"""Selective-prediction metrics: rejection curves, PRR (docs/method.md §7), ROC-AUC.
 
 Rejection curve: texts sorted by uncertainty; rejecting the most uncertain fraction r
 leaves the rest, whose mean quality is the curve's value at r. Ties in uncertainty are

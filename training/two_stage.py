@@ -1,4 +1,4 @@
-"""The two training stages of TAD (METHOD.md, Algorithm 1) on stored traces.
+"""The two training stages of TAD (docs/method.md §6, Algorithm 1) on stored traces.
 
 Stage 1 regresses the text's target on probability-only vectors. Stage 2 adds, for each
 lag, the earlier token's confidence c and its attention row; c comes from stage 1:

@@ -1,4 +1,4 @@
-"""TAD feature vectors, exactly as METHOD.md fixes them; training and serving both call these.
+"""TAD feature vectors, exactly as docs/method.md §3 states them; training and serving both call these.
 
 Ordering `tad-v1` for token i >= 2 (1-based), with N lags:
 

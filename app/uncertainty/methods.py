@@ -48,12 +48,17 @@ def maximum_sequence_probability(logprobs: np.ndarray) -> float:
 
 
 def perplexity(logprobs: np.ndarray) -> float:
-    """Perplexity uncertainty as METHOD.md defines it: -mean_i log p_i."""
+    """Perplexity uncertainty as docs/method.md §5 defines it: -mean_i log p_i."""
     return float(-np.mean(logprobs)) if len(logprobs) else math.nan
 
 
 def mean_token_entropy(entropies: np.ndarray) -> float:
     return float(np.mean(entropies)) if len(entropies) else math.nan
+
+
+def maximum_token_uncertainty(logprobs: np.ndarray) -> float:
+    """The least likely token decides: max_i -log p_i."""
+    return float(-np.min(logprobs)) if len(logprobs) else math.nan
 
 
 def _tad(answer: MethodInput) -> float:
@@ -87,6 +92,12 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         "mean entropy of the next-token distributions",
         ("entropy",),
         lambda answer: mean_token_entropy(answer.trace.entropies),
+    ),
+    UncertaintyMethod(
+        "max_token_uncertainty",
+        "max_i -log p_i: the least likely token",
+        ("logprob",),
+        lambda answer: maximum_token_uncertainty(answer.trace.logprobs),
     ),
 )
 

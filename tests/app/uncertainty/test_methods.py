@@ -14,6 +14,7 @@ from app.uncertainty.methods import (
     Method,
     MethodInput,
     maximum_sequence_probability,
+    maximum_token_uncertainty,
     mean_token_entropy,
     perplexity,
     score_all,
@@ -45,6 +46,14 @@ def test_baselines() -> None:
     assert scores.get(Method.TAD) == pytest.approx(0.3) and scores.get(Method.MSP) == pytest.approx(math.log(8))
     empty = score_all(MethodInput(_trace(np.zeros(0), np.zeros(0))), tad_available=False)
     assert math.isnan(empty.get(Method.MSP)) and empty.get(Method.TAD) is None
+
+
+def test_maximum_token_uncertainty_is_the_least_likely_token() -> None:
+    logprobs = np.log([0.9, 0.2, 0.5])
+    assert maximum_token_uncertainty(logprobs) == pytest.approx(-math.log(0.2))
+    scores = score_all(MethodInput(_trace(logprobs, np.zeros(3))), tad_available=False)
+    assert scores.get(Method.MAX_TOKEN_UNCERTAINTY) == pytest.approx(-math.log(0.2))
+    assert math.isnan(maximum_token_uncertainty(np.zeros(0)))
 
 
 def test_the_registry_is_what_every_consumer_sees() -> None:

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from app.settings import Settings
+from app.uncertainty.methods import METHODS
 from tests.app.live_server import live_server
 
 MESSAGES = [{"role": "user", "content": "what is the capital of france ?"}]
@@ -35,7 +36,7 @@ def test_chat_completion_with_logprobs_and_uncertainty(client: openai.OpenAI) ->
         assert len(item.top_logprobs) == 3 and item.top_logprobs[0].logprob >= item.logprob - 1e-6
     assert "".join(t.token for t in content).replace(" ", "") == choice.message.content.replace(" ", "")
     extension = completion.model_extra["uncertainty"]
-    assert set(extension["sequence"]) == {"tad", "msp", "perplexity", "mean_token_entropy"}
+    assert set(extension["sequence"]) == {method.name for method in METHODS}  # every registered method
     assert len(extension["tokens"]) == len(content) and extension["decision"]["method"] == "tad"
 
 
