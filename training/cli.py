@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
     fit.add_argument("--mlp-width", type=int, default=256)
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
+    fit.add_argument(
+        "--conventions",
+        nargs="+",
+        choices=("generating", "consuming"),
+        default=["generating", "consuming"],
+        help="attention conventions to cross-validate (docs/method.md §2); generating wins unless consuming "
+        "beats it by more than its CV std",
+    )
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -142,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     elif args.command == "fit":
+        from app.uncertainty.features import Convention
         from training.commands.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
 
         manifest = run_fit(
@@ -156,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
                 mlp=args.mlp,
                 mlp_width=args.mlp_width,
                 mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
+                conventions=tuple(Convention(c) for c in args.conventions),
             )
         )
         chosen = manifest.metrics["cv"]["chosen"]

@@ -7,7 +7,7 @@
         token_ids.npy                [tokens] int32
         stat-<name>.npy              [tokens] float64, one per token statistic (app/engine/token_stats.py),
                                      e.g. stat-logprob.npy (raw-logit log-probabilities), stat-entropy.npy
-        attention.npy                [tokens, layers, heads, lags] float32 (memory-mapped on read)
+        attention.npy                [tokens, layers, heads, lags + 1] float32 step rows (memory-mapped on read)
 
 A shard folder exists only when all its files are written (it is written under a
 temporary name and renamed), so an interrupted run never leaves a half shard behind.
@@ -51,8 +51,8 @@ class TextTrace(TokenTrace):
         return str(self.meta["dataset"])
 
     def token_trace(self, n_lags: int | None = None) -> TokenTrace:
-        """The trace the uncertainty methods read (attention cut to `n_lags` lags)."""
-        attention = np.asarray(self.attention if n_lags is None else self.attention[..., :n_lags])
+        """The trace the uncertainty methods read (step rows cut to keys 0..`n_lags` back)."""
+        attention = np.asarray(self.attention if n_lags is None else self.attention[..., : n_lags + 1])
         return TokenTrace(token_ids=tuple(int(t) for t in self.token_ids), stats=self.stats, attention=attention)
 
 

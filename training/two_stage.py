@@ -42,7 +42,7 @@ class FitText:
     target: float
     stats: dict[str, np.ndarray]
     probs: np.ndarray
-    attention: np.ndarray  # [n, layers, heads, lags], possibly a memory map
+    attention: np.ndarray  # step rows [n, layers, heads, lags + 1], possibly a memory map
 
     @classmethod
     def from_trace(cls, trace: TextTrace, n_lags: int) -> FitText:
@@ -52,7 +52,7 @@ class FitText:
             target=trace.target,
             stats={name: np.asarray(values) for name, values in trace.stats.items()},
             probs=token_probabilities(trace.logprobs),
-            attention=trace.attention[..., :n_lags],
+            attention=trace.attention[..., : n_lags + 1],
         )
 
     def __len__(self) -> int:

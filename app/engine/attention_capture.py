@@ -1,7 +1,8 @@
 """Attention rows for TAD without eager attention or an extra forward pass.
 
-TAD needs, per generated token, the attention weight from that token (as query) to
-its N preceding positions, for every layer and query head. Eager attention would
+TAD needs, per decode step, the attention weight from the step's query to the positions
+0..N back from it (0 back = the query itself), for every layer and query head: one
+capture serves both feature conventions (docs/method.md §2). Eager attention would
 materialise every T x T matrix of every layer; instead this module registers an
 attention function with transformers that computes the layer output exactly as
 `sdpa` does and, only when a forward asks for it, the few weights TAD reads:
@@ -47,9 +48,9 @@ class AttentionCapture:
     """A request, passed through the model's forward kwargs, for attention rows.
 
     `query_start`: index (within this forward's queries) of the first query whose row
-    is wanted. `stacked()` returns `[batch, queries, layers, heads, n_lags]` float32 where
-    slot `l - 1` holds the weight to the key `l` positions before the query; slots that
-    point before position 0 are zero.
+    is wanted. `stacked()` returns `[batch, queries, layers, heads, n_lags + 1]` float32
+    where slot `k` holds the weight to the key `k` positions before the query (slot 0: the
+    query's own position); slots that point before position 0 are zero.
 
     On a decode step each layer only stores references (its packed query, the cache's
     keys and the softmax log-sum-exp the fused kernel returned); the weights of all layers
@@ -71,7 +72,7 @@ class AttentionCapture:
         self.decode_steps = [None] * self.num_layers
 
     def stacked(self) -> torch.Tensor:
-        """All layers as one `[batch, queries, layers, heads, n_lags]` float32 tensor on CPU."""
+        """All layers as one `[batch, queries, layers, heads, n_lags + 1]` float32 tensor on CPU."""
         if all(step is not None for step in self.decode_steps):
             return self._decode_weights()
         missing = [i for i, row in enumerate(self.rows) if row is None]
@@ -86,17 +87,17 @@ class AttentionCapture:
         steps: list[_DecodeStep] = self.decode_steps  # type: ignore[assignment]
         device = steps[0].query.device
         kv_length = steps[0].key.shape[2]
-        n_window = min(self.n_lags, kv_length - 1)
+        n_window = min(self.n_lags + 1, kv_length)
         queries = torch.stack([step.query.to(device) for step in steps])  # [L, b, kvh, g, d]
-        windows = torch.stack([step.key[:, :, kv_length - 1 - n_window : kv_length - 1].to(device) for step in steps])
+        windows = torch.stack([step.key[:, :, kv_length - n_window : kv_length].to(device) for step in steps])
         log_sum_exp = torch.stack([step.log_sum_exp.to(device) for step in steps]).unsqueeze(-1)
         scores = torch.matmul(queries.float(), windows.float().transpose(-1, -2))  # [L, b, kvh, g, window]
         weights = torch.exp(scores.mul_(steps[0].scale).sub_(log_sum_exp.float())).flip(-1)
-        if n_window < self.n_lags:
-            weights = torch.nn.functional.pad(weights, (0, self.n_lags - n_window))
+        if n_window < self.n_lags + 1:
+            weights = torch.nn.functional.pad(weights, (0, self.n_lags + 1 - n_window))
         layers, batch, kv_heads, groups, _ = weights.shape
-        # [L, b, kvh * g = heads, lags] -> [b, 1, L, heads, lags]
-        weights = weights.reshape(layers, batch, kv_heads * groups, self.n_lags).permute(1, 0, 2, 3)
+        # [L, b, kvh * g = heads, slots] -> [b, 1, L, heads, slots]
+        weights = weights.reshape(layers, batch, kv_heads * groups, self.n_lags + 1).permute(1, 0, 2, 3)
         return weights.unsqueeze(1).contiguous().cpu()
 
     def additive_mask(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -109,11 +110,11 @@ class AttentionCapture:
 
 
 def _lag_window(scores: torch.Tensor, query_positions: torch.Tensor, n_lags: int) -> torch.Tensor:
-    """Gather, for each query row of `scores` `[..., queries, keys]`, the keys 1..n_lags before it."""
-    lags = torch.arange(1, n_lags + 1, device=scores.device)
+    """Gather, for each query row of `scores` `[..., queries, keys]`, the keys 0..n_lags before it."""
+    lags = torch.arange(0, n_lags + 1, device=scores.device)
     key_index = query_positions[:, None] - lags[None, :]  # [queries, lags]
     valid = key_index >= 0
-    gathered = scores.gather(-1, key_index.clamp(min=0).expand(*scores.shape[:-1], n_lags).contiguous())
+    gathered = scores.gather(-1, key_index.clamp(min=0).expand(*scores.shape[:-1], n_lags + 1).contiguous())
     return gathered.masked_fill(~valid, float("-inf"))
 
 
@@ -179,7 +180,7 @@ def _scored_rows(
     scaling: float,
     capture: AttentionCapture,
 ) -> torch.Tensor:
-    """Weights `[batch, heads, wanted queries, n_lags]` from explicit score rows (any query count)."""
+    """Weights `[batch, heads, wanted queries, n_lags + 1]` from explicit score rows (any query count)."""
     q_length, kv_length = query.shape[2], key.shape[2]
     wanted = query[:, :, capture.query_start :, :].float()
     keys = repeat_kv(key, query.shape[1] // key.shape[1]).float()

@@ -35,6 +35,7 @@ class DecodeContext:
     pad_token_id: int
     num_layers: int
     allow_fused_kernel: bool = True
+    last_row: bool = True  # compute the last token's own step row (the consuming convention needs it)
 
     @property
     def capturing(self) -> bool:
@@ -116,7 +117,10 @@ class DecodeBatch:
                 logits_to_keep=1,
             )
         sequences = [
-            SequenceState(request=r, generator=make_generator(r.params), wants_rows=context.capturing) for r in requests
+            SequenceState(
+                request=r, generator=make_generator(r.params), wants_rows=context.capturing, last_row=context.last_row
+            )
+            for r in requests
         ]
         batch = cls(context, sequences, cache, mask, mask.long().sum(-1))
         batch._choose_next(output.logits[:, -1, :], active=list(range(len(sequences))))

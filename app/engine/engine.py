@@ -25,7 +25,11 @@ class PromptError(ValueError):
 class Engine:
     """Tokenisation, chat templates, batched generation with capture, teacher-forced scoring."""
 
-    def __init__(self, loaded: LoadedModel, n_lags: int, allow_fused_kernel: bool = True) -> None:
+    def __init__(
+        self, loaded: LoadedModel, n_lags: int, allow_fused_kernel: bool = True, last_row: bool = True
+    ) -> None:
+        """`n_lags`: capture keys 0..n_lags back at every step (0 = no capture); `last_row`: also the last
+        token's own step row, which only the consuming convention reads (docs/method.md §2)."""
         self.loaded = loaded
         tokenizer = loaded.tokenizer
         stop_ids = set(tokenizer.all_special_ids)
@@ -45,6 +49,7 @@ class Engine:
             pad_token_id=int(pad),
             num_layers=loaded.identity.num_layers,
             allow_fused_kernel=allow_fused_kernel,
+            last_row=last_row,
         )
 
     # ------------------------------------------------------------------ facts

@@ -57,13 +57,16 @@ class TokenRecord:
 class SequenceState:
     """Mutable per-sequence state, advanced one token per decode step.
 
-    `attention_rows[j]` is the attention row of `tokens[j]` (`[layers, heads, n_lags]`);
-    it arrives one step after the token, from the step that consumes it.
+    `attention_rows[j]` is the step row of the forward that consumes `tokens[j]`
+    (`[layers, heads, n_lags + 1]`, docs/method.md §2); it arrives one step after the token.
+    `last_row`: whether the last kept token's own step row is wanted too (the consuming
+    convention); an answer cut by its length limit then needs one more 1-token step.
     """
 
     request: GenerationRequest
     generator: torch.Generator | None
     wants_rows: bool = True
+    last_row: bool = True
     tokens: list[TokenRecord] = field(default_factory=list)
     attention_rows: list[np.ndarray] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -84,7 +87,8 @@ class SequenceState:
     @property
     def needs_final_row(self) -> bool:
         """Finished, but the attention row of its last kept token is still to be computed."""
-        return self.wants_rows and self.finished and not self.abandoned and len(self.attention_rows) < self.n_kept
+        needed = self.n_kept if self.last_row else self.n_kept - 1
+        return self.wants_rows and self.finished and not self.abandoned and len(self.attention_rows) < needed
 
     def finish(self, reason: FinishReason, n_kept: int | None = None) -> None:
         if self.finished:
@@ -95,7 +99,11 @@ class SequenceState:
     def abandon(self, reason: FinishReason) -> None:
         """Stop now, even if already finished and waiting for a last row; missing rows are not computed."""
         self.finish_reason = reason
-        self.n_kept = min(len(self.tokens), len(self.attention_rows)) if self.wants_rows else len(self.tokens)
+        if self.wants_rows:
+            rows = len(self.attention_rows)
+            self.n_kept = min(len(self.tokens), rows if self.last_row else rows + 1)
+        else:
+            self.n_kept = len(self.tokens)
         self.abandoned = True
 
     @property
@@ -103,7 +111,7 @@ class SequenceState:
         return self.tokens[: self.n_kept] if self.finished else self.tokens
 
     def kept_rows(self) -> np.ndarray | None:
-        """Rows of the kept tokens `[n, layers, heads, n_lags]`, or None without capture."""
+        """Step rows of the kept tokens `[<= n, layers, heads, n_lags + 1]`, or None without capture."""
         if not self.wants_rows:
             return None
         rows = self.attention_rows[: len(self.kept_tokens)]

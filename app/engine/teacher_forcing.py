@@ -45,7 +45,7 @@ def score_responses(context: DecodeContext, pairs: Sequence[tuple[Sequence[int],
         )
     # logits[:, j] predicts the token at column width - longest + j.
     logits = output.logits[:, :-1, :]
-    rows = capture.stacked().numpy() if capture is not None else None  # [b, longest, L, H, N]
+    rows = capture.stacked().numpy() if capture is not None else None  # [b, longest, L, H, N + 1]
     traces = []
     for index, (_, response) in enumerate(pairs):
         count = lengths[index]
@@ -70,5 +70,5 @@ def _empty_trace(context: DecodeContext) -> TokenTrace:
     return TokenTrace(
         token_ids=(),
         stats={name: np.zeros(0) for name in TOKEN_STATISTICS},
-        attention=None if not context.capturing else np.zeros((0, 0, 0, context.n_lags), dtype=np.float32),
+        attention=None if not context.capturing else np.zeros((0, 0, 0, context.n_lags + 1), dtype=np.float32),
     )

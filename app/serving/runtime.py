@@ -26,6 +26,7 @@ from app.settings import Settings
 from app.telemetry import ServiceMetrics
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
+from app.uncertainty.features import Convention
 from app.uncertainty.methods import Method
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,9 @@ class Runtime:
         )
         if artifact is not None:
             artifact.check_model(loaded.identity)
-        self.engine = Engine(loaded, n_lags=n_lags)
+        # The generating convention never reads the last token's own step row: no extra step for it.
+        last_row = artifact is None or artifact.convention is Convention.CONSUMING
+        self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row)
         self.artifact = artifact
         self.scorer = AnswerScorer(artifact)
         self._check_policy()

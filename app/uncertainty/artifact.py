@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation
-from app.uncertainty.features import FEATURE_ORDER, FeatureSpec
+from app.uncertainty.features import FEATURE_ORDER, Convention, FeatureSpec
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
 
@@ -39,11 +39,19 @@ class FeatureInfo(BaseModel):
     n_lags: int = Field(ge=1)
     num_layers: int = Field(ge=1)
     num_heads: int = Field(ge=1)
+    # Artifacts from before the field existed were all trained with the consuming convention.
+    convention: Convention = Convention.CONSUMING
     stage1_size: int
     stage2_size: int
 
     def spec(self) -> FeatureSpec:
-        return FeatureSpec(n_lags=self.n_lags, num_layers=self.num_layers, num_heads=self.num_heads, order=self.order)
+        return FeatureSpec(
+            n_lags=self.n_lags,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            order=self.order,
+            convention=self.convention,
+        )
 
 
 class RegressorInfo(BaseModel):
@@ -99,6 +107,10 @@ class TadArtifact:
     @property
     def n_lags(self) -> int:
         return self.manifest.features.n_lags
+
+    @property
+    def convention(self) -> Convention:
+        return self.manifest.features.convention
 
     def check_model(self, identity: ModelIdentity) -> None:
         """Refuse a model other than the one the regressor was trained on."""

@@ -6,6 +6,13 @@ Ordering `tad-v1` for token i >= 2 (1-based), with N lags:
     then           [ p_i ]
 
 and zeros wherever i - l < 1. Stage 1 uses only `[p_{i-1}, ..., p_{i-N}, p_i]`.
+
+Attention comes as *step rows*: `rows[j]` is `[layers, heads, N + 1]` from the forward step
+that consumes token j + 1 (1-based), slot k = the weight to the key k positions back from
+that step's query. `a_{i,i-l}` is then, by the spec's convention (docs/method.md §2):
+
+- consuming: the step consuming y_i, key l back:        rows[i - 1][..., l]
+- generating: the step producing y_i (consuming y_{i-1}): rows[i - 2][..., l - 1]
 Vectors are float32; probabilities are computed from log-probabilities with `math.exp`
 one value at a time, so every caller gets the same bits for the same token.
 """
@@ -15,11 +22,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
 FEATURE_ORDER = "tad-v1"
 FEATURE_DTYPE = np.float32
+
+
+class Convention(StrEnum):
+    """Which forward step's attention row belongs to a token."""
+
+    CONSUMING = "consuming"  # the step that consumes y_i (query: y_i's position)
+    GENERATING = "generating"  # the step that produces y_i (query: y_{i-1}'s position); the authors' code
 
 
 @dataclass(frozen=True)
@@ -30,6 +45,21 @@ class FeatureSpec:
     num_layers: int
     num_heads: int
     order: str = FEATURE_ORDER
+    convention: Convention = Convention.CONSUMING
+
+    @property
+    def row_shift(self) -> int:
+        """Token j (0-based) reads step row j - row_shift."""
+        return 1 if self.convention is Convention.GENERATING else 0
+
+    @property
+    def slot_shift(self) -> int:
+        """Lag l reads slot l - 1 + slot_shift of that row."""
+        return 0 if self.convention is Convention.GENERATING else 1
+
+    def rows_needed(self, n_tokens: int) -> int:
+        """Step rows a sequence of n tokens needs (the generating convention never needs the last one)."""
+        return max(n_tokens - self.row_shift, 0)
 
     @property
     def attention_size(self) -> int:
@@ -57,6 +87,7 @@ class FeatureSpec:
             "n_lags": self.n_lags,
             "num_layers": self.num_layers,
             "num_heads": self.num_heads,
+            "convention": self.convention.value,
             "stage1_size": self.stage1_size,
             "stage2_size": self.stage2_size,
         }
@@ -78,26 +109,23 @@ def stage1_features(probs: np.ndarray, n_lags: int) -> np.ndarray:
     return features
 
 
-def stage2_features(probs: np.ndarray, confidences: np.ndarray, attention: np.ndarray, spec: FeatureSpec) -> np.ndarray:
-    """Stage-2 vectors `[n - 1, spec.stage2_size]` of tokens 2..n.
-
-    `attention[j]` is the row of token j + 1 (1-based) `[layers, heads, lags]`.
-    """
+def stage2_features(probs: np.ndarray, confidences: np.ndarray, rows: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+    """Stage-2 vectors `[n - 1, spec.stage2_size]` of tokens 2..n from step rows (see the module docstring)."""
     n = len(probs)
     features = np.zeros((max(n - 1, 0), spec.stage2_size), dtype=FEATURE_DTYPE)
     if n < 2:
         return features
-    _check_attention(attention, n, spec)
+    _check_rows(rows, n, spec)
     for lag in range(1, spec.n_lags + 1):
-        rows = np.arange(lag - 1, n - 1)
-        if len(rows) == 0:
+        targets = np.arange(lag - 1, n - 1)  # feature row r describes token r + 1 (0-based)
+        if len(targets) == 0:
             break
-        earlier = rows + 1 - lag
+        earlier = targets + 1 - lag
         offset = (lag - 1) * spec.lag_block
-        features[rows, offset] = probs[earlier]
-        features[rows, offset + 1] = confidences[earlier]
-        block = attention[rows + 1, :, :, lag - 1].reshape(len(rows), spec.attention_size)
-        features[rows, offset + 2 : offset + spec.lag_block] = block
+        features[targets, offset] = probs[earlier]
+        features[targets, offset + 1] = confidences[earlier]
+        block = rows[targets + 1 - spec.row_shift, :, :, lag - 1 + spec.slot_shift]
+        features[targets, offset + 2 : offset + spec.lag_block] = block.reshape(len(targets), spec.attention_size)
     features[:, -1] = probs[1:]
     return features
 
@@ -106,21 +134,27 @@ def stage2_feature_row(
     index: int,
     probs: Sequence[float] | np.ndarray,
     confidences: Sequence[float] | np.ndarray,
-    attention_row: np.ndarray,
+    rows: Sequence[np.ndarray] | np.ndarray,
     spec: FeatureSpec,
 ) -> np.ndarray:
     """The stage-2 vector of the token at 0-based `index >= 1`, same bits as `stage2_features`."""
-    row = np.zeros(spec.stage2_size, dtype=FEATURE_DTYPE)
+    vector = np.zeros(spec.stage2_size, dtype=FEATURE_DTYPE)
+    row = rows[index - spec.row_shift]
     for lag in range(1, min(spec.n_lags, index) + 1):
         offset = (lag - 1) * spec.lag_block
-        row[offset] = probs[index - lag]
-        row[offset + 1] = confidences[index - lag]
-        row[offset + 2 : offset + spec.lag_block] = attention_row[:, :, lag - 1].reshape(spec.attention_size)
-    row[-1] = probs[index]
-    return row
+        vector[offset] = probs[index - lag]
+        vector[offset + 1] = confidences[index - lag]
+        vector[offset + 2 : offset + spec.lag_block] = row[:, :, lag - 1 + spec.slot_shift].reshape(spec.attention_size)
+    vector[-1] = probs[index]
+    return vector
 
 
-def _check_attention(attention: np.ndarray, n: int, spec: FeatureSpec) -> None:
-    expected = (n, spec.num_layers, spec.num_heads, spec.n_lags)
-    if attention.shape != expected:
-        raise ValueError(f"attention rows have shape {attention.shape}, expected {expected}")
+def _check_rows(rows: np.ndarray, n: int, spec: FeatureSpec) -> None:
+    needed = spec.rows_needed(n)
+    if rows.ndim != 4 or rows.shape[0] < needed or rows.shape[1:3] != (spec.num_layers, spec.num_heads):
+        raise ValueError(
+            f"attention rows have shape {rows.shape}, expected at least "
+            f"({needed}, {spec.num_layers}, {spec.num_heads}, >= {spec.n_lags + spec.slot_shift})"
+        )
+    if rows.shape[3] < spec.n_lags + spec.slot_shift:
+        raise ValueError(f"attention rows hold {rows.shape[3]} slots; {spec.n_lags} lags need more")

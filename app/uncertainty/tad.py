@@ -43,7 +43,9 @@ class TadStream:
     def advance(self, logprobs: Sequence[float], attention_rows: Sequence[np.ndarray]) -> list[float]:
         """Score every token that can be scored now; return the new confidences.
 
-        Token 1 needs only its probability; token i >= 2 also needs its attention row.
+        Token 1 needs only its probability; token i >= 2 also needs its attention row: under
+        the generating convention it exists as soon as the token is sampled, under the
+        consuming one a step later. `attention_rows` are step rows (docs/method.md §2).
         """
         fresh: list[float] = []
         if len(logprobs) > len(self._probs):
@@ -51,12 +53,12 @@ class TadStream:
         probs = self._probs
         while len(self.confidences) < len(logprobs):
             index = len(self.confidences)
-            if index > 0 and index >= len(attention_rows):
+            if index > 0 and index - self.scorer.spec.row_shift >= len(attention_rows):
                 break
             if index == 0:
                 confidence = float(probs[0])
             else:
-                row = stage2_feature_row(index, probs, self.confidences, attention_rows[index], self.scorer.spec)
+                row = stage2_feature_row(index, probs, self.confidences, attention_rows, self.scorer.spec)
                 if self.keep_features:
                     self.features.append(row)
                 raw = predict_one(self.scorer.regressor, row)
@@ -77,11 +79,12 @@ class TadScorer:
         return TadStream(scorer=self, keep_features=keep_features)
 
     def confidences(self, logprobs: np.ndarray, attention: np.ndarray | None) -> np.ndarray:
-        """Confidences of a whole sequence `[n]` (attention `[n, layers, heads, lags]`)."""
+        """Confidences of a whole sequence `[n]` (step rows `[>= rows_needed(n), layers, heads, slots]`)."""
         if len(logprobs) == 0:
             return np.zeros(0)
-        if attention is None or len(attention) < len(logprobs):
-            raise ValueError("TAD needs one attention row per scored token")
+        needed = self.spec.rows_needed(len(logprobs))
+        if needed and (attention is None or len(attention) < needed):
+            raise ValueError(f"TAD needs {needed} attention rows for {len(logprobs)} tokens")
         stream = self.stream()
-        stream.advance(list(logprobs), list(attention))
+        stream.advance(list(logprobs), [] if attention is None else list(attention))
         return np.array(stream.confidences, dtype=np.float64)

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo, write_manifest
-from app.uncertainty.features import FeatureSpec
+from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES
 from app.uncertainty.tad import Regressor, TadScorer
 from training.rejection import prediction_rejection_ratio
@@ -69,6 +69,7 @@ class FitOptions:
     mlp: bool = False
     mlp_width: int = 256
     mlp_grid: dict[str, Sequence[float]] = field(default_factory=lambda: dict(MLP_GRIDS["paper"]))
+    conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
 
 
 @dataclass
@@ -318,20 +319,70 @@ def library_versions() -> dict[str, str]:
     return {name: version(name) for name in ("scikit-learn", "numpy", "torch", "transformers")}
 
 
-def run_fit(options: FitOptions) -> Manifest:
-    started = time.monotonic()
-    texts, settings, lags = load_runs(options.runs, options.n_lags)
-    identity = ModelIdentity.model_validate(settings["identity"])
-    spec = FeatureSpec(n_lags=lags, num_layers=identity.num_layers, num_heads=identity.num_heads)
-    logger.info(
-        "fitting on %d texts, %d tokens, %d stage-2 features", len(texts), sum(len(t) for t in texts), spec.stage2_size
-    )
+@dataclass
+class ConventionResult:
+    """Cross-validation of every candidate under one attention convention."""
+
+    spec: FeatureSpec
+    data: FoldData
+    table: list[dict[str, Any]]
+    best: dict[str, dict[str, Any]]
+    chosen_row: dict[str, Any]
+    baselines: dict[str, list[float]]
+
+    @property
+    def prr(self) -> float:
+        value = self.chosen_row["prr_mean"]
+        return -math.inf if math.isnan(value) else float(value)
+
+    def summary(self) -> dict[str, Any]:
+        return {"chosen": self.chosen_row, "best_per_variant": self.best}
+
+
+def cross_validate_convention(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptions) -> ConventionResult:
     data = prepare_folds(texts, spec, options)
     candidates, baselines = cross_validate(texts, spec, data, options)
     table = cv_table(candidates)
     best = best_per_variant(table)
     ranked = sorted(best.values(), key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"])
-    chosen_row = ranked[-1]
+    return ConventionResult(spec, data, table, best, ranked[-1], baselines)
+
+
+def choose_convention(results: dict[Convention, ConventionResult]) -> Convention:
+    """The authors' (generating) convention, unless the consuming one beats it by more than its CV std."""
+    if len(results) == 1:
+        return next(iter(results))
+    generating, consuming = results[Convention.GENERATING], results[Convention.CONSUMING]
+    margin = float(consuming.chosen_row["prr_std"])
+    return Convention.CONSUMING if consuming.prr > generating.prr + margin else Convention.GENERATING
+
+
+def run_fit(options: FitOptions) -> Manifest:
+    started = time.monotonic()
+    texts, settings, lags = load_runs(options.runs, options.n_lags)
+    identity = ModelIdentity.model_validate(settings["identity"])
+    results = {}
+    for convention in options.conventions:
+        spec = FeatureSpec(
+            n_lags=lags, num_layers=identity.num_layers, num_heads=identity.num_heads, convention=convention
+        )
+        logger.info(
+            "fitting (%s convention) on %d texts, %d tokens, %d stage-2 features",
+            convention.value,
+            len(texts),
+            sum(len(t) for t in texts),
+            spec.stage2_size,
+        )
+        results[convention] = cross_validate_convention(texts, spec, options)
+    result = results[choose_convention(results)]
+    spec, data, table, best, chosen_row, baselines = (
+        result.spec,
+        result.data,
+        result.table,
+        result.best,
+        result.chosen_row,
+        result.baselines,
+    )
     chosen = Variant(chosen_row["variant"])
     other = Variant.PAPER_EXACT if chosen is Variant.LEAK_FREE else Variant.LEAK_FREE
     order = [(chosen, float(best[chosen.value]["alpha"])), (other, float(best[other.value]["alpha"]))]
@@ -368,6 +419,7 @@ def run_fit(options: FitOptions) -> Manifest:
             n_lags=spec.n_lags,
             num_layers=spec.num_layers,
             num_heads=spec.num_heads,
+            convention=spec.convention,
             stage1_size=spec.stage1_size,
             stage2_size=spec.stage2_size,
         ),
@@ -383,6 +435,9 @@ def run_fit(options: FitOptions) -> Manifest:
                 "selection": "mean PRR at 50% rejection over held-out folds",
                 "chosen": chosen_row,
                 "best_per_variant": best,
+                "convention": spec.convention.value,
+                "conventions": {c.value: r.summary() for c, r in results.items()},
+                "convention_rule": "generating unless consuming's CV PRR exceeds it by more than consuming's CV std",
                 "baselines": {name: {"prr_mean": _mean(v), "prr_folds": v} for name, v in baselines.items()},
                 "grid": table,
                 "mlp": mlp_summary,

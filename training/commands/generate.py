@@ -33,6 +33,8 @@ from training.tasks import max_new_tokens as default_length
 logger = logging.getLogger(__name__)
 
 PROMPT_VERSION = "prompts-v1"
+# Step rows with keys 0..N back from each step's query (docs/method.md §2).
+CAPTURE_VERSION = "step-rows-v2"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) 
         "shard_size": options.shard_size,
         "max_prompt_tokens": options.max_prompt_tokens,
         "prompts": PROMPT_VERSION,
+        "capture": CAPTURE_VERSION,
     }
 
 
@@ -141,7 +144,7 @@ def answer_records(
             trace = engine.trace(sequence)
             attention = trace.attention
             if attention is None:
-                attention = np.zeros((0, engine.identity.num_layers, engine.identity.num_heads, engine.n_lags))
+                attention = np.zeros((0, engine.identity.num_layers, engine.identity.num_heads, engine.n_lags + 1))
             meta = {
                 "key": f"{located.dataset}/{located.record.id}",
                 "id": located.record.id,
@@ -185,8 +188,9 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         len(todo),
         len(mine) - len(todo),
     )
-    engine = Engine(loaded, n_lags=options.n_lags)
-    shape = (loaded.identity.num_layers, loaded.identity.num_heads, options.n_lags)
+    # Every step row, the last token's included, so that a run serves both conventions.
+    engine = Engine(loaded, n_lags=options.n_lags, last_row=True)
+    shape = (loaded.identity.num_layers, loaded.identity.num_heads, options.n_lags + 1)
     with tqdm(total=sum(len(shards[i]) for i in todo), desc=f"generate [{distribution.rank}]", unit="text") as bar:
         for index in todo:
             texts = answer_records(

@@ -12,19 +12,19 @@ from app.engine.engine import Engine
 def eager_rows(
     model: PreTrainedModel, prompt: list[int], answer: list[int], n_lags: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Reference (rows [n, layers, heads, lags] with METHOD.md's zero padding, raw log-probs [n])."""
+    """Reference (step rows [n, layers, heads, lags + 1]: slot k = key k back, raw log-probs [n])."""
     ids = torch.tensor([prompt + answer])
     with torch.no_grad():
         output = model(ids, output_attentions=True)
     start, n = len(prompt), len(answer)
     layers = len(output.attentions)
     heads = output.attentions[0].shape[1]
-    rows = np.zeros((n, layers, heads, n_lags), dtype=np.float32)
+    rows = np.zeros((n, layers, heads, n_lags + 1), dtype=np.float32)
     for i in range(n):
         query = start + i
-        for lag in range(1, min(n_lags, i) + 1):
+        for back in range(0, min(n_lags, i) + 1):
             for layer in range(layers):
-                rows[i, layer, :, lag - 1] = output.attentions[layer][0, :, query, query - lag].numpy()
+                rows[i, layer, :, back] = output.attentions[layer][0, :, query, query - back].numpy()
     log_probs = torch.log_softmax(output.logits[0, start - 1 : start + n - 1].float(), dim=-1)
     logprobs = log_probs.gather(-1, torch.tensor(answer)[:, None])[:, 0].double().numpy()
     return rows, logprobs
@@ -34,7 +34,7 @@ def generated_only(rows: np.ndarray) -> np.ndarray:
     """Zero the slots whose key is not a generated token (METHOD.md: only generated tokens are keys)."""
     rows = rows.copy()
     for i in range(len(rows)):
-        rows[i, :, :, i:] = 0.0
+        rows[i, :, :, i + 1 :] = 0.0
     return rows
 
 

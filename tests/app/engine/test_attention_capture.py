@@ -52,6 +52,7 @@ def test_capture_does_not_change_the_output(engine: Engine) -> None:
         captured = model(ids, tad_capture=capture).logits
     assert torch.allclose(plain, captured, atol=1e-6)
     rows = capture.stacked()
-    assert rows.shape == (1, ids.shape[1] - 5, engine.identity.num_layers, engine.identity.num_heads, engine.n_lags)
-    # Weights of a softmax row: non-negative, and the N lags hold at most all of its mass.
+    shape = (1, ids.shape[1] - 5, engine.identity.num_layers, engine.identity.num_heads, engine.n_lags + 1)
+    assert rows.shape == shape  # keys 0..N back from each query
+    # Weights of a softmax row: non-negative, and the N + 1 keys hold at most all of its mass.
     assert (rows >= 0).all() and (rows.sum(-1) <= 1 + 1e-6).all()

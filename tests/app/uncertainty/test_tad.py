@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from sklearn.linear_model import Ridge
 from sklearn.neural_network import MLPRegressor
 
-from app.uncertainty.features import FeatureSpec, stage2_features, token_probabilities
+from app.uncertainty.features import Convention, FeatureSpec, stage2_features, token_probabilities
 from app.uncertainty.tad import TadScorer
 
 SPEC = FeatureSpec(n_lags=2, num_layers=1, num_heads=2)
@@ -21,7 +22,7 @@ def _linear(coef: np.ndarray, intercept: float) -> Ridge:
 def _inputs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     logprobs = np.log(rng.uniform(0.1, 1.0, n))
-    attention = rng.uniform(0, 0.5, (n, 1, 2, 2)).astype(np.float32)
+    attention = rng.uniform(0, 0.5, (n, 1, 2, 3)).astype(np.float32)  # step rows: keys 0..2 back
     return logprobs, attention
 
 
@@ -57,19 +58,23 @@ def test_features_seen_by_the_scorer_are_the_training_builder_s() -> None:
     assert np.stack(stream.features).tobytes() == rebuilt.tobytes()
 
 
-def test_streaming_in_arrival_order_equals_whole_sequence() -> None:
+@pytest.mark.parametrize("convention", list(Convention))
+def test_streaming_in_arrival_order_equals_whole_sequence(convention: Convention) -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=1, num_heads=2, convention=convention)
     rng = np.random.default_rng(3)
-    features = rng.uniform(0, 1, (200, SPEC.stage2_size))
+    features = rng.uniform(0, 1, (200, spec.stage2_size))
     mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=50, random_state=0).fit(features, features[:, -1])
-    for regressor in (_linear(rng.normal(0, 0.2, SPEC.stage2_size), 0.3), mlp):
-        scorer = TadScorer(regressor, SPEC, epsilon=1e-4)
+    for regressor in (_linear(rng.normal(0, 0.2, spec.stage2_size), 0.3), mlp):
+        scorer = TadScorer(regressor, spec, epsilon=1e-4)
         logprobs, attention = _inputs(7, seed=4)
         whole = scorer.confidences(logprobs, attention)
         stream = scorer.stream()
         got: list[float] = []
-        # Token i's probability arrives one step before its attention row.
+        # A token's step row (from the step consuming it) arrives one step after the token.
         for step in range(1, 8):
             got += stream.advance(list(logprobs[:step]), list(attention[: step - 1]))
+            if convention is Convention.GENERATING:
+                assert len(got) == step  # each token's confidence is known the moment it is sampled
         got += stream.advance(list(logprobs), list(attention))
         assert got == list(whole)
         assert got[0] == float(token_probabilities(logprobs[:1])[0])
