@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--shard-size", type=int, default=64, help="records per shard")
     generate.add_argument("--max-prompt-tokens", type=int, default=2048)
     generate.add_argument("--dtype", default="auto")
+    generate.add_argument(
+        "--prompt-style",
+        choices=("task", "bare"),
+        default="task",
+        help="task: the task's instruction (short answers); bare: the question alone, as users ask (64 tokens)",
+    )
     _add_generation_options(generate)
 
     fit = commands.add_parser(
@@ -132,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     if args.command == "generate":
         from training.commands.generate import GenerateOptions, run_generate
+        from training.tasks import PromptStyle
 
         run_generate(
             GenerateOptions(
@@ -147,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                 device=args.device,
                 dtype=args.dtype,
                 cache_dir=args.cache_dir,
+                prompt_style=PromptStyle(args.prompt_style),
             )
         )
     elif args.command == "fit":

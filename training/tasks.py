@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from training.data import LETTERS, QARecord, Task
 from training.targets import (
@@ -73,19 +74,36 @@ TASKS: dict[Task, TaskSpec] = {
     ),
 }
 
+# Bare questions keep what a question cannot be answered without (a passage, the options).
+_NEEDS_CONTEXT = (Task.EXTRACTIVE_QA, Task.MULTIPLE_CHOICE)
+
 _MISSING = set(Task) - set(TASKS)
 if _MISSING:
     raise RuntimeError(f"tasks without an entry in the task table: {sorted(_MISSING)}")
 
 
-def build_messages(record: QARecord) -> list[dict[str, str]]:
-    """The user turn for a record: task instruction, any passage or options, the question."""
+class PromptStyle(StrEnum):
+    """How a record is asked: with the task's instruction, or bare, the way users ask in a chat."""
+
+    TASK = "task"
+    BARE = "bare"
+
+
+BARE_MAX_NEW_TOKENS = 64
+
+
+def build_messages(record: QARecord, style: PromptStyle = PromptStyle.TASK) -> list[dict[str, str]]:
+    """The user turn for a record: any passage or options, the question, and (task style) the instruction."""
     spec = TASKS[record.task]
+    if style is PromptStyle.BARE:
+        content = spec.prompt_body(record, "").rstrip()
+        content = content.removeprefix("Question: ") if record.task not in _NEEDS_CONTEXT else content
+        return [{"role": "user", "content": content}]
     return [{"role": "user", "content": spec.prompt_body(record, spec.instruction)}]
 
 
-def max_new_tokens(task: Task) -> int:
-    return TASKS[task].max_new_tokens
+def max_new_tokens(task: Task, style: PromptStyle = PromptStyle.TASK) -> int:
+    return BARE_MAX_NEW_TOKENS if style is PromptStyle.BARE else TASKS[task].max_new_tokens
 
 
 def score_answer(prediction: str, record: QARecord) -> float:

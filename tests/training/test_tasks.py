@@ -69,3 +69,16 @@ def test_score_answer_long_form_uses_best_rouge_l():
     record = _record(Task.LONG_FORM_QA, ["the cat sat on the mat", "dogs bark loudly"])
     # Best of 2/3 (LCS "the cat sat" against the first reference) and 0 (against the second).
     assert score_answer("the cat sat", record) == pytest.approx(2 / 3)
+
+
+def test_bare_style_asks_the_question_alone_but_keeps_passage_and_options():
+    from training.tasks import BARE_MAX_NEW_TOKENS, PromptStyle, max_new_tokens
+
+    open_qa = _record(Task.OPEN_QA, ["x"])
+    (message,) = build_messages(open_qa, PromptStyle.BARE)
+    assert message["content"] == open_qa.question
+    extractive = _record(Task.EXTRACTIVE_QA, ["x"], context="a passage")
+    assert "a passage" in build_messages(extractive, PromptStyle.BARE)[0]["content"]
+    assert "Bird" in build_messages(_mc_record("B"), PromptStyle.BARE)[0]["content"]
+    assert max_new_tokens(Task.MULTIPLE_CHOICE, PromptStyle.BARE) == BARE_MAX_NEW_TOKENS
+    assert max_new_tokens(Task.MULTIPLE_CHOICE) == 8

@@ -27,7 +27,7 @@ from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, read_records
 from training.runs import RUN_FILE, TextTrace, shard_done, write_shard
-from training.tasks import build_messages, score_answer
+from training.tasks import PromptStyle, build_messages, score_answer
 from training.tasks import max_new_tokens as default_length
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class GenerateOptions:
     device: str = "auto"
     dtype: str = "auto"
     cache_dir: Path | None = None
+    prompt_style: PromptStyle = PromptStyle.TASK
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) 
         "shard_size": options.shard_size,
         "max_prompt_tokens": options.max_prompt_tokens,
         "prompts": PROMPT_VERSION,
+        "prompt_style": options.prompt_style.value,
         "capture": CAPTURE_VERSION,
     }
 
@@ -120,11 +122,12 @@ def answer_records(
     max_prompt_tokens: int,
     bad: list[BadRecord],
     progress: tqdm | None = None,
+    style: PromptStyle = PromptStyle.TASK,
 ) -> list[TextTrace]:
     """Generate greedily for each record and score the answer; results in input order."""
     prompts: list[tuple[int, list[int]]] = []
     for position, located in enumerate(records):
-        ids = engine.encode_prompt(messages=build_messages(located.record))
+        ids = engine.encode_prompt(messages=build_messages(located.record, style))
         if len(ids) > max_prompt_tokens:
             bad.append(BadRecord(located.path, located.line, f"prompt has {len(ids)} tokens > {max_prompt_tokens}"))
             continue
@@ -137,7 +140,7 @@ def answer_records(
         requests = []
         for position, ids in chunk:
             task = records[position].record.task
-            limit = max_new_tokens or default_length(task)
+            limit = max_new_tokens or default_length(task, style)
             requests.append(GenerationRequest(prompt_ids=tuple(ids), params=SamplingParams(max_new_tokens=limit)))
         for (position, ids), sequence in zip(chunk, engine.generate(requests), strict=True):
             located = records[position]
@@ -156,6 +159,7 @@ def answer_records(
                 "answer": sequence.text,
                 "finish_reason": str(sequence.finish_reason),
                 "target": score_answer(sequence.text, located.record),
+                "prompt_style": style.value,
             }
             results[position] = TextTrace(
                 meta=meta,
@@ -194,7 +198,14 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     with tqdm(total=sum(len(shards[i]) for i in todo), desc=f"generate [{distribution.rank}]", unit="text") as bar:
         for index in todo:
             texts = answer_records(
-                engine, shards[index], options.max_new_tokens, options.batch_size, options.max_prompt_tokens, bad, bar
+                engine,
+                shards[index],
+                options.max_new_tokens,
+                options.batch_size,
+                options.max_prompt_tokens,
+                bad,
+                bar,
+                options.prompt_style,
             )
             write_shard(out, index, texts, shape)
     if distribution.rank != 0:
