@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rejection-curve PNG per dataset to --out.",
     )
     evaluate.add_argument("--out", type=Path, required=True, help="report folder")
+    evaluate.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (0: no intervals)")
     _add_artifact_and_run_options(evaluate)
 
     calibrate = commands.add_parser(
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         from training.commands.evaluate import report_markdown, run_evaluate
 
         source = _run_source(args, args.out / "run")
-        print(report_markdown(run_evaluate(args.artifact, source, args.out)), end="")
+        print(report_markdown(run_evaluate(args.artifact, source, args.out, args.bootstrap)), end="")
     elif args.command == "summary":
         from training.commands.summary import summarise
 

@@ -77,3 +77,29 @@ def roc_auc_wrong(uncertainty: np.ndarray, quality: np.ndarray) -> float:
 
 def accuracy(quality: np.ndarray) -> float:
     return float(np.mean(np.asarray(quality) >= CORRECT_THRESHOLD)) if len(quality) else math.nan
+
+
+def paired_bootstrap_prr(
+    scores: dict[str, np.ndarray], quality: np.ndarray, resamples: int = 1000, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """PRR of every method on the same `resamples` bootstrap resamples of the texts (paired).
+
+    Pairing matters: two methods' intervals overlap even when one beats the other on
+    almost every resample; differences must be taken resample by resample.
+    """
+    quality = np.asarray(quality, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(quality), size=(resamples, len(quality)))
+    return {
+        name: np.array([prediction_rejection_ratio(values[draw], quality[draw]) for draw in draws])
+        for name, values in scores.items()
+    }
+
+
+def interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
+    """Percentile interval of bootstrap samples (NaN samples, e.g. a resample with one class, left out)."""
+    finite = samples[np.isfinite(samples)]
+    if len(finite) == 0:
+        return None
+    tail = (1.0 - level) / 2.0 * 100.0
+    return float(np.percentile(finite, tail)), float(np.percentile(finite, 100.0 - tail))

@@ -163,3 +163,19 @@ def test_roc_auc_accepts_infinite_uncertainty_for_empty_answers():
     uncertainty = np.array([0.1, 0.2, np.inf, 0.3])
     quality = np.array([1.0, 1.0, 0.0, 0.0])
     assert roc_auc_wrong(uncertainty, quality) == 1.0
+
+
+def test_paired_bootstrap_intervals_cover_the_estimate_and_pair_the_methods():
+    from training.rejection import interval, paired_bootstrap_prr
+
+    rng = np.random.default_rng(0)
+    quality = (rng.uniform(size=400) < 0.4).astype(float)
+    good = -quality + rng.normal(0, 0.5, 400)  # informative: right answers are less uncertain
+    noise = rng.normal(0, 1, 400)
+    samples = paired_bootstrap_prr({"good": good, "noise": noise}, quality, resamples=300, seed=1)
+    low, high = interval(samples["good"])
+    assert low < prediction_rejection_ratio(good, quality) < high and low > 0.2
+    low_noise, high_noise = interval(samples["noise"])
+    assert low_noise < 0 < high_noise
+    difference_low, _ = interval(samples["good"] - samples["noise"])
+    assert difference_low > 0  # paired: the informative score wins on (almost) every resample

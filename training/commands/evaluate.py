@@ -12,10 +12,12 @@ import numpy as np
 
 from app.numeric import finite_or_none
 from app.uncertainty.artifact import TadArtifact, load_artifact
-from app.uncertainty.methods import METHODS
+from app.uncertainty.methods import BASELINES, METHODS
 from training.rejection import (
     accuracy,
+    interval,
     oracle_curve,
+    paired_bootstrap_prr,
     prediction_rejection_ratio,
     rejection_curve,
     roc_auc_wrong,
@@ -39,34 +41,57 @@ def group_by_dataset(texts: Sequence[TextTrace]) -> dict[str, list[int]]:
 OVERALL = "overall"
 
 
-def _entry(table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int]) -> dict[str, Any]:
-    return {
+DEFAULT_SCORE = "tad"  # what the service decides with by default
+
+
+def _entry(
+    table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int], resamples: int, seed: int
+) -> dict[str, Any]:
+    scores = {method: values[indices] for method, values in table.items()}
+    prr = {method: prediction_rejection_ratio(values, quality) for method, values in scores.items()}
+    boot = paired_bootstrap_prr(scores, quality, resamples, seed) if resamples else {}
+    entry: dict[str, Any] = {
         "n": len(indices),
         "accuracy": finite_or_none(accuracy(quality)),
         "mean_quality": finite_or_none(float(quality.mean())),
         "methods": {
             method: {
-                "prr": finite_or_none(prediction_rejection_ratio(values[indices], quality)),
-                "roc_auc": finite_or_none(roc_auc_wrong(values[indices], quality)),
+                "prr": finite_or_none(prr[method]),
+                "prr_ci95": interval(boot[method]) if boot else None,
+                "roc_auc": finite_or_none(roc_auc_wrong(values, quality)),
             }
-            for method, values in table.items()
+            for method, values in scores.items()
         },
     }
+    baselines = [m.value for m in BASELINES if m.value in prr]
+    best = max(baselines, key=lambda name: prr[name] if np.isfinite(prr[name]) else -np.inf)
+    entry["default_vs_best_baseline"] = {
+        "default": DEFAULT_SCORE,
+        "best_baseline": best,
+        "difference": finite_or_none(prr[DEFAULT_SCORE] - prr[best]),
+        "ci95": interval(boot[DEFAULT_SCORE] - boot[best]) if boot else None,
+    }
+    return entry
 
 
-def build_report(artifact: TadArtifact, texts: Sequence[TextTrace]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """report.json content (per dataset, plus all texts pooled under "overall"), and the arrays for plots."""
+def build_report(
+    artifact: TadArtifact, texts: Sequence[TextTrace], resamples: int = 1000, seed: int = 0
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """report.json content (per dataset, plus all texts pooled under "overall"), and the arrays for plots.
+
+    Each PRR comes with a paired bootstrap 95% interval over `resamples` resamples of the texts.
+    """
     table = uncertainty_table(artifact, texts)
     targets = np.array([t.target for t in texts])
     report: dict[str, Any] = {"datasets": {}}
     arrays: dict[str, Any] = {}
     groups = group_by_dataset(texts)
     for name, indices in groups.items():
-        report["datasets"][name] = _entry(table, targets[indices], indices)
+        report["datasets"][name] = _entry(table, targets[indices], indices, resamples, seed)
         arrays[name] = {"quality": targets[indices], "uncertainty": {m: v[indices] for m, v in table.items()}}
     if len(groups) > 1:
         everything = list(range(len(texts)))
-        report[OVERALL] = _entry(table, targets, everything)
+        report[OVERALL] = _entry(table, targets, everything, resamples, seed)
         arrays[OVERALL] = {"quality": targets, "uncertainty": table}
     report["artifact"] = {
         "path": str(artifact.path),
@@ -80,13 +105,20 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _with_interval(value: float | None, ci: list[float] | tuple[float, float] | None) -> str:
+    return _fmt(value) if ci is None else f"{_fmt(value)} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
 def report_markdown(report: dict[str, Any]) -> str:
-    """Two tables, PRR then ROC-AUC: rows are datasets (and all pooled), columns methods."""
+    """PRR (with 95% intervals), then ROC-AUC, then the default score against the best baseline."""
     extra = sorted({m for d in report["datasets"].values() for m in d["methods"] if m not in REPORT_METHODS})
     methods = [*REPORT_METHODS, *extra]
     rows = list(report["datasets"].items()) + ([(f"*{OVERALL}*", report[OVERALL])] if OVERALL in report else [])
     sections = []
-    for metric, title in (("prr", "PRR at 50% rejection (1 = oracle, 0 = random)"), ("roc_auc", "ROC-AUC")):
+    for metric, title in (
+        ("prr", "PRR at 50% rejection (1 = oracle, 0 = random), paired bootstrap 95% interval"),
+        ("roc_auc", "ROC-AUC"),
+    ):
         lines = [
             f"{title}:",
             "",
@@ -94,9 +126,24 @@ def report_markdown(report: dict[str, Any]) -> str:
             "|---|---|---|" + "---|" * len(methods),
         ]
         for name, entry in rows:
-            values = " | ".join(_fmt(entry["methods"][m][metric]) for m in methods)
-            lines.append(f"| {name} | {entry['n']} | {_fmt(entry['accuracy'])} | {values} |")
+            cells = [
+                _with_interval(entry["methods"][m][metric], entry["methods"][m].get(f"{metric}_ci95")) for m in methods
+            ]
+            lines.append(f"| {name} | {entry['n']} | {_fmt(entry['accuracy'])} | {' | '.join(cells)} |")
         sections.append("\n".join(lines))
+    lines = [
+        f"Default score ({DEFAULT_SCORE}) minus the best baseline (chosen per dataset), PRR, paired bootstrap 95%:",
+        "",
+        "| dataset | best baseline | difference |",
+        "|---|---|---|",
+    ]
+    for name, entry in rows:
+        versus = entry.get("default_vs_best_baseline")
+        if versus is not None:
+            lines.append(
+                f"| {name} | {versus['best_baseline']} | {_with_interval(versus['difference'], versus['ci95'])} |"
+            )
+    sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
 
 
@@ -124,11 +171,11 @@ def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def run_evaluate(artifact_dir: Path, source: RunSource, out: Path) -> dict[str, Any]:
+def run_evaluate(artifact_dir: Path, source: RunSource, out: Path, resamples: int = 1000) -> dict[str, Any]:
     artifact = load_artifact(artifact_dir)
     run = obtain_run(source, artifact)
     texts = list(iter_texts([run]))
-    report, arrays = build_report(artifact, texts)
+    report, arrays = build_report(artifact, texts, resamples=resamples)
     report["run"] = str(run)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -57,10 +57,20 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
         assert entry["n"] > 0 and 0 <= entry["accuracy"] <= 1
         assert {"tad", "msp", "perplexity", "mean_token_entropy"} <= set(entry["methods"])
         for scores in entry["methods"].values():
-            assert set(scores) == {"prr", "roc_auc"}
+            assert set(scores) == {"prr", "prr_ci95", "roc_auc"}
+            if scores["prr"] is not None and scores["prr_ci95"] is not None:
+                low, high = scores["prr_ci95"]
+                assert low <= high
+        versus = entry["default_vs_best_baseline"]
+        assert versus["default"] == "tad" and versus["best_baseline"] in {
+            "msp",
+            "perplexity",
+            "mean_token_entropy",
+            "max_token_uncertainty",
+        }
     markdown = (report / "report.md").read_text()
     assert markdown.startswith("PRR at 50% rejection") and "ROC-AUC:" in markdown
-    assert markdown.count("| squad |") == 2
+    assert markdown.count("| squad |") == 3  # PRR, ROC-AUC, default minus best baseline
     assert (report / "rejection_squad.png").stat().st_size > 1000
 
 
