@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--error", type=float, nargs="*", default=[0.3, 0.5])
     calibrate.add_argument("--delta", type=float, default=0.05)
     calibrate.add_argument("--seed", type=int, default=0)
+    calibrate.add_argument(
+        "--order",
+        choices=("natural", "split"),
+        default="natural",
+        help="fixed-sequence order for error targets: the thresholds' own (whole set) or learned on a half",
+    )
     calibrate.add_argument("--default-target", default=None, help="e.g. error@0.3 (default: first feasible)")
     calibrate.add_argument(
         "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
 
         source = _run_source(args, args.run_dir or args.artifact / "calibration-run")
         manifest = run_calibrate(
-            args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target
+            args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target, args.order
         )
         for name, entry in manifest.thresholds.get("tad", {}).items():  # type: ignore[call-overload]
             print(

@@ -144,3 +144,34 @@ def test_error_threshold_guarantee_holds_over_repeated_calibration_draws():
     # procedure returned a threshold often enough for its violation count to mean something.
     assert naive_violations / draws > 0.25
     assert returned / draws > 0.25
+
+
+# --- natural order --------------------------------------------------------------------------------
+
+
+def test_natural_order_certifies_a_threshold_and_keeps_its_promise_out_of_sample():
+    from training.thresholds import error_threshold_natural, out_of_sample
+
+    rng = np.random.default_rng(0)
+
+    def draw(n):
+        uncertainty = rng.uniform(size=n)
+        wrong = rng.uniform(size=n) < 0.1 + 0.8 * uncertainty  # error grows with uncertainty
+        return uncertainty, _quality(wrong)
+
+    uncertainty, quality = draw(2000)
+    result = error_threshold_natural(uncertainty, quality, 0.3, delta=0.05)
+    assert result is not None and result.kind == "error" and result.error <= 0.3
+    assert 0.1 < result.coverage < 0.5  # error among accepted is 0.1 + 0.4 t at threshold t: t ~ 0.5 at most
+    fresh = out_of_sample(result, *draw(20000))
+    assert fresh["error"] <= 0.3 + 0.01 and fresh["n"] == 20000
+    # The natural order uses the whole set, so it certifies at least as much coverage as the split order here.
+    split = error_threshold(uncertainty, quality, 0.3, delta=0.05, seed=0)
+    assert split is not None and result.coverage >= split.coverage - 0.02
+
+
+def test_natural_order_refuses_an_impossible_target():
+    from training.thresholds import error_threshold_natural
+
+    uncertainty = np.linspace(0, 1, 300)
+    assert error_threshold_natural(uncertainty, _quality(np.ones(300, dtype=bool)), 0.2) is None

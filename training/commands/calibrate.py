@@ -9,13 +9,20 @@ from typing import Any
 
 import numpy as np
 
-from app.uncertainty.artifact import Manifest, load_artifact, write_manifest
+from app.uncertainty.artifact import Manifest, Threshold, load_artifact, write_manifest
 from app.uncertainty.methods import Method
 from training.rejection import accuracy
 from training.run_source import RunSource, obtain_run
 from training.runs import iter_texts
 from training.scoring import uncertainty_table
-from training.thresholds import coverage_name, coverage_threshold, error_name, error_threshold
+from training.thresholds import (
+    coverage_name,
+    coverage_threshold,
+    error_name,
+    error_threshold,
+    error_threshold_natural,
+    out_of_sample,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -28,23 +35,51 @@ def run_calibrate(
     delta: float,
     seed: int = 0,
     default_target: str | None = None,
+    order: str = "natural",
 ) -> Manifest:
     artifact = load_artifact(artifact_dir)
     run = obtain_run(source, artifact)
     texts = list(iter_texts([run]))
     table = uncertainty_table(artifact, texts)
     quality = np.array([t.target for t in texts])
+
+    def choose(values: np.ndarray, labels: np.ndarray, chosen_order: str) -> dict[str, Threshold]:
+        entries = {coverage_name(c): coverage_threshold(values, labels, c) for c in coverages}
+        for error in errors:
+            if chosen_order == "natural":
+                chosen = error_threshold_natural(values, labels, error, delta=delta)
+            else:
+                chosen = error_threshold(values, labels, error, delta=delta, seed=seed)
+            if chosen is not None:
+                entries[error_name(error)] = chosen
+        return entries
+
     thresholds: dict[Method, dict[str, Any]] = {}
     for method in Method:
-        values = table[method.value]
-        entries = {coverage_name(c): coverage_threshold(values, quality, c) for c in coverages}
+        thresholds[method] = choose(table[method.value], quality, order)
         for error in errors:
-            chosen = error_threshold(values, quality, error, delta=delta, seed=seed)
-            if chosen is None:
+            if error_name(error) not in thresholds[method]:
                 logger.warning("%s: no threshold certifies error <= %g at delta %g", method.value, error, delta)
-            else:
-                entries[error_name(error)] = chosen
-        thresholds[method] = entries
+    # What the thresholds do on data they were not chosen on: choose on one half, measure on the other.
+    halves = np.array_split(np.random.default_rng(seed).permutation(len(texts)), 2)
+    held_out: dict[str, dict[str, Any]] = {}
+    for method in Method:
+        values = table[method.value]
+        chosen_a = choose(values[halves[0]], quality[halves[0]], order)
+        held_out[method.value] = {
+            name: {"threshold": entry.threshold, **out_of_sample(entry, values[halves[1]], quality[halves[1]])}
+            for name, entry in chosen_a.items()
+        }
+    # The natural order against the split order, on the same data and delta (TAD).
+    split_tad = choose(table[Method.TAD.value], quality, "split" if order == "natural" else "natural")
+    orders = {
+        name: {
+            order: entry.coverage,
+            ("split" if order == "natural" else "natural"): split_tad[name].coverage if name in split_tad else None,
+        }
+        for name, entry in thresholds[Method.TAD].items()
+        if entry.kind == "error"
+    }
     tad = thresholds[Method.TAD]
     if default_target is not None and default_target not in tad:
         raise SystemExit(f"--default-target {default_target} was not calibrated (have: {', '.join(tad)})")
@@ -62,7 +97,10 @@ def run_calibrate(
                     "run": str(run),
                     "n": len(texts),
                     "delta": delta,
+                    "order": order,
                     "accuracy": float(accuracy(quality)),
+                    "out_of_sample": {"split": "random halves", "seed": seed, "by_method": held_out},
+                    "coverage_by_order": orders,
                 },
             },
         }
