@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fit",
         help="two-stage cross-validated TAD fit; writes an artifact folder",
         description="5-fold CV split by text over ridge alpha x aggregation x variant "
-        "(leak-free, paper-exact), selected by mean PRR@50%%; writes ARTIFACT_DIR.",
+        "(leak-free, algorithm1-literal, authors) x convention, selected by mean PRR@50%%; writes ARTIFACT_DIR.",
     )
     fit.add_argument("runs", type=Path, nargs="+", help="run folders from `generate` (shards are merged)")
     fit.add_argument("--out", type=Path, required=True, help="artifact folder to write")
@@ -69,7 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--folds", type=int, default=5)
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--epsilon", type=float, default=1e-4, help="confidences are clipped to [epsilon, 1]")
-    fit.add_argument("--alphas", type=float, nargs="+", default=None, help="ridge L2 grid")
+    fit.add_argument("--alphas", type=float, nargs="+", default=None, help="stage-2 ridge L2 grid")
+    fit.add_argument("--stage1-alphas", type=float, nargs="+", default=None, help="stage-1 grid (default: --alphas)")
+    fit.add_argument(
+        "--variants",
+        nargs="+",
+        choices=("leak-free", "algorithm1-literal", "authors"),
+        default=["leak-free", "algorithm1-literal", "authors"],
+        help="training variants to cross-validate (training/two_stage.py)",
+    )
     fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
     fit.add_argument("--mlp-width", type=int, default=256)
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
@@ -167,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "fit":
         from app.uncertainty.features import Convention
         from training.commands.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
+        from training.two_stage import Variant
 
         manifest = run_fit(
             FitOptions(
@@ -181,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
                 mlp_width=args.mlp_width,
                 mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
                 conventions=tuple(Convention(c) for c in args.conventions),
+                variants=tuple(Variant(v) for v in args.variants),
+                stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
             )
         )
         chosen = manifest.metrics["cv"]["chosen"]

@@ -1,10 +1,17 @@
 """The two training stages of TAD (docs/method.md §6, Algorithm 1) on stored traces.
 
-Stage 1 regresses the text's target on probability-only vectors. Stage 2 adds, for each
-lag, the earlier token's confidence c and its attention row; c comes from stage 1:
+Stage 2 regresses the text's target on, for each lag, the earlier token's probability,
+confidence c and attention row; where c comes from is what the variants differ in:
 
-- paper-exact: in-sample stage-1 predictions, and c_1 = t_k (the target itself);
-- leak-free:   out-of-fold stage-1 predictions, and c_1 = p_1 (as at inference).
+- algorithm1-literal: Algorithm 1 read literally. Stage 1 regresses the target on
+  probability-only vectors; stage 2 gets its in-sample predictions and c_1 = t_k (the
+  target itself), which inference never has.
+- leak-free: the same stage 1, but out-of-fold predictions and c_1 = p_1 (as at inference).
+- authors: the authors' code (LM-Polygraph). Stage 1 is fitted on the full stage-2 vector
+  with every earlier c teacher-forced to t_k; stage 2 gets c from out-of-fold stage-1
+  models applied recurrently with c_1 = p_1, exactly as the server scores.
+
+Each stage has its own ridge alpha.
 
 Stage-2 vectors are split into a static part (probabilities and attention, which never
 change) and the confidence columns (which change with the stage-1 model), so the large
@@ -30,7 +37,8 @@ CHUNK_ROWS = 4096  # rows per Gram update: large enough for BLAS, small enough f
 
 class Variant(StrEnum):
     LEAK_FREE = "leak-free"
-    PAPER_EXACT = "paper-exact"
+    ALGORITHM1_LITERAL = "algorithm1-literal"
+    AUTHORS = "authors"
 
 
 @dataclass
@@ -77,11 +85,11 @@ def stage1_stats(texts: Iterable[FitText], n_lags: int) -> GramStats:
 
 
 def stage1_confidences(text: FitText, model: Regressor, variant: Variant, n_lags: int, epsilon: float) -> np.ndarray:
-    """c_1..c_n fed to stage 2 for one text (see the module docstring for c_1)."""
+    """c_1..c_n from a probability-only stage 1 (algorithm1-literal, leak-free; see the module docstring)."""
     confidences = np.empty(len(text))
     if len(text) == 0:
         return confidences
-    confidences[0] = text.target if variant is Variant.PAPER_EXACT else float(text.probs[0])
+    confidences[0] = text.target if variant is Variant.ALGORITHM1_LITERAL else float(text.probs[0])
     if len(text) > 1:
         predicted = np.asarray(model.predict(stage1_features(text.probs, n_lags)), dtype=np.float64)
         confidences[1:] = np.clip(predicted, epsilon, 1.0)
@@ -125,6 +133,15 @@ def static_stats(texts: Sequence[FitText], spec: FeatureSpec) -> GramStats:
             np.concatenate([t.rows_target() for t in chunk]),
         )
     return stats
+
+
+def teacher_forced_stats(texts: Sequence[FitText], static: GramStats, spec: FeatureSpec) -> GramStats:
+    """The authors' stage 1: full stage-2 vectors with every earlier confidence set to the text's target.
+
+    `static` is these texts' static Gram: only the thin confidence terms are computed here.
+    """
+    forced = [[np.full(len(text), text.target) for text in texts]]
+    return stage2_stats(static, cross_stats(texts, forced, spec), 0, spec)
 
 
 @dataclass

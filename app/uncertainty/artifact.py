@@ -85,7 +85,8 @@ class Manifest(BaseModel):
     features: FeatureInfo
     epsilon: float = Field(gt=0.0, lt=1.0)
     aggregation: Aggregation
-    variant: Literal["leak-free", "paper-exact"]
+    # "paper-exact" is what "algorithm1-literal" was called in artifacts made before the rename.
+    variant: Literal["leak-free", "algorithm1-literal", "authors", "paper-exact"]
     regressor: RegressorInfo
     thresholds: dict[Method, dict[str, Threshold]] = Field(default_factory=dict)
     default_target: str | None = None

@@ -1,11 +1,14 @@
 """`fit`: cross-validated two-stage training of TAD and the artifact the server loads.
 
-5-fold cross-validation split by text; grid: ridge L2 x aggregation x variant (leak-free,
-paper-exact), selected by mean PRR at 50% rejection of the held-out folds, scored with
-the very scorer the server runs (recurrent, c_1 = p_1). The better variant becomes the
-artifact's regressor; the other is kept beside it for comparison, and every number goes
-into the manifest. Memory: Gram matrices only (about (folds + 6) x F^2 x 8 bytes at peak), never
-a fold's feature matrix; attention rows are memory-mapped from the run shards.
+5-fold cross-validation split by text; grid: attention convention x variant (leak-free,
+algorithm1-literal, authors; training/two_stage.py) x stage-1 ridge alpha x stage-2 ridge
+alpha x aggregation, selected by mean PRR at 50% rejection of the held-out folds, scored
+with the very scorer the server runs (recurrent, c_1 = p_1). Stage-1 predictions that
+stage 2 trains on come from inner folds of each outer training set (nested by text). The
+best variant becomes the artifact's regressor; the others are kept beside it for
+comparison, and every number goes into the manifest. Memory: Gram matrices only (about
+(2 x folds + 6) x F^2 x 8 bytes at peak), never a fold's feature matrix; attention rows
+are memory-mapped from the run shards.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from training.two_stage import (
     stage2_matrix,
     stage2_stats,
     static_stats,
+    teacher_forced_stats,
 )
 
 logger = logging.getLogger(__name__)
@@ -70,12 +74,15 @@ class FitOptions:
     mlp_width: int = 256
     mlp_grid: dict[str, Sequence[float]] = field(default_factory=lambda: dict(MLP_GRIDS["paper"]))
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
+    variants: Sequence[Variant] = tuple(Variant)
+    stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
 
 
 @dataclass
 class Candidate:
     variant: Variant
-    alpha: float
+    alpha_stage1: float
+    alpha: float  # stage 2
     prr: dict[Aggregation, list[float]] = field(default_factory=lambda: {a: [] for a in Aggregation})
 
 
@@ -98,7 +105,7 @@ def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], 
 def stage1_for_stage2(
     texts: Sequence[FitText],
     text_folds: np.ndarray,
-    s1_by_fold: Sequence[GramStats],
+    data: FoldData,
     available: Sequence[int],
     alpha: float,
     variant: Variant,
@@ -107,11 +114,21 @@ def stage1_for_stage2(
 ) -> list[np.ndarray]:
     """Stage-1 confidences of texts drawn from folds `available`, as stage 2 trains on them.
 
-    paper-exact: one model on all of them, predicting in-sample; leak-free: each text
-    predicted by a model trained without its own fold.
+    algorithm1-literal: one model on all of them, predicting in-sample; leak-free: each text
+    predicted by a model trained without its own fold; authors: the same out-of-fold models,
+    fitted on teacher-forced full vectors and applied recurrently (the server's scorer).
     """
+    if variant is Variant.AUTHORS:
+        by_fold = data.teacher_forced
+        total = sum((by_fold[g] for g in available[1:]), by_fold[available[0]])
+        scorers = {g: TadScorer(fit_ridge(total - by_fold[g], alpha), spec, epsilon) for g in available}
+        return [
+            scorers[int(g)].confidences(t.logprobs, np.asarray(t.attention)) if len(t) else np.zeros(0)
+            for t, g in zip(texts, text_folds, strict=True)
+        ]
+    s1_by_fold = data.stage1
     total = sum((s1_by_fold[g] for g in available[1:]), s1_by_fold[available[0]])
-    if variant is Variant.PAPER_EXACT:
+    if variant is Variant.ALGORITHM1_LITERAL:
         model = fit_ridge(total, alpha)
         return [stage1_confidences(t, model, variant, spec.n_lags, epsilon) for t in texts]
     models = {g: fit_ridge(total - s1_by_fold[g], alpha) for g in available}
@@ -139,6 +156,7 @@ class FoldData:
     groups: list[list[FitText]]
     stage1: list[GramStats]
     static: list[GramStats]
+    teacher_forced: list[GramStats]  # the authors' stage 1 (full vectors, earlier c = target)
 
     @property
     def count(self) -> int:
@@ -161,25 +179,32 @@ def prepare_folds(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptio
     groups = [[t for t, f in zip(texts, fold_of, strict=True) if f == g] for g in range(options.folds)]
     stage1 = [stage1_stats(group, spec.n_lags) for group in groups]
     static = [static_stats(group, spec) for group in tqdm(groups, desc="fit: static Gram per fold", unit="fold")]
-    return FoldData(fold_of=fold_of, groups=groups, stage1=stage1, static=static)
+    forced = (
+        [teacher_forced_stats(group, stats, spec) for group, stats in zip(groups, static, strict=True)]
+        if Variant.AUTHORS in options.variants
+        else []
+    )
+    return FoldData(fold_of=fold_of, groups=groups, stage1=stage1, static=static, teacher_forced=forced)
 
 
 def cross_validate(
     texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, options: FitOptions
 ) -> tuple[list[Candidate], dict[str, list[float]]]:
-    """Every (variant, alpha) candidate scored on every held-out fold, for both aggregations."""
-    candidates = [Candidate(v, a) for a in options.alphas for v in Variant]
+    """Every (variant, stage-1 alpha, stage-2 alpha) candidate on every held-out fold, for both aggregations."""
+    stage1_keys = [(v, a1) for v in options.variants for a1 in options.stage1_alphas or options.alphas]
+    candidates = [Candidate(v, a1, a2) for v, a1 in stage1_keys for a2 in options.alphas]
     baselines: dict[str, list[float]] = {method.value: [] for method in BASELINES}
     for f in tqdm(range(data.count), desc="fit: cross-validation", unit="fold"):
         train, train_folds = data.texts_without(f, texts)
         available = [g for g in range(data.count) if g != f]
         confidences = [
-            stage1_for_stage2(train, train_folds, data.stage1, available, c.alpha, c.variant, spec, options.epsilon)
-            for c in candidates
+            stage1_for_stage2(train, train_folds, data, available, a1, v, spec, options.epsilon)
+            for v, a1 in stage1_keys
         ]
         cross = cross_stats(train, confidences, spec)
         static_train = data.static_without(f)
-        for k, candidate in enumerate(candidates):
+        for candidate in candidates:
+            k = stage1_keys.index((candidate.variant, candidate.alpha_stage1))
             model = fit_ridge(stage2_stats(static_train, cross, k, spec), candidate.alpha)
             for aggregation, value in held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f]).items():
                 candidate.prr[aggregation].append(value)
@@ -202,6 +227,7 @@ def cv_table(candidates: Sequence[Candidate]) -> list[dict[str, Any]]:
                 {
                     "variant": c.variant.value,
                     "alpha": c.alpha,
+                    "alpha_stage1": c.alpha_stage1,
                     "aggregation": aggregation.value,
                     "prr_mean": _mean(values),
                     "prr_std": float(np.nanstd(values)) if values else math.nan,
@@ -221,21 +247,41 @@ def best_per_variant(table: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
     return best
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One fitted configuration: variant and each stage's alpha."""
+
+    variant: Variant
+    alpha_stage1: float
+    alpha: float
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Choice:
+        return cls(Variant(row["variant"]), float(row["alpha_stage1"]), float(row["alpha"]))
+
+
 def fit_final(
-    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, chosen: Sequence[tuple[Variant, float]], epsilon: float
+    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, chosen: Sequence[Choice], epsilon: float
 ) -> list[tuple[Regressor, Regressor]]:
-    """(stage-1, stage-2) models on all texts for each (variant, alpha)."""
+    """(stage-1, stage-2) models on all texts for each choice."""
     available = list(range(data.count))
     confidences = [
-        stage1_for_stage2(texts, data.fold_of, data.stage1, available, alpha, variant, spec, epsilon)
-        for variant, alpha in chosen
+        stage1_for_stage2(texts, data.fold_of, data, available, c.alpha_stage1, c.variant, spec, epsilon)
+        for c in chosen
     ]
     cross = cross_stats(texts, confidences, spec)
     static_total = data.static_without(None)
-    stage1_total = sum(data.stage1[1:], data.stage1[0])
+    stage1_totals = {
+        Variant.AUTHORS: sum(data.teacher_forced[1:], data.teacher_forced[0]) if data.teacher_forced else None,
+        Variant.LEAK_FREE: sum(data.stage1[1:], data.stage1[0]),
+        Variant.ALGORITHM1_LITERAL: sum(data.stage1[1:], data.stage1[0]),
+    }
     return [
-        (fit_ridge(stage1_total, alpha), fit_ridge(stage2_stats(static_total, cross, k, spec), alpha))
-        for k, (_, alpha) in enumerate(chosen)
+        (
+            fit_ridge(stage1_totals[c.variant], c.alpha_stage1),
+            fit_ridge(stage2_stats(static_total, cross, k, spec), c.alpha),
+        )
+        for k, c in enumerate(chosen)
     ]
 
 
@@ -260,9 +306,7 @@ def mlp_search(
     for f in tqdm(range(data.count), desc="fit: MLP cross-validation", unit="fold"):
         train, train_folds = data.texts_without(f, texts)
         available = [g for g in range(data.count) if g != f]
-        confidences = stage1_for_stage2(
-            train, train_folds, data.stage1, available, alpha, variant, spec, options.epsilon
-        )
+        confidences = stage1_for_stage2(train, train_folds, data, available, alpha, variant, spec, options.epsilon)
         features, targets = stage2_matrix(train, confidences, spec)
         for config, score in zip(configs, scores, strict=True):
             model = _mlp(config, options, MLPRegressor)
@@ -303,7 +347,7 @@ def _fit_final_mlp(
     from sklearn.neural_network import MLPRegressor
 
     available = list(range(data.count))
-    confidences = stage1_for_stage2(texts, data.fold_of, data.stage1, available, alpha, variant, spec, options.epsilon)
+    confidences = stage1_for_stage2(texts, data.fold_of, data, available, alpha, variant, spec, options.epsilon)
     features, targets = stage2_matrix(texts, confidences, spec)
     model = _mlp(config, options, MLPRegressor)
     with warnings.catch_warnings():
@@ -383,31 +427,32 @@ def run_fit(options: FitOptions) -> Manifest:
         result.chosen_row,
         result.baselines,
     )
-    chosen = Variant(chosen_row["variant"])
-    other = Variant.PAPER_EXACT if chosen is Variant.LEAK_FREE else Variant.LEAK_FREE
-    order = [(chosen, float(best[chosen.value]["alpha"])), (other, float(best[other.value]["alpha"]))]
-    (stage1_main, stage2_main), (stage1_other, stage2_other) = fit_final(texts, spec, data, order, options.epsilon)
+    chosen = Choice.of(chosen_row)
+    others = [Choice.of(best[v.value]) for v in options.variants if v is not chosen.variant and v.value in best]
+    (stage1_main, stage2_main), *alternatives = fit_final(texts, spec, data, [chosen, *others], options.epsilon)
     aggregation = Aggregation(chosen_row["aggregation"])
-    regressor_kind, regressor_params = "ridge", {"alpha": order[0][1]}
+    regressor_kind = "ridge"
+    regressor_params: dict[str, Any] = {"alpha": chosen.alpha, "alpha_stage1": chosen.alpha_stage1}
     mlp_summary: dict[str, Any] | None = None
     if options.mlp:
-        best_mlp, mlp_table = mlp_search(texts, spec, data, chosen, order[0][1], options)
+        best_mlp, mlp_table = mlp_search(texts, spec, data, chosen.variant, chosen.alpha_stage1, options)
         mlp_summary = {"best": best_mlp, "grid": mlp_table, "width": options.mlp_width}
         if best_mlp is not None and best_mlp["prr_mean"] > chosen_row["prr_mean"]:
-            stage2_main = _fit_final_mlp(texts, spec, data, chosen, order[0][1], best_mlp, options)
+            stage2_main = _fit_final_mlp(texts, spec, data, chosen.variant, chosen.alpha_stage1, best_mlp, options)
             aggregation = Aggregation(best_mlp["aggregation"])
             regressor_kind = "mlp"
             regressor_params = {k: best_mlp[k] for k in ("layers", "epochs", "learning_rate", "batch_size")}
-            regressor_params.update(width=options.mlp_width, stage1_alpha=order[0][1])
+            regressor_params.update(width=options.mlp_width, alpha_stage1=chosen.alpha_stage1)
 
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     joblib.dump(stage2_main, out / "regressor.joblib")
     joblib.dump(stage1_main, out / "stage1.joblib")
-    alternative_dir = out / "alternatives" / other.value
-    alternative_dir.mkdir(parents=True, exist_ok=True)
-    joblib.dump(stage2_other, alternative_dir / "regressor.joblib")
-    joblib.dump(stage1_other, alternative_dir / "stage1.joblib")
+    for choice, (stage1_other, stage2_other) in zip(others, alternatives, strict=True):
+        alternative_dir = out / "alternatives" / choice.variant.value
+        alternative_dir.mkdir(parents=True, exist_ok=True)
+        joblib.dump(stage2_other, alternative_dir / "regressor.joblib")
+        joblib.dump(stage1_other, alternative_dir / "stage1.joblib")
     datasets: dict[str, int] = {}
     for text in texts:
         datasets[text.dataset] = datasets.get(text.dataset, 0) + 1
@@ -425,7 +470,7 @@ def run_fit(options: FitOptions) -> Manifest:
         ),
         epsilon=options.epsilon,
         aggregation=aggregation,
-        variant=chosen.value,
+        variant=chosen.variant.value,
         regressor=RegressorInfo(file="regressor.joblib", kind=regressor_kind, params=regressor_params),
         metrics={
             "cv": {
@@ -443,11 +488,13 @@ def run_fit(options: FitOptions) -> Manifest:
                 "mlp": mlp_summary,
             },
             "alternatives": {
-                other.value: {
-                    "file": f"alternatives/{other.value}/regressor.joblib",
-                    "alpha": order[1][1],
-                    "aggregation": best[other.value]["aggregation"],
+                choice.variant.value: {
+                    "file": f"alternatives/{choice.variant.value}/regressor.joblib",
+                    "alpha": choice.alpha,
+                    "alpha_stage1": choice.alpha_stage1,
+                    "aggregation": best[choice.variant.value]["aggregation"],
                 }
+                for choice in others
             },
         },
         training={

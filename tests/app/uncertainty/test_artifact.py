@@ -32,7 +32,10 @@ def test_loads_and_describes_itself(artifact_copy: Path) -> None:
     manifest = artifact.manifest
     assert manifest.features.stage2_size == artifact.scorer.spec.stage2_size
     assert set(manifest.files) >= {"regressor.joblib", "stage1.joblib"}
-    assert manifest.variant in ("leak-free", "paper-exact") and manifest.aggregation.value in ("mean", "sum-log")
+    assert manifest.variant in ("leak-free", "algorithm1-literal", "authors") and manifest.aggregation.value in (
+        "mean",
+        "sum-log",
+    )
     assert manifest.metrics["cv"]["chosen"]["variant"] == manifest.variant
 
 

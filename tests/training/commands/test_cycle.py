@@ -40,14 +40,18 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
     manifest = loaded.manifest
     assert manifest.features.n_lags == 3 and manifest.training["texts"] == 48
     grid = manifest.metrics["cv"]["grid"]
-    assert {(row["variant"], row["alpha"], row["aggregation"]) for row in grid} == {
-        (v, a, g) for v in ("leak-free", "paper-exact") for a in (1.0, 0.01) for g in ("mean", "sum-log")
+    variants = ("leak-free", "algorithm1-literal", "authors")
+    assert {(row["variant"], row["alpha_stage1"], row["alpha"], row["aggregation"]) for row in grid} == {
+        (v, a1, a2, g) for v in variants for a1 in (1.0, 0.01) for a2 in (1.0, 0.01) for g in ("mean", "sum-log")
     }
     assert all(len(row["prr_folds"]) == 5 for row in grid)
     best = manifest.metrics["cv"]["best_per_variant"]
-    assert set(best) == {"leak-free", "paper-exact"} and manifest.variant in best
-    other = "paper-exact" if manifest.variant == "leak-free" else "leak-free"
-    assert (artifact / manifest.metrics["alternatives"][other]["file"]).is_file()
+    assert set(best) == set(variants) and manifest.variant in best
+    for other in set(variants) - {manifest.variant}:
+        assert (artifact / manifest.metrics["alternatives"][other]["file"]).is_file()
+    conventions = manifest.metrics["cv"]["conventions"]
+    assert set(conventions) == {"generating", "consuming"}
+    assert manifest.features.convention.value == manifest.metrics["cv"]["convention"]
     assert "coverage@0.5" in manifest.thresholds["tad"] and manifest.default_target is not None
 
     data = json.loads((report / "report.json").read_text())
