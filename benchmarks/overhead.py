@@ -38,6 +38,7 @@ from app.engine.sequence import GenerationRequest
 from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import load_artifact
+from app.uncertainty.features import Convention
 
 PAGE = 4096
 PLAIN = "plain (transformers generate)"
@@ -112,7 +113,7 @@ def main() -> None:
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
     artifact = load_artifact(args.artifact)
     n_lags = artifact.n_lags
-    capture = Engine(loaded, n_lags=n_lags)
+    capture = Engine(loaded, n_lags=n_lags, last_row=artifact.convention is Convention.CONSUMING)
     capture.context = replace(capture.context, stop_token_ids=frozenset())  # always exactly --new-tokens
     plain_engine = capture.with_lags(0)
     scorer = AnswerScorer(artifact)

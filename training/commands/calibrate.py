@@ -87,6 +87,13 @@ def run_calibrate(
     default = default_target or (feasible_errors[0] if feasible_errors else None)
     if default is None and coverages:
         default = coverage_name(coverages[0])
+    if default is not None:
+        # Every method at the coverage the default policy achieves: comparisons at equal coverage.
+        matched = round(tad[default].coverage, 2)
+        for method in Method:
+            thresholds[method].setdefault(
+                coverage_name(matched), coverage_threshold(table[method.value], quality, matched)
+            )
     manifest = artifact.manifest.model_copy(
         update={
             "thresholds": thresholds,
