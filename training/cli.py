@@ -121,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
     )
     _add_artifact_and_run_options(calibrate)
+    lodo = commands.add_parser(
+        "lodo",
+        help="leave one dataset out: fit on the others, PRR on the held-out one (the generalization table)",
+        description="For every dataset: fit TAD with the artifact's configuration on the other datasets' training "
+        "runs, score that dataset's test runs, compare with the baselines (paired bootstrap intervals).",
+    )
+    lodo.add_argument("runs", type=Path, nargs="+", help="training runs")
+    lodo.add_argument("--test", type=Path, nargs="+", required=True, help="runs to score (e.g. the dev split)")
+    lodo.add_argument("--artifact", type=Path, required=True, help="whose configuration to fit")
+    lodo.add_argument("--out", type=Path, required=True)
+    lodo.add_argument("--bootstrap", type=int, default=1000)
     summary = commands.add_parser(
         "summary",
         help="per-dataset accuracy and answer length of generation runs (no artifact needed)",
@@ -206,6 +217,10 @@ def main(argv: list[str] | None = None) -> None:
 
         source = _run_source(args, args.out / "run")
         print(report_markdown(run_evaluate(args.artifact, source, args.out, args.bootstrap)), end="")
+    elif args.command == "lodo":
+        from training.commands.lodo import lodo_markdown, run_lodo
+
+        print(lodo_markdown(run_lodo(args.runs, args.test, args.artifact, args.out, args.bootstrap)), end="")
     elif args.command == "summary":
         from training.commands.summary import summarise
 

@@ -79,7 +79,7 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
 
 
 def test_help_on_every_command(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ([], ["generate"], ["fit"], ["evaluate"], ["calibrate"]):
+    for command in ([], ["generate"], ["fit"], ["evaluate"], ["calibrate"], ["lodo"]):
         with pytest.raises(SystemExit) as stop:
             main([*command, "--help"])
         assert stop.value.code == 0
