@@ -149,3 +149,29 @@ def test_abandoning_a_sequence_waiting_for_its_last_row(engine: Engine) -> None:
     assert batch.pop_done() == [sequence]
     assert sequence.finish_reason is FinishReason.CANCELLED and not sequence.needs_final_row
     assert sequence.n_kept == len(sequence.attention_rows) == 2
+
+
+def test_generating_convention_needs_no_extra_step_and_scores_like_teacher_forcing(engine: Engine) -> None:
+    from app.uncertainty.features import Convention, FeatureSpec
+    from app.uncertainty.tad import TadScorer
+    from tests.app.uncertainty.test_tad import _linear
+
+    no_last_row = Engine(engine.loaded, n_lags=engine.n_lags, last_row=False)
+    requests = _requests(engine, max_new_tokens=7)
+    with_step = engine.generate(requests)
+    without = no_last_row.generate(requests)
+    identity = engine.identity
+    spec = FeatureSpec(engine.n_lags, identity.num_layers, identity.num_heads, convention=Convention.GENERATING)
+    scorer = TadScorer(_linear(np.random.default_rng(0).normal(0, 0.1, spec.stage2_size), 0.4), spec, 1e-4)
+    for request, full, short in zip(requests, with_step, without, strict=True):
+        assert [t.token_id for t in short.tokens] == [t.token_id for t in full.tokens]
+        if short.finish_reason is FinishReason.LENGTH:
+            assert len(short.attention_rows) == len(short.tokens) - 1  # the last token's own step never ran
+            assert len(full.attention_rows) == len(full.tokens)
+        trace = no_last_row.trace(short)
+        scored = engine.score([(request.prompt_ids, trace.token_ids)])[0]
+        np.testing.assert_allclose(
+            scorer.confidences(trace.logprobs, trace.attention),
+            scorer.confidences(scored.logprobs, scored.attention),
+            atol=1e-5,
+        )
