@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--alphas", type=float, nargs="+", default=None, help="stage-2 ridge L2 grid")
     fit.add_argument("--stage1-alphas", type=float, nargs="+", default=None, help="stage-1 grid (default: --alphas)")
     fit.add_argument(
+        "--extra-feature-sets",
+        nargs="*",
+        default=["entropy", "top2_margin", "entropy+top2_margin"],
+        help="ablations: per-token statistics added to the features ('+' joins several), each tried with the "
+        "chosen configuration and kept if its CV PRR is higher; none to skip",
+    )
+    fit.add_argument(
         "--variants",
         nargs="+",
         choices=("leak-free", "algorithm1-literal", "authors"),
@@ -202,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                 mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
                 conventions=tuple(Convention(c) for c in args.conventions),
                 variants=tuple(Variant(v) for v in args.variants),
+                extra_feature_sets=tuple(tuple(s.split("+")) for s in args.extra_feature_sets if s != "none"),
                 stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
             )
         )

@@ -57,8 +57,7 @@ def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict
     for text in texts:
         trace = text.token_trace(n_lags)
         confidences = {
-            name: scorer.confidences(trace.logprobs, trace.attention) if len(trace) else np.zeros(0)
-            for name, (scorer, _) in scorers.items()
+            name: scorer.confidences_of(trace) if len(trace) else np.zeros(0) for name, (scorer, _) in scorers.items()
         }
         for name, (_, aggregation) in scorers.items():
             table[name].append(ranked(aggregate(confidences[name], aggregation)))

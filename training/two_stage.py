@@ -77,21 +77,24 @@ class FitText:
         return np.full(max(len(self) - 1, 0), self.target)
 
 
-def stage1_stats(texts: Iterable[FitText], n_lags: int) -> GramStats:
-    stats = GramStats.zeros(n_lags + 1)
+def stage1_stats(texts: Iterable[FitText], spec: FeatureSpec) -> GramStats:
+    stats = GramStats.zeros(spec.stage1_size)
     for text in texts:
-        stats.add(stage1_features(text.probs, n_lags), text.rows_target())
+        stats.add(stage1_features(text.probs, spec.n_lags, spec.extras(text.stats)), text.rows_target())
     return stats
 
 
-def stage1_confidences(text: FitText, model: Regressor, variant: Variant, n_lags: int, epsilon: float) -> np.ndarray:
+def stage1_confidences(
+    text: FitText, model: Regressor, variant: Variant, spec: FeatureSpec, epsilon: float
+) -> np.ndarray:
     """c_1..c_n from a probability-only stage 1 (algorithm1-literal, leak-free; see the module docstring)."""
     confidences = np.empty(len(text))
     if len(text) == 0:
         return confidences
     confidences[0] = text.target if variant is Variant.ALGORITHM1_LITERAL else float(text.probs[0])
     if len(text) > 1:
-        predicted = np.asarray(model.predict(stage1_features(text.probs, n_lags)), dtype=np.float64)
+        features = stage1_features(text.probs, spec.n_lags, spec.extras(text.stats))
+        predicted = np.asarray(model.predict(features), dtype=np.float64)
         confidences[1:] = np.clip(predicted, epsilon, 1.0)
     return confidences
 
@@ -108,7 +111,7 @@ def confidence_lags(confidences: np.ndarray, n_lags: int) -> np.ndarray:
 
 def static_features(text: FitText, spec: FeatureSpec) -> np.ndarray:
     """Stage-2 vectors with the confidence columns left at zero."""
-    return stage2_features(text.probs, np.zeros(len(text)), np.asarray(text.attention), spec)
+    return stage2_features(text.probs, np.zeros(len(text)), np.asarray(text.attention), spec, spec.extras(text.stats))
 
 
 def _chunks(texts: Sequence[FitText]) -> Iterable[list[FitText]]:
@@ -202,7 +205,8 @@ def stage2_matrix(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The full stage-2 design matrix and targets in memory (for the optional MLP)."""
     features = [
-        stage2_features(t.probs, c, np.asarray(t.attention), spec) for t, c in zip(texts, confidences, strict=True)
+        stage2_features(t.probs, c, np.asarray(t.attention), spec, spec.extras(t.stats))
+        for t, c in zip(texts, confidences, strict=True)
     ]
     targets = [t.rows_target() for t in texts]
     return np.concatenate(features), np.concatenate(targets)

@@ -36,7 +36,11 @@ class AnswerProgress:
         """Tokens that can be sent now; cuts the answer off if the policy says so."""
         confidences: list[float] | None = None
         if self.tad_stream is not None:
-            self.tad_stream.advance([token.logprob for token in sequence.tokens], sequence.attention_rows)
+            tokens = sequence.tokens
+            extras = self.tad_stream.scorer.spec.extras(
+                {name: [t.stats[name] for t in tokens] for name in self.tad_stream.scorer.spec.extra_stats}
+            )
+            self.tad_stream.advance([token.logprob for token in tokens], sequence.attention_rows, extras)
             confidences = self.tad_stream.confidences
         events: list[Event] = []
         if self.detokenizer is not None and not sequence.abandoned:

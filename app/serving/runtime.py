@@ -19,6 +19,7 @@ import torch
 
 from app.engine.engine import Engine
 from app.engine.loading import ModelLoadError, load_model
+from app.engine.token_stats import TOKEN_STATISTICS
 from app.errors import NotReady
 from app.serving.policy import Policy, resolve_policy
 from app.serving.scheduler import Scheduler
@@ -98,6 +99,9 @@ class Runtime:
         )
         if artifact is not None:
             artifact.check_model(loaded.identity)
+            unknown = set(artifact.manifest.features.extra_stats) - set(TOKEN_STATISTICS)
+            if unknown:
+                raise StartupError(f"artifact {artifact.path} uses unknown token statistics: {sorted(unknown)}")
         # The generating convention never reads the last token's own step row: no extra step for it.
         last_row = artifact is None or artifact.convention is Convention.CONSUMING
         self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row)

@@ -41,7 +41,7 @@ class AnswerScorer:
         """Every method's score; `confidences` are TAD's for this trace when already known (a prefix)."""
         if self.artifact is not None and confidences is None:
             if len(trace) > 0:
-                confidences = self.artifact.scorer.confidences(trace.logprobs, trace.attention)
+                confidences = self.artifact.scorer.confidences_of(trace)
             else:
                 confidences = np.zeros(0)
         answer = MethodInput(trace=trace, tad_confidences=confidences, tad_aggregation=self.aggregation)

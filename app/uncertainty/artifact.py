@@ -41,6 +41,7 @@ class FeatureInfo(BaseModel):
     num_heads: int = Field(ge=1)
     # Artifacts from before the field existed were all trained with the consuming convention.
     convention: Convention = Convention.CONSUMING
+    extra_stats: list[str] = Field(default_factory=list)
     stage1_size: int
     stage2_size: int
 
@@ -51,6 +52,7 @@ class FeatureInfo(BaseModel):
             num_heads=self.num_heads,
             order=self.order,
             convention=self.convention,
+            extra_stats=tuple(self.extra_stats),
         )
 
 

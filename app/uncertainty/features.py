@@ -4,8 +4,9 @@ Ordering `tad-v1` for token i >= 2 (1-based), with N lags:
 
     for l = 1..N:  [ p_{i-l}, c_{i-l}, a_{i,i-l}[layer 0 head 0], ..., a_{i,i-l}[layer L-1 head H-1] ]
     then           [ p_i ]
+    then           [ extra statistics of token i ]   (only when the spec names some, e.g. entropy)
 
-and zeros wherever i - l < 1. Stage 1 uses only `[p_{i-1}, ..., p_{i-N}, p_i]`.
+and zeros wherever i - l < 1. Stage 1 uses only `[p_{i-1}, ..., p_{i-N}, p_i]` (then the extras).
 
 Attention comes as *step rows*: `rows[j]` is `[layers, heads, N + 1]` from the forward step
 that consumes token j + 1 (1-based), slot k = the weight to the key k positions back from
@@ -20,7 +21,7 @@ one value at a time, so every caller gets the same bits for the same token.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -46,6 +47,16 @@ class FeatureSpec:
     num_heads: int
     order: str = FEATURE_ORDER
     convention: Convention = Convention.CONSUMING
+    # Per-token statistics of token i appended after p_i (app/engine/token_stats.py), e.g. ("entropy",).
+    extra_stats: tuple[str, ...] = ()
+
+    def extras(self, stats: Mapping[str, Sequence[float] | np.ndarray]) -> np.ndarray | None:
+        """The extra columns of each token `[n, E]` float32, or None without extras."""
+        if not self.extra_stats:
+            return None
+        return np.stack([np.asarray(stats[name], dtype=np.float64) for name in self.extra_stats], axis=1).astype(
+            FEATURE_DTYPE
+        )
 
     @property
     def row_shift(self) -> int:
@@ -71,23 +82,24 @@ class FeatureSpec:
 
     @property
     def stage1_size(self) -> int:
-        return self.n_lags + 1
+        return self.n_lags + 1 + len(self.extra_stats)
 
     @property
     def stage2_size(self) -> int:
-        return self.n_lags * self.lag_block + 1
+        return self.n_lags * self.lag_block + 1 + len(self.extra_stats)
 
     def confidence_columns(self) -> np.ndarray:
         """Column index of c_{i-l} for l = 1..N in a stage-2 vector."""
         return np.arange(self.n_lags) * self.lag_block + 1
 
-    def as_dict(self) -> dict[str, int | str]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "order": self.order,
             "n_lags": self.n_lags,
             "num_layers": self.num_layers,
             "num_heads": self.num_heads,
             "convention": self.convention.value,
+            "extra_stats": list(self.extra_stats),
             "stage1_size": self.stage1_size,
             "stage2_size": self.stage2_size,
         }
@@ -98,18 +110,27 @@ def token_probabilities(logprobs: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.array([math.exp(float(value)) for value in logprobs], dtype=FEATURE_DTYPE)
 
 
-def stage1_features(probs: np.ndarray, n_lags: int) -> np.ndarray:
-    """Stage-1 vectors `[n - 1, N + 1]` of tokens 2..n: `[p_{i-1}, ..., p_{i-N}, p_i]`."""
+def stage1_features(probs: np.ndarray, n_lags: int, extras: np.ndarray | None = None) -> np.ndarray:
+    """Stage-1 vectors of tokens 2..n: `[p_{i-1}, ..., p_{i-N}, p_i]`, then token i's extras if any."""
     n = len(probs)
-    features = np.zeros((max(n - 1, 0), n_lags + 1), dtype=FEATURE_DTYPE)
+    n_extra = 0 if extras is None else extras.shape[1]
+    features = np.zeros((max(n - 1, 0), n_lags + 1 + n_extra), dtype=FEATURE_DTYPE)
     for lag in range(1, n_lags + 1):
         rows = np.arange(max(lag - 1, 0), n - 1)  # row r is token r + 2 (1-based); needs r + 1 - lag >= 0
         features[rows, lag - 1] = probs[rows + 1 - lag]
-    features[:, -1] = probs[1:]
+    features[:, n_lags] = probs[1:]
+    if extras is not None:
+        features[:, n_lags + 1 :] = extras[1:]
     return features
 
 
-def stage2_features(probs: np.ndarray, confidences: np.ndarray, rows: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+def stage2_features(
+    probs: np.ndarray,
+    confidences: np.ndarray,
+    rows: np.ndarray,
+    spec: FeatureSpec,
+    extras: np.ndarray | None = None,
+) -> np.ndarray:
     """Stage-2 vectors `[n - 1, spec.stage2_size]` of tokens 2..n from step rows (see the module docstring)."""
     n = len(probs)
     features = np.zeros((max(n - 1, 0), spec.stage2_size), dtype=FEATURE_DTYPE)
@@ -126,7 +147,11 @@ def stage2_features(probs: np.ndarray, confidences: np.ndarray, rows: np.ndarray
         features[targets, offset + 1] = confidences[earlier]
         block = rows[targets + 1 - spec.row_shift, :, :, lag - 1 + spec.slot_shift]
         features[targets, offset + 2 : offset + spec.lag_block] = block.reshape(len(targets), spec.attention_size)
-    features[:, -1] = probs[1:]
+    base = spec.n_lags * spec.lag_block
+    features[:, base] = probs[1:]
+    if spec.extra_stats:
+        assert extras is not None, "the spec has extra statistics: pass them"
+        features[:, base + 1 :] = extras[1:]
     return features
 
 
@@ -136,6 +161,7 @@ def stage2_feature_row(
     confidences: Sequence[float] | np.ndarray,
     rows: Sequence[np.ndarray] | np.ndarray,
     spec: FeatureSpec,
+    extras_row: np.ndarray | None = None,
 ) -> np.ndarray:
     """The stage-2 vector of the token at 0-based `index >= 1`, same bits as `stage2_features`."""
     vector = np.zeros(spec.stage2_size, dtype=FEATURE_DTYPE)
@@ -145,7 +171,11 @@ def stage2_feature_row(
         vector[offset] = probs[index - lag]
         vector[offset + 1] = confidences[index - lag]
         vector[offset + 2 : offset + spec.lag_block] = row[:, :, lag - 1 + spec.slot_shift].reshape(spec.attention_size)
-    vector[-1] = probs[index]
+    base = spec.n_lags * spec.lag_block
+    vector[base] = probs[index]
+    if spec.extra_stats:
+        assert extras_row is not None, "the spec has extra statistics: pass them"
+        vector[base + 1 :] = extras_row
     return vector
 
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from app.uncertainty.features import FeatureSpec, stage2_feature_row, token_probabilities
+from app.uncertainty.trace import TokenTrace
 
 
 class Regressor(Protocol):
@@ -40,12 +41,18 @@ class TadStream:
     keep_features: bool = False
     _probs: list[np.float32] = field(default_factory=list)
 
-    def advance(self, logprobs: Sequence[float], attention_rows: Sequence[np.ndarray]) -> list[float]:
+    def advance(
+        self,
+        logprobs: Sequence[float],
+        attention_rows: Sequence[np.ndarray],
+        extras: Sequence[np.ndarray] | np.ndarray | None = None,
+    ) -> list[float]:
         """Score every token that can be scored now; return the new confidences.
 
         Token 1 needs only its probability; token i >= 2 also needs its attention row: under
         the generating convention it exists as soon as the token is sampled, under the
-        consuming one a step later. `attention_rows` are step rows (docs/method.md §2).
+        consuming one a step later. `attention_rows` are step rows (docs/method.md §2);
+        `extras[i]` are token i's extra statistics when the spec names some.
         """
         fresh: list[float] = []
         if len(logprobs) > len(self._probs):
@@ -58,7 +65,8 @@ class TadStream:
             if index == 0:
                 confidence = float(probs[0])
             else:
-                row = stage2_feature_row(index, probs, self.confidences, attention_rows, self.scorer.spec)
+                extras_row = None if extras is None else extras[index]
+                row = stage2_feature_row(index, probs, self.confidences, attention_rows, self.scorer.spec, extras_row)
                 if self.keep_features:
                     self.features.append(row)
                 raw = predict_one(self.scorer.regressor, row)
@@ -78,7 +86,9 @@ class TadScorer:
     def stream(self, keep_features: bool = False) -> TadStream:
         return TadStream(scorer=self, keep_features=keep_features)
 
-    def confidences(self, logprobs: np.ndarray, attention: np.ndarray | None) -> np.ndarray:
+    def confidences(
+        self, logprobs: np.ndarray, attention: np.ndarray | None, extras: np.ndarray | None = None
+    ) -> np.ndarray:
         """Confidences of a whole sequence `[n]` (step rows `[>= rows_needed(n), layers, heads, slots]`)."""
         if len(logprobs) == 0:
             return np.zeros(0)
@@ -86,5 +96,9 @@ class TadScorer:
         if needed and (attention is None or len(attention) < needed):
             raise ValueError(f"TAD needs {needed} attention rows for {len(logprobs)} tokens")
         stream = self.stream()
-        stream.advance(list(logprobs), [] if attention is None else list(attention))
+        stream.advance(list(logprobs), [] if attention is None else list(attention), extras)
         return np.array(stream.confidences, dtype=np.float64)
+
+    def confidences_of(self, trace: TokenTrace) -> np.ndarray:
+        """Confidences of a trace (its statistics supply any extra features the spec names)."""
+        return self.confidences(trace.logprobs, trace.attention, self.spec.extras(trace.stats))

@@ -18,7 +18,7 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,8 @@ class FitOptions:
     mlp_grid: dict[str, Sequence[float]] = field(default_factory=lambda: dict(MLP_GRIDS["paper"]))
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
+    # Ablations: extra per-token statistics as features, tried with the chosen configuration; kept if CV says so.
+    extra_feature_sets: Sequence[tuple[str, ...]] = (("entropy",), ("top2_margin",), ("entropy", "top2_margin"))
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
 
 
@@ -123,24 +125,23 @@ def stage1_for_stage2(
         total = sum((by_fold[g] for g in available[1:]), by_fold[available[0]])
         scorers = {g: TadScorer(fit_ridge(total - by_fold[g], alpha), spec, epsilon) for g in available}
         return [
-            scorers[int(g)].confidences(t.logprobs, np.asarray(t.attention)) if len(t) else np.zeros(0)
+            scorers[int(g)].confidences_of(t.token_trace()) if len(t) else np.zeros(0)
             for t, g in zip(texts, text_folds, strict=True)
         ]
     s1_by_fold = data.stage1
     total = sum((s1_by_fold[g] for g in available[1:]), s1_by_fold[available[0]])
     if variant is Variant.ALGORITHM1_LITERAL:
         model = fit_ridge(total, alpha)
-        return [stage1_confidences(t, model, variant, spec.n_lags, epsilon) for t in texts]
+        return [stage1_confidences(t, model, variant, spec, epsilon) for t in texts]
     models = {g: fit_ridge(total - s1_by_fold[g], alpha) for g in available}
     return [
-        stage1_confidences(t, models[int(g)], variant, spec.n_lags, epsilon)
-        for t, g in zip(texts, text_folds, strict=True)
+        stage1_confidences(t, models[int(g)], variant, spec, epsilon) for t, g in zip(texts, text_folds, strict=True)
     ]
 
 
 def held_out_prr(scorer: TadScorer, texts: Sequence[FitText]) -> dict[Aggregation, float]:
     targets = np.array([t.target for t in texts])
-    confidences = [scorer.confidences(t.logprobs, np.asarray(t.attention)) if len(t) else np.zeros(0) for t in texts]
+    confidences = [scorer.confidences_of(t.token_trace()) if len(t) else np.zeros(0) for t in texts]
     result = {}
     for aggregation in Aggregation:
         scores = np.array([ranked(aggregate(c, aggregation)) for c in confidences])
@@ -177,7 +178,7 @@ def prepare_folds(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptio
     for g, (_, held) in enumerate(splitter.split(np.arange(len(texts)))):
         fold_of[held] = g
     groups = [[t for t, f in zip(texts, fold_of, strict=True) if f == g] for g in range(options.folds)]
-    stage1 = [stage1_stats(group, spec.n_lags) for group in groups]
+    stage1 = [stage1_stats(group, spec) for group in groups]
     static = [static_stats(group, spec) for group in tqdm(groups, desc="fit: static Gram per fold", unit="fold")]
     forced = (
         [teacher_forced_stats(group, stats, spec) for group, stats in zip(groups, static, strict=True)]
@@ -383,9 +384,13 @@ class ConventionResult:
         return {"chosen": self.chosen_row, "best_per_variant": self.best}
 
 
-def cross_validate_convention(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptions) -> ConventionResult:
+def cross_validate_convention(
+    texts: Sequence[FitText], spec: FeatureSpec, options: FitOptions, only: Choice | None = None
+) -> ConventionResult:
+    """Cross-validation under one feature spec; `only`: just that variant and stage-1 alpha (ablations)."""
     data = prepare_folds(texts, spec, options)
-    candidates, baselines = cross_validate(texts, spec, data, options)
+    grid = options if only is None else replace(options, variants=(only.variant,), stage1_alphas=(only.alpha_stage1,))
+    candidates, baselines = cross_validate(texts, spec, data, grid)
     table = cv_table(candidates)
     best = best_per_variant(table)
     ranked = sorted(best.values(), key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"])
@@ -419,6 +424,25 @@ def run_fit(options: FitOptions) -> Manifest:
         )
         results[convention] = cross_validate_convention(texts, spec, options)
     result = results[choose_convention(results)]
+    ablations: dict[str, Any] = {
+        "base": {"extra_stats": [], "prr_mean": result.prr, "prr_std": result.chosen_row["prr_std"]}
+    }
+    base_choice, winner = Choice.of(result.chosen_row), result
+    for extra in options.extra_feature_sets:
+        trial_spec = replace(result.spec, extra_stats=tuple(extra))
+        logger.info("ablation: extra per-token features %s", ", ".join(extra))
+        trial = cross_validate_convention(texts, trial_spec, options, only=base_choice)
+        ablations["+".join(extra)] = {
+            "extra_stats": list(extra),
+            "prr_mean": trial.prr,
+            "prr_std": trial.chosen_row["prr_std"],
+        }
+        if trial.prr > winner.prr:
+            winner = trial
+    if winner is not result:
+        # The alternatives must share the artifact's feature spec: their CV rows come from the base run.
+        winner = replace(winner, best={**result.best, **winner.best})
+        result = winner
     spec, data, table, best, chosen_row, baselines = (
         result.spec,
         result.data,
@@ -465,6 +489,7 @@ def run_fit(options: FitOptions) -> Manifest:
             num_layers=spec.num_layers,
             num_heads=spec.num_heads,
             convention=spec.convention,
+            extra_stats=list(spec.extra_stats),
             stage1_size=spec.stage1_size,
             stage2_size=spec.stage2_size,
         ),
@@ -482,6 +507,7 @@ def run_fit(options: FitOptions) -> Manifest:
                 "best_per_variant": best,
                 "convention": spec.convention.value,
                 "conventions": {c.value: r.summary() for c, r in results.items()},
+                "feature_ablations": ablations,
                 "convention_rule": "generating unless consuming's CV PRR exceeds it by more than consuming's CV std",
                 "baselines": {name: {"prr_mean": _mean(v), "prr_folds": v} for name, v in baselines.items()},
                 "grid": table,

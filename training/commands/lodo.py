@@ -68,10 +68,7 @@ def run_lodo(
         quality = np.array([t.target for t in held])
         scores = baseline_table(traces)
         scores[Method.TAD.value] = np.array(
-            [
-                ranked(aggregate(scorer.confidences(t.logprobs, t.attention), aggregation)) if len(t) else np.inf
-                for t in traces
-            ]
+            [ranked(aggregate(scorer.confidences_of(t), aggregation)) if len(t) else np.inf for t in traces]
         )
         boot = paired_bootstrap_prr(scores, quality, resamples, seed)
         prr = {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()}

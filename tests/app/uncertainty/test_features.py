@@ -83,3 +83,18 @@ def test_attention_shape_is_checked() -> None:
     probs, conf, attention = _example()
     with pytest.raises(ValueError, match="shape"):
         stage2_features(probs, conf, attention[:, :1], SPEC)
+
+
+def test_extra_statistics_follow_p_i_in_both_stages_and_builders_agree() -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, extra_stats=("entropy", "top2_margin"))
+    probs, conf, attention = _example(5, seed=9)
+    stats = {"entropy": np.linspace(0.1, 0.5, 5), "top2_margin": np.linspace(0.9, 0.5, 5)}
+    extras = spec.extras(stats)
+    matrix = stage2_features(probs, conf, attention, spec, extras)
+    assert matrix.shape == (4, SPEC.stage2_size + 2) == (4, spec.stage2_size)
+    np.testing.assert_array_equal(matrix[:, -2:], extras[1:])
+    assert np.array_equal(matrix[:, -3], probs[1:])
+    for i in range(1, 5):
+        assert stage2_feature_row(i, probs, conf, attention, spec, extras[i]).tobytes() == matrix[i - 1].tobytes()
+    stage1 = stage1_features(probs, 2, extras)
+    assert stage1.shape == (4, spec.stage1_size) and np.array_equal(stage1[:, -2:], extras[1:])

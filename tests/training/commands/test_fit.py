@@ -27,7 +27,7 @@ def test_stage2_gram_from_blocks_equals_the_direct_gram(tiny_runs: dict[str, Pat
         stats1.add(stage1_features(text.probs, lags), text.rows_target())
     model = fit_ridge(stats1, 0.1)
     probability_only = (Variant.LEAK_FREE, Variant.ALGORITHM1_LITERAL)
-    candidates = [[stage1_confidences(t, model, variant, lags, 1e-4) for t in texts] for variant in probability_only]
+    candidates = [[stage1_confidences(t, model, variant, spec, 1e-4) for t in texts] for variant in probability_only]
     static, cross = static_stats(texts, spec), cross_stats(texts, candidates, spec)
     for k, confidences in enumerate(candidates):
         direct = GramStats.zeros(spec.stage2_size)
@@ -45,8 +45,8 @@ def test_variants_set_the_first_confidence_as_method_md_says(tiny_runs: dict[str
     stats = GramStats.zeros(lags + 1)
     stats.add(stage1_features(text.probs, lags), text.rows_target())
     model = fit_ridge(stats, 1.0)
-    exact = stage1_confidences(text, model, Variant.ALGORITHM1_LITERAL, lags, 1e-4)
-    free = stage1_confidences(text, model, Variant.LEAK_FREE, lags, 1e-4)
+    exact = stage1_confidences(text, model, Variant.ALGORITHM1_LITERAL, FeatureSpec(lags, 3, 4), 1e-4)
+    free = stage1_confidences(text, model, Variant.LEAK_FREE, FeatureSpec(lags, 3, 4), 1e-4)
     assert exact[0] == text.target and free[0] == np.float32(text.probs[0])
     np.testing.assert_array_equal(exact[1:], free[1:])
     lagged = confidence_lags(exact, lags)
@@ -79,6 +79,26 @@ def test_authors_stage1_is_teacher_forced_and_stage2_gets_the_servers_recurrent_
     served = TadScorer(model, spec, 1e-4).confidences(texts[index].logprobs, np.asarray(texts[index].attention))
     np.testing.assert_allclose(confidences[index], served, rtol=1e-12)
     assert confidences[index][0] == np.float32(texts[index].probs[0])  # c_1 = p_1, as at inference
+
+
+def test_extra_feature_ablations_are_recorded_and_a_kept_one_is_served(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    from app.uncertainty.artifact import load_artifact
+    from training.runs import iter_texts
+
+    options = FitOptions(
+        runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=(("entropy",),)
+    )
+    manifest = run_fit(options)
+    ablations = manifest.metrics["cv"]["feature_ablations"]
+    assert set(ablations) == {"base", "entropy"}
+    kept = ablations["entropy"]["prr_mean"] > ablations["base"]["prr_mean"]
+    assert manifest.features.extra_stats == (["entropy"] if kept else [])
+    artifact = load_artifact(tmp_path / "a")
+    assert artifact.scorer.spec.extra_stats == tuple(manifest.features.extra_stats)
+    text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
+    assert len(artifact.scorer.confidences_of(text.token_trace(artifact.n_lags))) == len(text)
 
 
 def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
