@@ -61,6 +61,45 @@ def maximum_token_uncertainty(logprobs: np.ndarray) -> float:
     return float(-np.min(logprobs)) if len(logprobs) else math.nan
 
 
+# RAUQ (Vazhentsev et al., 2025; LM-Polygraph `estimators/rauq.py`): alpha as its default for
+# instruction-tuned models; the middle third of the layers.
+RAUQ_ALPHA = 0.5
+
+
+def rauq_layers(num_layers: int) -> range:
+    """The middle third of the layers, as the authors select them."""
+    return range(num_layers // 3, min(math.ceil(num_layers * 2 / 3) + 1, num_layers))
+
+
+def rauq(logprobs: np.ndarray, step_rows: np.ndarray | None, alpha: float = RAUQ_ALPHA) -> float:
+    """RAUQ from the captured step rows (docs/method.md §5).
+
+    The weight of token j (0-based, j >= 1) is the attention of the step that produced it to
+    the previous token, i.e. its query's own position (`step_rows[j - 1][..., 0]`), in each
+    layer's head that attends most to the previous token over the answer. Per layer
+    `c_1 = p_1`, `c_j = alpha p_j + (1 - alpha) a_j c_{j-1}`, uncertainty `1 - mean_j log c_j`;
+    RAUQ is the largest over the middle third of the layers.
+    """
+    n = len(logprobs)
+    if n == 0 or step_rows is None or (n > 1 and len(step_rows) < n - 1):
+        return math.nan
+    probs = np.exp(np.asarray(logprobs, dtype=np.float64))
+    if n == 1:
+        return float(1.0 - np.log(probs[0]))
+    previous = np.asarray(step_rows[: n - 1, :, :, 0], dtype=np.float64)  # [n - 1, layers, heads]
+    worst = -math.inf
+    for layer in rauq_layers(previous.shape[1]):
+        head = int(np.argmax(previous[:, layer, :].mean(axis=0)))
+        weights = previous[:, layer, head]
+        confidence = probs[0]
+        log_sum = math.log(confidence)
+        for j in range(1, n):
+            confidence = alpha * probs[j] + (1.0 - alpha) * weights[j - 1] * confidence
+            log_sum += math.log(max(confidence, 1e-300))
+        worst = max(worst, 1.0 - log_sum / n)
+    return float(worst)
+
+
 def _tad(answer: MethodInput) -> float:
     if answer.tad_confidences is None or answer.tad_aggregation is None:
         return math.nan
@@ -98,6 +137,13 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         "max_i -log p_i: the least likely token",
         ("logprob",),
         lambda answer: maximum_token_uncertainty(answer.trace.logprobs),
+    ),
+    UncertaintyMethod(
+        "rauq",
+        "RAUQ: recurrent confidences from token probabilities and previous-token attention, worst middle layer "
+        "(needs attention capture)",
+        ("logprob",),
+        lambda answer: rauq(answer.trace.logprobs, answer.trace.attention),
     ),
 )
 

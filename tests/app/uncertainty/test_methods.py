@@ -64,3 +64,26 @@ def test_the_registry_is_what_every_consumer_sees() -> None:
     for method in METHODS:
         assert set(method.token_stats) <= set(TOKEN_STATISTICS), method.name
         assert Settings(reject_method=method.name).reject_method.value == method.name
+
+
+def test_rauq_on_a_hand_made_case() -> None:
+    from app.uncertainty.methods import rauq, rauq_layers
+
+    assert list(rauq_layers(30)) == list(range(10, 21)) and list(rauq_layers(3)) == [1, 2]
+    p = np.array([0.5, 0.8, 0.4])
+    rows = np.zeros((2, 3, 2, 3))  # step rows: [step, layer, head, keys back]; slot 0 = the query itself
+    rows[:, 1, 0, 0] = [0.9, 0.7]  # layer 1: head 0 attends more to the previous token (mean 0.8 > 0.15)
+    rows[:, 1, 1, 0] = [0.1, 0.2]
+    rows[:, 2, 1, 0] = [0.3, 0.5]  # layer 2: head 1 (mean 0.4 > 0)
+    rows[:, 0, 0, 0] = [1.0, 1.0]  # layer 0 is outside the middle third: ignored
+    alpha = 0.5
+
+    def layer_uncertainty(weights: list[float]) -> float:
+        c = [p[0]]
+        for j in (1, 2):
+            c.append(alpha * p[j] + (1 - alpha) * weights[j - 1] * c[-1])
+        return 1 - float(np.mean(np.log(c)))
+
+    expected = max(layer_uncertainty([0.9, 0.7]), layer_uncertainty([0.3, 0.5]))
+    assert rauq(np.log(p), rows, alpha) == pytest.approx(expected)
+    assert math.isnan(rauq(np.log(p), None)) and math.isnan(rauq(np.zeros(0), rows))
