@@ -20,7 +20,6 @@ from app.api.common import (
     SequenceScores,
     StopStrings,
     StrictModel,
-    TokenConfidence,
     is_blank,
 )
 from app.serving.service import PromptInput as DomainPrompt
@@ -146,11 +145,13 @@ class ScoreRequest(PromptFields):
         return value
 
 
-class TokenInfo(TokenConfidence):
+class TokenInfo(BaseModel):
     id: int
     text: str
     logprob: float = Field(description="log-probability under the model's raw logits")
     entropy: float = Field(description="entropy of the full next-token distribution")
+    confidence: float | None = Field(description="TAD token confidence c_i (null without TAD)")
+    uncertainty: float | None = Field(description="1 - confidence")
 
 
 class Usage(BaseModel):
