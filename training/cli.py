@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=["entropy", "top2_margin", "entropy+top2_margin"],
         help="ablations: per-token statistics added to the features ('+' joins several), each tried with the "
-        "chosen configuration and kept if its CV PRR is higher; none to skip",
+        "chosen configuration and kept only if its fold-by-fold CV gain is significant; none to skip",
     )
     fit.add_argument(
         "--variants",

@@ -75,7 +75,8 @@ class FitOptions:
     mlp_grid: dict[str, Sequence[float]] = field(default_factory=lambda: dict(MLP_GRIDS["paper"]))
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
-    # Ablations: extra per-token statistics as features, tried with the chosen configuration; kept if CV says so.
+    # Ablations: extra per-token statistics as features, tried with the chosen configuration; kept only when
+    # their fold-by-fold gain is significant (paired_gain).
     extra_feature_sets: Sequence[tuple[str, ...]] = (("entropy",), ("top2_margin",), ("entropy", "top2_margin"))
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
 
@@ -397,6 +398,18 @@ def cross_validate_convention(
     return ConventionResult(spec, data, table, best, ranked[-1], baselines)
 
 
+def paired_gain(trial: Sequence[float], base: Sequence[float]) -> dict[str, float | bool]:
+    """Fold-by-fold PRR gain of a trial over the base (same folds); significant when its mean
+    exceeds twice its standard error (roughly a one-sided 95% test over the folds)."""
+    differences = np.array(trial, dtype=np.float64) - np.array(base, dtype=np.float64)
+    differences = differences[np.isfinite(differences)]
+    if len(differences) < 2:
+        return {"mean": math.nan, "standard_error": math.nan, "significant": False}
+    mean = float(differences.mean())
+    error = float(differences.std(ddof=1) / math.sqrt(len(differences)))
+    return {"mean": mean, "standard_error": error, "significant": bool(mean > 2 * error)}
+
+
 def choose_convention(results: dict[Convention, ConventionResult]) -> Convention:
     """The authors' (generating) convention, unless the consuming one beats it by more than its CV std."""
     if len(results) == 1:
@@ -432,12 +445,14 @@ def run_fit(options: FitOptions) -> Manifest:
         trial_spec = replace(result.spec, extra_stats=tuple(extra))
         logger.info("ablation: extra per-token features %s", ", ".join(extra))
         trial = cross_validate_convention(texts, trial_spec, options, only=base_choice)
+        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
         ablations["+".join(extra)] = {
             "extra_stats": list(extra),
             "prr_mean": trial.prr,
             "prr_std": trial.chosen_row["prr_std"],
+            "gain": gain,
         }
-        if trial.prr > winner.prr:
+        if gain["significant"] and trial.prr > winner.prr:
             winner = trial
     if winner is not result:
         # The alternatives must share the artifact's feature spec: their CV rows come from the base run.

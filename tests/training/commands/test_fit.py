@@ -93,12 +93,21 @@ def test_extra_feature_ablations_are_recorded_and_a_kept_one_is_served(
     manifest = run_fit(options)
     ablations = manifest.metrics["cv"]["feature_ablations"]
     assert set(ablations) == {"base", "entropy"}
-    kept = ablations["entropy"]["prr_mean"] > ablations["base"]["prr_mean"]
+    kept = (
+        ablations["entropy"]["gain"]["significant"] and ablations["entropy"]["prr_mean"] > ablations["base"]["prr_mean"]
+    )
     assert manifest.features.extra_stats == (["entropy"] if kept else [])
     artifact = load_artifact(tmp_path / "a")
     assert artifact.scorer.spec.extra_stats == tuple(manifest.features.extra_stats)
     text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
     assert len(artifact.scorer.confidences_of(text.token_trace(artifact.n_lags))) == len(text)
+
+
+def test_a_gain_inside_the_fold_noise_is_not_significant() -> None:
+    from training.commands.fit import paired_gain
+
+    assert not paired_gain([0.50, 0.61, 0.42, 0.55, 0.47], [0.52, 0.58, 0.44, 0.51, 0.48])["significant"]
+    assert paired_gain([0.55, 0.62, 0.47, 0.58, 0.51], [0.50, 0.58, 0.44, 0.52, 0.48])["significant"]
 
 
 def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
