@@ -16,6 +16,14 @@ from sklearn.metrics import roc_auc_score
 MAX_REJECTION = 0.5
 GRID_POINTS = 501  # r in steps of 0.001
 CORRECT_THRESHOLD = 0.5  # quality at or above which an answer counts as right
+# PRR says something only where answers are neither (almost) all right nor all wrong: with
+# one right answer in a hundred, a single text decides it. Summaries average over these.
+INFORMATIVE_ACCURACY = (0.1, 0.9)
+
+
+def informative(accuracy_value: float | None) -> bool:
+    low, high = INFORMATIVE_ACCURACY
+    return accuracy_value is not None and low <= accuracy_value <= high
 
 
 def _tie_averaged(uncertainty: np.ndarray, quality: np.ndarray) -> np.ndarray:

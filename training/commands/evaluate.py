@@ -15,6 +15,7 @@ from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.methods import BASELINES, METHODS
 from training.rejection import (
     accuracy,
+    informative,
     interval,
     oracle_curve,
     paired_bootstrap_prr,
@@ -93,6 +94,12 @@ def build_report(
         everything = list(range(len(texts)))
         report[OVERALL] = _entry(table, targets, everything, resamples, seed)
         arrays[OVERALL] = {"quality": targets, "uncertainty": table}
+    differences = [
+        entry["default_vs_best_baseline"]["difference"]
+        for entry in report["datasets"].values()
+        if informative(entry["accuracy"]) and entry["default_vs_best_baseline"]["difference"] is not None
+    ]
+    report["mean_default_minus_best_baseline_informative"] = float(np.mean(differences)) if differences else None
     report["artifact"] = {
         "path": str(artifact.path),
         "variant": artifact.manifest.variant,

@@ -22,7 +22,14 @@ from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
 from training.commands.fit import Choice, FitOptions, fit_final, load_runs, prepare_folds
-from training.rejection import accuracy, interval, paired_bootstrap_prr, prediction_rejection_ratio
+from training.rejection import (
+    INFORMATIVE_ACCURACY,
+    accuracy,
+    informative,
+    interval,
+    paired_bootstrap_prr,
+    prediction_rejection_ratio,
+)
 from training.runs import iter_texts
 from training.scoring import baseline_table, ranked
 from training.two_stage import Variant
@@ -81,8 +88,12 @@ def run_lodo(
             "tad_minus_msp": finite_or_none(prr["tad"] - prr["msp"]),
             "tad_minus_msp_ci95": interval(boot["tad"] - boot["msp"]),
         }
-    differences = [e["tad_minus_msp"] for e in report["datasets"].values() if e["tad_minus_msp"] is not None]
-    report["mean_tad_minus_msp"] = float(np.mean(differences)) if differences else None
+    differences = [
+        e["tad_minus_msp"]
+        for e in report["datasets"].values()
+        if e["tad_minus_msp"] is not None and informative(e["accuracy"])
+    ]
+    report["mean_tad_minus_msp_informative"] = float(np.mean(differences)) if differences else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "lodo.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "lodo.md").write_text(lodo_markdown(report))
@@ -106,6 +117,11 @@ def lodo_markdown(report: dict[str, Any]) -> str:
         cells.append("n/a" if diff is None else f"{diff:+.3f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""))
         accuracy_text = "n/a" if entry["accuracy"] is None else f"{entry['accuracy']:.3f}"
         lines.append(f"| {name} | {entry['n']} | {accuracy_text} | " + " | ".join(cells) + " |")
-    mean = report.get("mean_tad_minus_msp")
-    lines += ["", f"Mean TAD − MSP over held-out datasets: {'n/a' if mean is None else f'{mean:+.3f}'}"]
+    mean = report.get("mean_tad_minus_msp_informative")
+    low, high = INFORMATIVE_ACCURACY
+    lines += [
+        "",
+        f"Mean TAD − MSP over the held-out datasets with accuracy in [{low}, {high}]: "
+        + ("n/a" if mean is None else f"{mean:+.3f}"),
+    ]
     return "\n".join(lines) + "\n"
