@@ -119,17 +119,25 @@ def error_threshold_natural(
         chosen = float(threshold)
     if chosen is None:
         return None
-    achieved_coverage, achieved_error = _achieved(uncertainty, wrong, chosen)
+    return _certified(uncertainty, wrong, chosen, max_error, delta, "in the thresholds' natural order")
+
+
+def _certified(
+    uncertainty: np.ndarray, wrong: np.ndarray, threshold: float, max_error: float, delta: float, order: str
+) -> Threshold:
+    """The certified threshold with what it achieves on the calibration set and its guarantee in words."""
+    coverage, error = _achieved(uncertainty, wrong, threshold)
+    n = len(uncertainty)
     return Threshold(
-        threshold=chosen,
+        threshold=threshold,
         kind="error",
         target=max_error,
-        coverage=achieved_coverage,
-        error=achieved_error,
+        coverage=coverage,
+        error=error,
         n=n,
         guarantee=(
             f"P(error rate among accepted <= {max_error:g}) >= {1 - delta:g} over the calibration sample "
-            f"(Learn-then-Test, fixed-sequence binomial tests in the thresholds' natural order, n={n})"
+            f"(Learn-then-Test, fixed-sequence binomial tests {order}, n={n})"
         ),
     )
 
@@ -162,19 +170,6 @@ def error_threshold(
         if accepted_b[index] == 0 or binom.cdf(errors_b[index], accepted_b[index], max_error) > delta:
             break
         passed.append(float(candidates[index]))
-    chosen = max(passed) if passed else None
-    if chosen is None:
+    if not passed:
         return None
-    achieved_coverage, achieved_error = _achieved(uncertainty, wrong, chosen)
-    return Threshold(
-        threshold=chosen,
-        kind="error",
-        target=max_error,
-        coverage=achieved_coverage,
-        error=achieved_error,
-        n=n,
-        guarantee=(
-            f"P(error rate among accepted <= {max_error:g}) >= {1 - delta:g} over the calibration sample "
-            f"(Learn-then-Test, fixed-sequence binomial tests, n={n}, split in halves, seed {seed})"
-        ),
-    )
+    return _certified(uncertainty, wrong, max(passed), max_error, delta, f"ordered on a random half, seed {seed}")
