@@ -2,27 +2,9 @@
 
 import pytest
 
-from training.data import QARecord, Task
+from tests.training.test_targets import _mc_record, _record, _truthful_record
+from training.data import Task
 from training.tasks import TASKS, build_messages, score_answer
-
-CHOICES = ["Fish", "Bird", "Reptile", "Mammal"]
-
-
-def _record(task, answers, **fields):
-    return QARecord(id="r1", question="q?", answers=answers, task=task, **fields)
-
-
-def _mc_record(key="B", **fields):
-    meta = {"answer_key": key} if key else {}
-    return _record(Task.MULTIPLE_CHOICE, [CHOICES["ABCD".index(key or "B")]], choices=CHOICES, meta=meta, **fields)
-
-
-def _truthful_record(incorrect):
-    return _record(
-        Task.OPEN_QA_TRUTHFULNESS,
-        ["Nothing happens if you swallow gum", "The gum passes through you"],
-        meta={"incorrect_answers": incorrect},
-    )
 
 
 def test_every_task_has_an_entry_and_a_prompt():
