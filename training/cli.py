@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--out", type=Path, required=True, help="run folder")
     generate.add_argument("--n-lags", type=int, default=10, help="attention lags N to store")
     generate.add_argument("--shard-size", type=int, default=64, help="records per shard")
+    generate.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="valid records per file to pass over first: a second run with --skip N extends one made with "
+        "--limit N by disjoint records",
+    )
     generate.add_argument("--max-prompt-tokens", type=int, default=2048)
     generate.add_argument("--dtype", default="auto")
     generate.add_argument(
@@ -86,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="training variants to cross-validate (training/two_stage.py)",
     )
     fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
+    fit.add_argument(
+        "--no-combiner",
+        dest="combiner",
+        action="store_false",
+        help="skip measuring the sequence-level combiner over TAD and the baselines (training/combiner.py)",
+    )
     fit.add_argument("--mlp-width", type=int, default=256)
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
     fit.add_argument(
@@ -180,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
                 model=args.model or DEFAULT_MODEL,
                 n_lags=args.n_lags,
                 limit=args.limit,
+                skip=args.skip,
                 max_new_tokens=args.max_new_tokens,
                 batch_size=args.batch_size,
                 shard_size=args.shard_size,
@@ -211,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                 variants=tuple(Variant(v) for v in args.variants),
                 extra_feature_sets=tuple(tuple(s.split("+")) for s in args.extra_feature_sets if s != "none"),
                 stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
+                combiner=args.combiner,
             )
         )
         chosen = manifest.metrics["cv"]["chosen"]

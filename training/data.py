@@ -82,11 +82,13 @@ def dataset_name(path: Path) -> str:
 
 
 def read_records(
-    paths: Sequence[Path], limit: int | None = None, bad: list[BadRecord] | None = None
+    paths: Sequence[Path], limit: int | None = None, bad: list[BadRecord] | None = None, skip: int = 0
 ) -> Iterator[LocatedRecord]:
-    """Valid records of every file in order, at most `limit` per file; bad lines go to `bad`."""
+    """Valid records of every file in order, at most `limit` per file after the first `skip` valid
+    ones (so a later run can extend an earlier one with disjoint records); bad lines go to `bad`."""
     for path in paths:
         taken = 0
+        skipped = 0
         with Path(path).open("rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 if limit is not None and taken >= limit:
@@ -106,6 +108,9 @@ def read_records(
                         f"{'.'.join(str(p) for p in item['loc']) or 'record'}: {item['msg']}" for item in error.errors()
                     )
                     _report(bad, BadRecord(Path(path), number, f"invalid record ({reason})"))
+                    continue
+                if skipped < skip:
+                    skipped += 1
                     continue
                 taken += 1
                 yield LocatedRecord(record=record, dataset=dataset_name(Path(path)), path=Path(path), line=number)

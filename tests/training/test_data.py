@@ -79,6 +79,15 @@ def test_limit_is_per_file_and_counts_valid_records(tmp_path):
     assert list(read_records([first], limit=0)) == []
 
 
+def test_skip_passes_over_valid_records_per_file_so_runs_extend_without_overlap(tmp_path):
+    first = _write(tmp_path / "triviaqa_train.jsonl", ["not json", _good("t1"), _good("t2"), _good("t3")])
+    second = _write(tmp_path / "gsm8k_dev.jsonl", [_good("g1", task="math_word_problem"), _good("g2")])
+    earlier = [item.record.id for item in read_records([first, second], limit=2)]
+    later = [item.record.id for item in read_records([first, second], limit=2, skip=2)]
+    assert later == ["t3"]
+    assert not set(earlier) & set(later)
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

@@ -34,6 +34,7 @@ from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo, write
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES
 from app.uncertainty.tad import Regressor, TadScorer
+from training.combiner import combiner_inputs, cross_validate_combiner, informative_mean, per_dataset_prr
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
 from training.runs import iter_texts, read_run_settings
@@ -79,6 +80,7 @@ class FitOptions:
     # their fold-by-fold gain is significant (paired_gain).
     extra_feature_sets: Sequence[tuple[str, ...]] = (("entropy",), ("top2_margin",), ("entropy", "top2_margin"))
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
+    combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) out of fold
 
 
 @dataclass
@@ -358,6 +360,52 @@ def _fit_final_mlp(
     return model
 
 
+def out_of_fold_confidences(
+    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, choice: Choice, epsilon: float
+) -> list[np.ndarray]:
+    """Each text's TAD confidences from the chosen configuration trained without the text's fold."""
+    confidences: list[np.ndarray] = [np.zeros(0)] * len(texts)
+    index_of = {id(t): i for i, t in enumerate(texts)}
+    for f in tqdm(range(data.count), desc="fit: out-of-fold TAD", unit="fold"):
+        train, train_folds = data.texts_without(f, texts)
+        available = [g for g in range(data.count) if g != f]
+        stage1 = stage1_for_stage2(
+            train, train_folds, data, available, choice.alpha_stage1, choice.variant, spec, epsilon
+        )
+        model = fit_ridge(
+            stage2_stats(data.static_without(f), cross_stats(train, [stage1], spec), 0, spec), choice.alpha
+        )
+        scorer = TadScorer(model, spec, epsilon)
+        for text in data.groups[f]:
+            confidences[index_of[id(text)]] = scorer.confidences_of(text.token_trace()) if len(text) else np.zeros(0)
+    return confidences
+
+
+def measure_combiner(
+    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, chosen_row: dict[str, Any], epsilon: float
+) -> dict[str, Any]:
+    """The sequence-level combiner against TAD alone on the same folds (an ablation: reported, not shipped)."""
+    confidences = out_of_fold_confidences(texts, spec, data, Choice.of(chosen_row), epsilon)
+    traces = [t.token_trace() for t in texts]
+    features = np.array([combiner_inputs(trace, c) for trace, c in zip(traces, confidences, strict=True)])
+    targets = np.array([t.target for t in texts])
+    result = cross_validate_combiner(features, targets, data.fold_of)
+    aggregation = Aggregation(chosen_row["aggregation"])
+    tad = np.array([ranked(aggregate(c, aggregation)) for c in confidences])
+    tad_folds = [
+        prediction_rejection_ratio(tad[data.fold_of == f], targets[data.fold_of == f]) for f in range(data.count)
+    ]
+    scores = {"tad": tad, "combined": result.scores, **baseline_table(traces)}
+    table = per_dataset_prr(scores, targets, [t.dataset for t in texts])
+    return {
+        **result.summary(),
+        "tad_prr_folds": tad_folds,
+        "gain_over_tad": paired_gain(result.fold_prr, tad_folds),
+        "per_dataset": table,
+        "informative_mean": {name: informative_mean(table, name) for name in scores},
+    }
+
+
 def library_versions() -> dict[str, str]:
     """Versions that matter for unpickling the regressor and for the features."""
     from importlib.metadata import version
@@ -466,6 +514,7 @@ def run_fit(options: FitOptions) -> Manifest:
         result.chosen_row,
         result.baselines,
     )
+    combiner = measure_combiner(texts, spec, data, chosen_row, options.epsilon) if options.combiner else None
     chosen = Choice.of(chosen_row)
     others = [Choice.of(best[v.value]) for v in options.variants if v is not chosen.variant and v.value in best]
     (stage1_main, stage2_main), *alternatives = fit_final(texts, spec, data, [chosen, *others], options.epsilon)
@@ -523,6 +572,7 @@ def run_fit(options: FitOptions) -> Manifest:
                 "convention": spec.convention.value,
                 "conventions": {c.value: r.summary() for c, r in results.items()},
                 "feature_ablations": ablations,
+                "combiner": combiner,
                 "convention_rule": "generating unless consuming's CV PRR exceeds it by more than consuming's CV std",
                 "baselines": {name: {"prr_mean": _mean(v), "prr_folds": v} for name, v in baselines.items()},
                 "grid": table,

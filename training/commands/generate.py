@@ -44,6 +44,7 @@ class GenerateOptions:
     model: str
     n_lags: int = 10
     limit: int | None = None
+    skip: int = 0  # valid records per file passed over first (extends an earlier run with disjoint records)
     max_new_tokens: int | None = None
     batch_size: int = 8
     shard_size: int = 64
@@ -89,6 +90,8 @@ def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) 
         "prompts": PROMPT_VERSION,
         "prompt_style": options.prompt_style.value,
         "capture": CAPTURE_VERSION,
+        # Only when used, so runs made before the option existed still resume.
+        **({"skip": options.skip} if options.skip else {}),
     }
 
 
@@ -96,7 +99,7 @@ def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0) 
     path = out / RUN_FILE
     if path.is_file():
         existing = json.loads(path.read_text())
-        changed = sorted(key for key in settings if existing.get(key) != settings[key])
+        changed = sorted(key for key in settings.keys() | existing.keys() if existing.get(key) != settings.get(key))
         if changed:
             raise SystemExit(
                 f"{out} was generated with different settings ({', '.join(changed)}); "
@@ -175,7 +178,7 @@ def answer_records(
 def run_generate(options: GenerateOptions, distribution: Distribution | None = None) -> Path:
     distribution = distribution or Distribution.detect()
     bad: list[BadRecord] = []
-    records = list(read_records(options.data, limit=options.limit, bad=bad))
+    records = list(read_records(options.data, limit=options.limit, bad=bad, skip=options.skip))
     bad_in_data = len(bad)
     shards = plan_shards(records, options.shard_size)
     out = options.out

@@ -119,3 +119,14 @@ def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     assert mlp["width"] == 16 and len(mlp["grid"]) == 2  # one configuration x two aggregations
     assert all(len(row["prr_folds"]) == 5 for row in mlp["grid"])
     assert manifest.regressor.kind in ("ridge", "mlp")
+
+
+def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=()))
+    cv = manifest.metrics["cv"]
+    combiner = cv["combiner"]
+    # The out-of-fold TAD the combiner reads reproduces the cross-validation's own held-out PRRs.
+    np.testing.assert_allclose(combiner["tad_prr_folds"], cv["chosen"]["prr_folds"], rtol=1e-9, atol=1e-12)
+    assert len(combiner["prr_folds"]) == 5
+    assert set(combiner["per_dataset"]) == {t for t in manifest.training["datasets"]}
+    assert {"tad", "combined", "msp"} <= set(combiner["informative_mean"])

@@ -77,6 +77,8 @@ def test_rerun_with_other_settings_is_refused(
     run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4))
     with pytest.raises(SystemExit, match="different settings"):
         run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4, n_lags=2))
+    with pytest.raises(SystemExit, match="different settings"):
+        run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4, skip=4))
 
 
 def test_bad_records_are_reported_and_skipped(
