@@ -56,6 +56,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from app.engine.architectures import check_architecture
 from app.engine.attention_capture import register_capture_attention
 from app.engine.engine import Engine
 from app.engine.loading import LoadedModel
@@ -153,7 +154,9 @@ def make_engine(
         vocab_size=int(config.vocab_size),
     )
     device = model.get_input_embeddings().weight.device
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, identity=identity, device=device)
+    loaded = LoadedModel(
+        model=model, tokenizer=tokenizer, identity=identity, device=device, architecture=check_architecture(model)
+    )
     # last_row: the consuming convention's extra 1-token step for the last token's own row
     engine = Engine(loaded, n_lags=n_lags, allow_fused_kernel=fused, last_row=True)
     engine.context = replace(engine.context, stop_token_ids=frozenset())  # always exactly max_new_tokens

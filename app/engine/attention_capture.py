@@ -27,8 +27,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-CAPTURE_ATTENTION = "tad_sdpa_capture"
-"""Name under which the capturing attention function is registered."""
+CAPTURE_ATTENTION = "tad_capture"
+"""Name under which the capturing attention function is registered. Without "sdpa" in it:
+transformers refuses any name containing "sdpa" for models whose attention sdpa cannot
+express (Gemma-2's soft-capping), which this function computes explicitly instead."""
 
 _FUSED_CPU_KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -38,9 +40,38 @@ class _DecodeStep:
     """What one layer of a decode step leaves for the weights: no arithmetic during the forward."""
 
     query: torch.Tensor  # [batch, kv_heads, groups, head_dim]
-    key: torch.Tensor  # [batch, kv_heads, kv_length, head_dim] (the cache's tensor, not a copy)
+    keys: torch.Tensor  # [batch, kv_heads, n_lags + 1, head_dim]: the last keys, zero-padded on the left
+    mask: torch.Tensor  # [batch, 1, 1, n_lags + 1] float32: 0 where the query may attend, -inf elsewhere
     log_sum_exp: torch.Tensor  # [batch, kv_heads, groups]
     scale: float
+    softcap: float | None = None  # attention-logit soft-capping (Gemma-2): tanh(s / cap) * cap before the mask
+
+
+def _last_keys(
+    key: torch.Tensor, attention_mask: torch.Tensor | None, n_slots: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's last `n_slots` keys and their mask for the one query, left-padded where the layer holds fewer.
+
+    Each layer is cut from its own end: a sliding-window layer's cache is shorter than a full
+    layer's, and the query is always the last key. Masked keys (padding before a row's start,
+    keys outside a window) get -inf, so their weight is exactly zero.
+    """
+    batch, kv_length = key.shape[0], key.shape[2]
+    width = min(n_slots, kv_length)
+    keys = key[:, :, kv_length - width :]
+    if attention_mask is None:
+        mask = torch.zeros((batch, 1, 1, width), dtype=torch.float32, device=key.device)
+    else:
+        window = attention_mask[..., -1:, kv_length - width :]
+        if window.dtype == torch.bool:
+            mask = torch.zeros(window.shape, dtype=torch.float32, device=key.device).masked_fill_(~window, -torch.inf)
+        else:
+            mask = window.float()
+        mask = mask.expand(batch, 1, 1, width)
+    if width < n_slots:
+        keys = torch.nn.functional.pad(keys, (0, 0, n_slots - width, 0))
+        mask = torch.nn.functional.pad(mask, (n_slots - width, 0), value=-torch.inf)
+    return keys, mask
 
 
 @dataclass
@@ -86,15 +117,17 @@ class AttentionCapture:
     def _decode_weights(self) -> torch.Tensor:
         steps: list[_DecodeStep] = self.decode_steps  # type: ignore[assignment]
         device = steps[0].query.device
-        kv_length = steps[0].key.shape[2]
-        n_window = min(self.n_lags + 1, kv_length)
         queries = torch.stack([step.query.to(device) for step in steps])  # [L, b, kvh, g, d]
-        windows = torch.stack([step.key[:, :, kv_length - n_window : kv_length].to(device) for step in steps])
+        keys = torch.stack([step.keys.to(device) for step in steps])  # [L, b, kvh, slots, d]
+        masks = torch.stack([step.mask.to(device) for step in steps])  # [L, b, 1, 1, slots]
         log_sum_exp = torch.stack([step.log_sum_exp.to(device) for step in steps]).unsqueeze(-1)
-        scores = torch.matmul(queries.float(), windows.float().transpose(-1, -2))  # [L, b, kvh, g, window]
-        weights = torch.exp(scores.mul_(steps[0].scale).sub_(log_sum_exp.float())).flip(-1)
-        if n_window < self.n_lags + 1:
-            weights = torch.nn.functional.pad(weights, (0, self.n_lags + 1 - n_window))
+        scales = torch.tensor([step.scale for step in steps], device=device).view(-1, 1, 1, 1, 1)
+        scores = torch.matmul(queries.float(), keys.float().transpose(-1, -2)).mul_(scales)  # [L, b, kvh, g, slots]
+        if any(step.softcap is not None for step in steps):
+            caps = torch.tensor([step.softcap or 1.0 for step in steps], device=device).view(-1, 1, 1, 1, 1)
+            capped = torch.tensor([step.softcap is not None for step in steps], device=device).view(-1, 1, 1, 1, 1)
+            scores = torch.where(capped, torch.tanh(scores / caps) * caps, scores)
+        weights = torch.exp(scores.add_(masks).sub_(log_sum_exp.float())).flip(-1)
         layers, batch, kv_heads, groups, _ = weights.shape
         # [L, b, kvh * g = heads, slots] -> [b, 1, L, heads, slots]
         weights = weights.reshape(layers, batch, kv_heads * groups, self.n_lags + 1).permute(1, 0, 2, 3)
@@ -147,7 +180,8 @@ def _decode_rows(
         else:
             mask = attention_mask.to(query.dtype)
     output, log_sum_exp = _FUSED_CPU_KERNEL(packed, key, value, 0.0, False, attn_mask=mask, scale=scaling)
-    capture.decode_steps[module.layer_idx] = _DecodeStep(packed, key, log_sum_exp, scaling)
+    keys, window_mask = _last_keys(key, attention_mask, capture.n_lags + 1)
+    capture.decode_steps[module.layer_idx] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scaling)
     return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
 
 
@@ -170,7 +204,10 @@ def _record_decode_row(
             scores = scores.masked_fill(~attention_mask, float("-inf"))
         else:
             scores = scores + attention_mask.float()
-    capture.decode_steps[module.layer_idx] = _DecodeStep(packed, key, torch.logsumexp(scores, dim=-1), scale)
+    keys, window_mask = _last_keys(key, attention_mask, capture.n_lags + 1)
+    capture.decode_steps[module.layer_idx] = _DecodeStep(
+        packed, keys, window_mask, torch.logsumexp(scores, dim=-1), scale
+    )
 
 
 def _scored_rows(
@@ -200,6 +237,62 @@ def _scored_rows(
     return torch.exp(_lag_window(scores, query_positions, capture.n_lags) - log_sum_exp)
 
 
+def _masked_scores(
+    scores: torch.Tensor, attention_mask: torch.Tensor | None, query_positions: torch.Tensor
+) -> torch.Tensor:
+    """Scores `[..., queries, keys]` with the mask applied (causal, bottom-right aligned, when there is none).
+
+    Masked entries get the lowest finite float, as eager attention does, not -inf: a padding
+    query masked everywhere then has a finite (uniform) softmax instead of NaN, which would
+    reach real rows through its value vector (0 x NaN is NaN).
+    """
+    lowest = torch.finfo(scores.dtype).min
+    if attention_mask is None:
+        keys = torch.arange(scores.shape[-1], device=scores.device)
+        return scores.masked_fill(keys[None, :] > query_positions[:, None], lowest)
+    if attention_mask.dtype == torch.bool:
+        return scores.masked_fill(~attention_mask, lowest)
+    return (scores + attention_mask.float()).clamp_(min=lowest)
+
+
+def _explicit_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+    capture: AttentionCapture | None,
+) -> torch.Tensor:
+    """Attention with logit soft-capping, as the model's eager attention computes it (float32 softmax).
+
+    sdpa has no soft-capping; layers that need it take this path, capture or not.
+    """
+    q_length, kv_length = query.shape[2], key.shape[2]
+    groups = query.shape[1] // key.shape[1]
+    scores = torch.matmul(query.float(), repeat_kv(key, groups).float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    query_positions = torch.arange(kv_length - q_length, kv_length, device=query.device)
+    if attention_mask is not None:
+        attention_mask = attention_mask[..., -q_length:, -kv_length:]
+    scores = _masked_scores(scores, attention_mask, query_positions)
+    output = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), repeat_kv(value, groups))
+    if capture is not None:
+        if q_length == 1:
+            batch, _, _, head_dim = query.shape
+            packed = query.reshape(batch, key.shape[1], groups, head_dim)
+            log_sum_exp = torch.logsumexp(scores, dim=-1).reshape(batch, key.shape[1], groups)
+            keys, window_mask = _last_keys(key, attention_mask, capture.n_lags + 1)
+            capture.decode_steps[module.layer_idx] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scale, softcap)
+        else:
+            wanted = scores[:, :, capture.query_start :, :]
+            log_sum_exp = torch.logsumexp(wanted, dim=-1, keepdim=True)
+            window = _lag_window(wanted, query_positions[capture.query_start :], capture.n_lags)
+            capture.rows[module.layer_idx] = torch.exp(window - log_sum_exp)
+    return output.transpose(1, 2).contiguous()
+
+
 def capture_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -212,6 +305,10 @@ def capture_attention_forward(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """`sdpa` attention that also records TAD's attention rows when `tad_capture` is passed."""
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return _explicit_attention(module, query, key, value, attention_mask, scale, float(softcap), tad_capture), None
     if tad_capture is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

@@ -4,6 +4,11 @@ Sequences are left-padded so that every row ends at the same column; each row ha
 position ids, so a sequence computes the same thing whatever its neighbours. Batches can
 lose finished rows and take in newly prefilled ones between steps (continuous batching):
 the key/value caches are left-padded to a common length and concatenated.
+
+A sliding-window cache layer (Mistral, Gemma-2/3) holds only the last `window - 1` keys of
+the batch's columns and counts every column it has seen (`cumulative_length`), from which
+transformers places its window in the attention mask: merging and trimming keep both in
+step with the mask (`_merge_layer`, `_trim_layer`).
 """
 
 from __future__ import annotations
@@ -81,6 +86,34 @@ def _pad_cache_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
     if width == 0:
         return tensor
     return torch.nn.functional.pad(tensor, (0, 0, width, 0))
+
+
+def _trim_layer(layer: object, index: torch.Tensor, first: int) -> None:
+    """Keep rows `index` and drop the first `first` columns (padding in every kept row)."""
+    keys = layer.keys.index_select(0, index.to(layer.keys.device))  # type: ignore[attr-defined]
+    values = layer.values.index_select(0, index.to(layer.values.device))  # type: ignore[attr-defined]
+    if getattr(layer, "is_sliding", False):
+        layer.cumulative_length -= first  # type: ignore[attr-defined]
+        held = min(keys.shape[2], layer.cumulative_length)  # type: ignore[attr-defined]
+        keys, values = keys[:, :, keys.shape[2] - held :], values[:, :, values.shape[2] - held :]
+    else:
+        keys, values = keys[:, :, first:], values[:, :, first:]
+    layer.keys, layer.values = keys, values  # type: ignore[attr-defined]
+
+
+def _merge_layer(own: object, new: object, mine: int, theirs: int) -> None:
+    """Stack `new`'s rows under `own`'s; `mine`/`theirs`: the two batches' column counts."""
+    width = max(mine, theirs)
+    own_keys, new_keys = own.keys, new.keys  # type: ignore[attr-defined]
+    own_values, new_values = own.values, new.values  # type: ignore[attr-defined]
+    if getattr(own, "is_sliding", False):
+        held = max(own_keys.shape[2], new_keys.shape[2])
+        own_pad, new_pad = held - own_keys.shape[2], held - new_keys.shape[2]
+        own.cumulative_length = width  # type: ignore[attr-defined]
+    else:
+        own_pad, new_pad = width - mine, width - theirs
+    own.keys = torch.cat([_pad_cache_left(own_keys, own_pad), _pad_cache_left(new_keys, new_pad)])  # type: ignore[attr-defined]
+    own.values = torch.cat([_pad_cache_left(own_values, own_pad), _pad_cache_left(new_values, new_pad)])  # type: ignore[attr-defined]
 
 
 class DecodeBatch:
@@ -244,8 +277,7 @@ class DecodeBatch:
         first = int(real_columns[0].item()) if len(real_columns) else 0
         self.attention_mask = self.attention_mask[:, first:]
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))[:, :, first:, :]
-            layer.values = layer.values.index_select(0, index.to(layer.values.device))[:, :, first:, :]
+            _trim_layer(layer, index, first)
 
     def merge(self, other: DecodeBatch) -> None:
         """Take in the rows of another batch (typically just prefilled)."""
@@ -258,10 +290,7 @@ class DecodeBatch:
         mine, theirs = self.attention_mask.shape[1], other.attention_mask.shape[1]
         width = max(mine, theirs)
         for own, new in zip(self.cache.layers, other.cache.layers, strict=True):
-            own.keys = torch.cat([_pad_cache_left(own.keys, width - mine), _pad_cache_left(new.keys, width - theirs)])
-            own.values = torch.cat(
-                [_pad_cache_left(own.values, width - mine), _pad_cache_left(new.values, width - theirs)]
-            )
+            _merge_layer(own, new, mine, theirs)
         self.attention_mask = torch.cat(
             [
                 torch.nn.functional.pad(self.attention_mask, (width - mine, 0)),

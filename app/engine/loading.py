@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from app.engine.architectures import ArchitectureSupport, UnsupportedArchitecture, check_architecture
 from app.engine.attention_capture import register_capture_attention
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
@@ -56,6 +57,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     identity: ModelIdentity
     device: torch.device
+    architecture: ArchitectureSupport
 
 
 def resolve_source(spec: str) -> ModelSource:
@@ -182,6 +184,10 @@ def load_model(
         )
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
+    try:
+        architecture = check_architecture(model)
+    except UnsupportedArchitecture as error:
+        raise ModelLoadError(f"cannot serve model {spec!r}: {error}") from error
     if not placement:
         model.to(resolved_device)
     model.eval()
@@ -197,5 +203,9 @@ def load_model(
         vocab_size=int(config.vocab_size),
     )
     return LoadedModel(
-        model=model, tokenizer=tokenizer, identity=identity, device=model.get_input_embeddings().weight.device
+        model=model,
+        tokenizer=tokenizer,
+        identity=identity,
+        device=model.get_input_embeddings().weight.device,
+        architecture=architecture,
     )

@@ -19,6 +19,7 @@ class ReadyResponse(BaseModel):
 
 class InfoResponse(BaseModel):
     model: dict[str, Any]
+    architecture: dict[str, Any]  # model_type, whether CI tests it, and a note when it does not
     device: str
     dtype: str
     tad_available: bool

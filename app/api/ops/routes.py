@@ -85,6 +85,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
     policy = runtime.default_policy()
     return InfoResponse(
         model=engine.identity.model_dump(),
+        architecture=engine.loaded.architecture.as_dict(),
         device=str(engine.device),
         dtype=str(engine.dtype).removeprefix("torch."),
         tad_available=runtime.artifact is not None,

@@ -106,6 +106,7 @@ def test_without_an_artifact_baselines_answer(service_settings: Settings, tmp_pa
 def test_info_describes_model_artifact_and_policy(client: TestClient) -> None:
     info = client.get("/info").json()
     assert info["model"]["num_layers"] == 3 and info["device"] == "cpu"
+    assert info["architecture"] == {"model_type": "llama", "tested": True, "note": None}
     assert info["artifact"]["features"]["n_lags"] == 4 and info["artifact"]["files"]
     assert info["policy"]["method"] == "tad" and info["policy"]["active"]
     assert info["limits"]["max_new_tokens"] == 32
