@@ -58,9 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--dtype", default="auto")
     generate.add_argument(
         "--prompt-style",
-        choices=("task", "bare"),
+        choices=("task", "bare", "few-shot"),
         default="task",
-        help="task: the task's instruction (short answers); bare: the question alone, as users ask (64 tokens)",
+        help="task: the task's instruction (short answers); bare: the question alone, as users ask (64 tokens); "
+        "few-shot: k worked examples from the train split, then the question (base models, no chat template)",
+    )
+    generate.add_argument(
+        "--shots-from",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="few-shot example files (default: each data file's <dataset>_train.jsonl beside it)",
     )
     _add_generation_options(generate)
 
@@ -202,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
                 dtype=args.dtype,
                 cache_dir=args.cache_dir,
                 prompt_style=PromptStyle(args.prompt_style),
+                shots_from=args.shots_from,
             )
         )
     elif args.command == "fit":

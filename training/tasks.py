@@ -6,7 +6,8 @@ unknown task is an error, never a silent fallback to another task's prompt or sc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -83,13 +84,71 @@ if _MISSING:
 
 
 class PromptStyle(StrEnum):
-    """How a record is asked: with the task's instruction, or bare, the way users ask in a chat."""
+    """How a record is asked: with the task's instruction, bare (the way users ask in a chat), or
+    k-shot for base models without a chat template (the paper's prompting)."""
 
     TASK = "task"
     BARE = "bare"
+    FEW_SHOT = "few-shot"
 
 
 BARE_MAX_NEW_TOKENS = 64
+# Shots per task (the paper's appendix: 5-shot for short answers; fewer where examples are long).
+FEW_SHOT_COUNT: dict[Task, int] = {
+    Task.OPEN_QA: 5,
+    Task.OPEN_QA_TRUTHFULNESS: 5,
+    Task.MULTIPLE_CHOICE: 5,
+    Task.MATH_WORD_PROBLEM: 5,
+    Task.EXTRACTIVE_QA: 1,
+    Task.LONG_FORM_QA: 2,
+}
+# A base model continues the pattern with the next question: its answer ends where that turn starts.
+FEW_SHOT_STOP = ("\nQuestion:", "\n\n")
+_CALCULATOR = re.compile(r"<<[^>]*>>")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One record as the model is asked: chat messages, or a raw text (few-shot); stop strings."""
+
+    messages: list[dict[str, str]] | None = None
+    text: str | None = None
+    stop: tuple[str, ...] = ()
+
+
+def _shot_answer(record: QARecord) -> str:
+    """The reference answer as a worked example shows it."""
+    if record.task is Task.MULTIPLE_CHOICE and record.choices and record.answers[0] in record.choices:
+        return LETTERS[record.choices.index(record.answers[0])]
+    if record.task is Task.MATH_WORD_PROBLEM and record.meta.get("rationale"):
+        steps = _CALCULATOR.sub("", str(record.meta["rationale"])).split("####")[0].strip()
+        return f"{steps}\nThe answer is {record.answers[0]}."
+    if record.task is Task.OPEN_QA_TRUTHFULNESS and record.meta.get("best_answer"):
+        return str(record.meta["best_answer"])
+    return record.answers[0]
+
+
+def _turn(record: QARecord) -> str:
+    """Passage and options if the task has them, then the question, ending with 'Answer:'."""
+    parts = [f"Passage: {record.context}"] if record.task is Task.EXTRACTIVE_QA else []
+    parts.append(f"Question: {record.question}")
+    if record.task is Task.MULTIPLE_CHOICE:
+        parts += [f"{LETTERS[i]}. {choice}" for i, choice in enumerate(record.choices or [])]
+    return "\n".join(parts) + "\nAnswer:"
+
+
+def few_shot_prompt(record: QARecord, pool: Sequence[QARecord]) -> str:
+    """k worked examples of the record's task from `pool` (never the record itself), then the record."""
+    shots = [shot for shot in pool if shot.id != record.id and shot.task is record.task][: FEW_SHOT_COUNT[record.task]]
+    examples = [f"{_turn(shot)} {_shot_answer(shot)}" for shot in shots]
+    return "\n\n".join([*examples, _turn(record)])
+
+
+def build_prompt(record: QARecord, style: PromptStyle, pool: Sequence[QARecord] = ()) -> Prompt:
+    """How `record` is asked in `style`; few-shot examples come from `pool` (a train split)."""
+    if style is PromptStyle.FEW_SHOT:
+        return Prompt(text=few_shot_prompt(record, pool), stop=FEW_SHOT_STOP)
+    return Prompt(messages=build_messages(record, style))
 
 
 def build_messages(record: QARecord, style: PromptStyle = PromptStyle.TASK) -> list[dict[str, str]]:

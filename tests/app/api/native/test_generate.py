@@ -160,3 +160,22 @@ def test_chat_template_errors_are_bad_input(client: TestClient, monkeypatch) -> 
     monkeypatch.setattr(tokenizer, "apply_chat_template", refuse)
     response = client.post("/v1/generate", json={"messages": CHAT})
     assert response.status_code == 422 and response.json()["error"]["param"] == "messages"
+
+
+def test_chat_messages_to_a_base_model_are_a_clear_422(service_settings: Settings, tmp_path_factory) -> None:
+    import shutil
+
+    base = tmp_path_factory.mktemp("base") / "model"
+    shutil.copytree(service_settings.model, base)
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    with make_client(service_settings, model=str(base), artifact_dir=tmp_path_factory.mktemp("none")) as client:
+        for path, body in (
+            ("/v1/generate", {"messages": CHAT, "max_new_tokens": 4}),
+            ("/v1/chat/completions", {"model": client.get("/v1/models").json()["data"][0]["id"], "messages": CHAT}),
+        ):
+            response = client.post(path, json=body)
+            assert response.status_code == 422, path
+            error = response.json()
+            error = error["error"] if isinstance(error["error"], dict) else error  # the OpenAI routes nest it
+            assert "no chat template" in (error.get("message") or error["error"]) and error["param"] == "messages"
+        assert client.post("/v1/generate", json={"prompt": "what is", "max_new_tokens": 4}).status_code == 200
