@@ -1,0 +1,87 @@
+"""deploy/k8s: every manifest validates against the Kubernetes schema (kubernetes-validate, strict),
+and the pieces agree with each other and with the app (labels, ports, probe routes, drain time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from app.main import create_app
+from app.settings import Settings
+
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+CORE_KINDS = {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap"}
+
+
+def _documents() -> dict[str, dict[str, Any]]:
+    documents = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            documents[document["kind"]] = document
+    return documents
+
+
+DOCUMENTS = _documents()
+
+
+@pytest.mark.parametrize("kind", sorted(CORE_KINDS))
+def test_core_manifests_validate_strictly(kind: str) -> None:
+    kubernetes_validate.validate(DOCUMENTS[kind], kubernetes_validate.latest_version(), strict=True)
+
+
+def test_every_manifest_is_one_of_the_expected_kinds() -> None:
+    assert set(DOCUMENTS) == CORE_KINDS | {"ServiceMonitor"}
+
+
+def _container() -> dict[str, Any]:
+    (container,) = DOCUMENTS["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_selectors_ports_and_scaling_target_agree() -> None:
+    deployment, service = DOCUMENTS["Deployment"], DOCUMENTS["Service"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for selector in (
+        deployment["spec"]["selector"]["matchLabels"],
+        service["spec"]["selector"],
+        DOCUMENTS["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"],
+    ):
+        assert selector.items() <= labels.items()
+    monitor = DOCUMENTS["ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    service_ports = {port["name"] for port in service["spec"]["ports"]}
+    assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} <= service_ports
+    assert {port["targetPort"] for port in service["spec"]["ports"]} <= {p["name"] for p in _container()["ports"]}
+    target = DOCUMENTS["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+
+
+def test_probes_and_metrics_point_at_routes_the_app_serves() -> None:
+    routes = set(create_app(Settings()).openapi()["paths"])
+    container = _container()
+    probed = {container[probe]["httpGet"]["path"] for probe in ("startupProbe", "readinessProbe", "livenessProbe")}
+    scraped = {endpoint["path"] for endpoint in DOCUMENTS["ServiceMonitor"]["spec"]["endpoints"]}
+    assert probed | scraped <= routes
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"  # 503 while loading and draining
+    metric = DOCUMENTS["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    assert metric in DOCUMENTS["ConfigMap"]["data"]["config.yaml"]
+    from app.telemetry import ServiceMetrics
+
+    assert metric in {family.name for family in ServiceMetrics().registry.collect()}
+
+
+def test_the_grace_period_covers_pre_stop_and_the_drain() -> None:
+    spec = DOCUMENTS["Deployment"]["spec"]["template"]["spec"]
+    container = _container()
+    environment = {item["name"]: item.get("value") for item in container["env"]}
+    drain = float(environment["TAD_GRACEFUL_SHUTDOWN_S"])
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + drain
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounted = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert environment["TAD_CACHE_DIR"] in mounted and "/tmp" in mounted
