@@ -3,12 +3,16 @@
 On SIGTERM (or Ctrl-C) the service stops taking work: `/ready` and new `/v1` requests
 answer 503, requests in flight get up to TAD_GRACEFUL_SHUTDOWN_S to finish, then the
 server exits. A second signal exits at once. If the model or artifact fails to load,
-the process exits with status 1 and says why.
+the process exits with status 1 and says why. SIGHUP reloads the artifact at
+TAD_ARTIFACT_DIR without a restart (as `POST /admin/reload-artifact` does); a refused
+one is logged and the previous one keeps serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
 import threading
 import time
@@ -17,7 +21,7 @@ from types import FrameType
 import uvicorn
 
 from app.main import create_app
-from app.serving.runtime import Runtime
+from app.serving.runtime import ArtifactReloadError, Runtime
 from app.settings import Settings
 
 logger = logging.getLogger("app")
@@ -55,6 +59,20 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def reload_on_sighup(runtime: Runtime) -> None:
+    """SIGHUP: reload the artifact in a thread (hashing and unpickling must not block the signal handler)."""
+
+    def reload() -> None:
+        # A refusal is already logged with its reason; the previous artifact keeps serving.
+        with contextlib.suppress(ArtifactReloadError):
+            runtime.reload_artifact()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        threading.Thread(target=reload, name="tad-artifact-reload", daemon=True).start()
+
+    signal.signal(signal.SIGHUP, handler)
+
+
 def main() -> None:
     settings = Settings()
     logging.basicConfig(
@@ -77,6 +95,7 @@ def main() -> None:
     )
     server = DrainingServer(config, app.state.runtime, settings.graceful_shutdown_s)
     holder["server"] = server
+    reload_on_sighup(app.state.runtime)
     server.run()
     sys.exit(server.exit_code)
 

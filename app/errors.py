@@ -45,6 +45,13 @@ class PayloadTooLarge(ServiceError):
     error_type = "payload_too_large"
 
 
+class Conflict(ServiceError):
+    """The request is valid but the service's state refuses it (e.g. an artifact that does not fit)."""
+
+    status_code = 409
+    error_type = "conflict"
+
+
 class Overloaded(ServiceError):
     status_code = 429
     error_type = "overloaded"

@@ -68,6 +68,18 @@ class ServiceMetrics:
         self.finish_reasons = Counter("tad_finish_reasons", "Why generations ended", ["reason"], registry=r)
         self.info = Gauge("tad_model_info", "Loaded model and artifact", ["model", "artifact", "device"], registry=r)
         self.ready = Gauge("tad_ready", "1 when the model (and artifact) are loaded", registry=r)
+        self.artifact = Gauge(
+            "tad_artifact_loaded_timestamp_seconds",
+            "When the serving TAD artifact was loaded, labelled with its name and manifest sha256",
+            ["artifact", "manifest_sha256"],
+            registry=r,
+        )
+        self.artifact_reloads = Counter(
+            "tad_artifact_reloads",
+            "Artifact hot reloads (SIGHUP or the admin route) by outcome",
+            ["outcome"],
+            registry=r,
+        )
         self._windows: dict[str, deque[bool]] = {m.value: deque(maxlen=rejection_window) for m in Method}
 
     def observe_generation(self, result: GenerationResult) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from app.serving.runtime import Runtime, State
+from app.serving.runtime import Runtime, ServingArtifact, State
 from app.uncertainty.methods import REGISTRY, Method
 
 
@@ -91,10 +91,12 @@ def _fill_in(schema: dict[str, Any], runtime: Runtime) -> None:
 
 
 def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str, Any]]:
-    """`app.openapi`: the schema with this deployment's limits; cached once the model is loaded."""
+    """`app.openapi`: the schema with this deployment's limits; cached once the model is loaded, and
+    built again after an artifact reload (calibrated targets come from the artifact)."""
+    built_for: dict[str, ServingArtifact] = {}
 
     def build() -> dict[str, Any]:
-        if app.openapi_schema is not None:
+        if app.openapi_schema is not None and built_for.get("serving") is runtime.serving:
             return app.openapi_schema
         schema = get_openapi(
             title=app.title,
@@ -105,8 +107,10 @@ def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str,
             separate_input_output_schemas=app.separate_input_output_schemas,
         )
         if runtime.state is State.READY:
+            serving = runtime.serving
             _fill_in(schema, runtime)
             app.openapi_schema = schema
+            built_for["serving"] = serving
         return schema
 
     return build

@@ -33,6 +33,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or invalid API key (only when TAD_API_KEY is set)",
         404: "The requested model is not served here",
         413: "Request body over the payload limit",
+        409: "The service refused the action in its current state (e.g. an artifact that does not fit)",
         422: "Invalid request; `error.param` names the field",
         429: "Too many requests in flight; retry after `Retry-After` seconds",
         503: "Not ready yet (model loading) or shutting down; see `Retry-After`",

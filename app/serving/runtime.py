@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -21,6 +22,7 @@ from app.engine.engine import Engine
 from app.engine.loading import ModelLoadError, load_model
 from app.engine.token_stats import TOKEN_STATISTICS
 from app.errors import NotReady
+from app.hashing import file_sha256
 from app.serving.policy import Policy, resolve_policy
 from app.serving.scheduler import Scheduler
 from app.settings import Settings
@@ -44,6 +46,28 @@ class StartupError(RuntimeError):
     """Configuration, artifact or model problem that stops the service from starting."""
 
 
+class ArtifactReloadError(RuntimeError):
+    """A new artifact was refused; the one serving stays."""
+
+
+@dataclass(frozen=True)
+class ServingArtifact:
+    """What one request uses from start to end: the artifact and the scorer built from it.
+
+    A reload swaps the runtime's `ServingArtifact` in one assignment; a request reads it once,
+    so a request in flight during a swap finishes with the artifact it started with.
+    """
+
+    artifact: TadArtifact | None
+    scorer: AnswerScorer
+    manifest_sha256: str | None = None
+    loaded_at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.artifact.name if self.artifact else "none"
+
+
 class Runtime:
     def __init__(self, settings: Settings, metrics: ServiceMetrics) -> None:
         self.settings = settings
@@ -52,14 +76,14 @@ class Runtime:
         self.started_at = time.time()
         self.failure: str | None = None
         self.engine: Engine | None = None
-        self.artifact: TadArtifact | None = None
+        self.serving = ServingArtifact(artifact=None, scorer=AnswerScorer(None))
         self.tad_unavailable_reason: str | None = None
-        self.scorer = AnswerScorer(None)
         self.scheduler: Scheduler | None = None
         self.http_in_flight = 0
         self.load_seconds: float | None = None
         self._method_thresholds: dict[str, float | None] | None = None
         self._lock = threading.Lock()
+        self._reload_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     def start_loading(self, on_fatal: Callable[[str], None] | None = None) -> threading.Thread:
@@ -105,8 +129,7 @@ class Runtime:
         # The generating convention never reads the last token's own step row: no extra step for it.
         last_row = artifact is None or artifact.convention is Convention.CONSUMING
         self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row)
-        self.artifact = artifact
-        self.scorer = AnswerScorer(artifact)
+        self.serving = self._serving(artifact)
         self._check_policy()
         self.scheduler = Scheduler(
             self.engine,
@@ -118,9 +141,7 @@ class Runtime:
         )
         self.scheduler.start()
         self.load_seconds = round(time.monotonic() - started, 2)
-        self.metrics.info.labels(
-            model=loaded.identity.name, artifact=artifact.name if artifact else "none", device=str(loaded.device)
-        ).set(1)
+        self._publish_artifact()
         self.metrics.ready.set(1)
         with self._lock:
             if self.state is State.LOADING:
@@ -154,6 +175,83 @@ class Runtime:
         if target not in self.artifact.manifest.thresholds.get(self.settings.reject_method, {}):
             method = self.settings.reject_method.value
             raise StartupError(f"TAD_REJECT_TARGET={target} is not calibrated in {self.artifact.path} for {method}")
+
+    # ------------------------------------------------------------------ artifact
+    @property
+    def artifact(self) -> TadArtifact | None:
+        return self.serving.artifact
+
+    @property
+    def scorer(self) -> AnswerScorer:
+        return self.serving.scorer
+
+    @staticmethod
+    def _serving(artifact: TadArtifact | None) -> ServingArtifact:
+        digest = file_sha256(artifact.path / MANIFEST_NAME) if artifact else None
+        return ServingArtifact(
+            artifact=artifact, scorer=AnswerScorer(artifact), manifest_sha256=digest, loaded_at=time.time()
+        )
+
+    def _publish_artifact(self) -> None:
+        """The serving artifact in the info gauges (one series: the old one is removed)."""
+        assert self.engine is not None
+        self.metrics.info.clear()
+        self.metrics.info.labels(
+            model=self.engine.identity.name, artifact=self.serving.name, device=str(self.engine.device)
+        ).set(1)
+        self.metrics.artifact.clear()
+        self.metrics.artifact.labels(
+            artifact=self.serving.name, manifest_sha256=self.serving.manifest_sha256 or "none"
+        ).set(self.serving.loaded_at)
+
+    def reload_artifact(self) -> ServingArtifact:
+        """Load the artifact at TAD_ARTIFACT_DIR again and serve it from the next request on.
+
+        Everything is checked before the swap (file hashes before unpickling, the pinned
+        manifest hash, the model, the features the running engine captures); on any failure
+        the artifact serving now stays and the reason is raised. Requests in flight keep the
+        artifact they started with.
+        """
+        with self._reload_lock:
+            try:
+                engine, _ = self.require_ready()
+                path = self.settings.artifact_dir
+                if path is None or not (path / MANIFEST_NAME).is_file():
+                    raise ArtifactReloadError(f"no artifact at {path}")
+                try:
+                    artifact = load_artifact(path, manifest_sha256=self.settings.artifact_manifest_sha256)
+                    artifact.check_model(engine.identity)
+                except ArtifactError as error:
+                    raise ArtifactReloadError(str(error)) from error
+                self._check_capture(artifact, engine)
+            except (ArtifactReloadError, NotReady) as error:
+                self.metrics.artifact_reloads.labels(outcome="refused").inc()
+                logger.error("artifact reload refused, %s keeps serving: %s", self.serving.name, error)
+                raise ArtifactReloadError(str(error)) from error
+            serving = self._serving(artifact)
+            self.serving = serving
+            self._method_thresholds = None
+            self.tad_unavailable_reason = None
+            self._publish_artifact()
+            self.metrics.artifact_reloads.labels(outcome="loaded").inc()
+            logger.info("artifact reloaded: %s (manifest %s)", serving.name, (serving.manifest_sha256 or "")[:16])
+            return serving
+
+    def _check_capture(self, artifact: TadArtifact, engine: Engine) -> None:
+        """The running engine must capture what the new artifact reads; otherwise it needs a restart."""
+        unknown = set(artifact.manifest.features.extra_stats) - set(TOKEN_STATISTICS)
+        if unknown:
+            raise ArtifactReloadError(f"artifact {artifact.path} uses unknown token statistics: {sorted(unknown)}")
+        if artifact.n_lags != engine.n_lags:
+            raise ArtifactReloadError(
+                f"artifact {artifact.path} reads {artifact.n_lags} lags, the running engine captures "
+                f"{engine.n_lags}: restart the service to change them"
+            )
+        if artifact.convention is Convention.CONSUMING and not engine.context.last_row:
+            raise ArtifactReloadError(
+                f"artifact {artifact.path} uses the consuming convention, which needs the last token's own "
+                "step row that the running engine skips: restart the service to switch conventions"
+            )
 
     # ------------------------------------------------------------------ serving
     @property

@@ -71,6 +71,7 @@ class GenerationItem(WorkItem):
 class ScoringItem(WorkItem):
     prompt_ids: tuple[int, ...] = ()
     response_ids: tuple[int, ...] = ()
+    scorer: AnswerScorer | None = None  # the artifact the request started with (None: the scheduler's)
 
 
 @dataclass
@@ -234,7 +235,7 @@ class Scheduler:
             try:
                 traces = self.engine.score([(item.prompt_ids, item.response_ids) for item in chunk])
                 for item, trace in zip(chunk, traces, strict=True):
-                    self._answer(item, self.scorer.score(trace))
+                    self._answer(item, (item.scorer or self.scorer).score(trace))
             except Exception:
                 logger.exception("scoring failed")
                 for item in chunk:

@@ -23,7 +23,7 @@ from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
 from app.serving.events import Event, Failure, GenerationResult, StreamedToken
 from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
 from app.serving.progress import AnswerProgress
-from app.serving.runtime import Runtime
+from app.serving.runtime import Runtime, ServingArtifact
 from app.serving.scheduler import GenerationItem, ScoringItem, WorkItem
 from app.uncertainty.answer import ScoredAnswer
 
@@ -53,6 +53,7 @@ class PreparedGeneration:
     params: SamplingParams
     policy: Policy
     seed: int | None
+    serving: ServingArtifact  # read once: policy and scores come from the same artifact
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,9 @@ class GenerationService:
                 param=field,
             )
 
-    def policy(self, request: PolicyRequest | None) -> Policy:
-        return resolve_policy(self.settings, self.runtime.artifact, request)
+    def policy(self, request: PolicyRequest | None, serving: ServingArtifact | None = None) -> Policy:
+        artifact = (serving or self.runtime.serving).artifact
+        return resolve_policy(self.settings, artifact, request)
 
     def prepare(
         self,
@@ -177,7 +179,10 @@ class GenerationService:
             stop=stops,
             top_logprobs=top_logprobs,
         )
-        return PreparedGeneration(prompt_ids=prompt_ids, params=params, policy=self.policy(policy), seed=seed)
+        serving = self.runtime.serving
+        return PreparedGeneration(
+            prompt_ids=prompt_ids, params=params, policy=self.policy(policy, serving), seed=seed, serving=serving
+        )
 
     # ------------------------------------------------------------------ running
     def _deadline(self) -> float:
@@ -189,7 +194,7 @@ class GenerationService:
             events=asyncio.Queue(),
             deadline=self._deadline(),
             request=GenerationRequest(prompt_ids=tuple(prepared.prompt_ids), params=prepared.params),
-            observer=AnswerProgress(self.engine, self.runtime.scorer, prepared.policy, stream, early_stop),
+            observer=AnswerProgress(self.engine, prepared.serving.scorer, prepared.policy, stream, early_stop),
         )
         self.scheduler.submit_generation(item)
         self.runtime.metrics.prompt_tokens.inc(len(prepared.prompt_ids))
@@ -259,7 +264,8 @@ class GenerationService:
     ) -> ScoreOutcome | None:
         """Uncertainty and decision of a given answer; None if the client went away."""
         prompt_ids = self.encode(prompt)
-        resolved = self.policy(policy)
+        serving = self.runtime.serving
+        resolved = self.policy(policy, serving)
         response_ids = self.engine.encode_response(response)
         if not response_ids:
             raise InvalidRequest("the response has no tokens", param="response")
@@ -273,6 +279,7 @@ class GenerationService:
             deadline=self._deadline(),
             prompt_ids=tuple(prompt_ids),
             response_ids=tuple(response_ids),
+            scorer=serving.scorer,
         )
         self.scheduler.submit_scoring(item)
         try:

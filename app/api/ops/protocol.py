@@ -28,3 +28,9 @@ class InfoResponse(BaseModel):
     policy: dict[str, Any]
     limits: dict[str, Any]
     version: str
+
+
+class ArtifactReloadResponse(BaseModel):
+    artifact: str
+    manifest_sha256: str | None
+    loaded_at: float  # unix time

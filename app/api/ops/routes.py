@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response
+from fastapi.concurrency import run_in_threadpool
 
 from app import __version__
 from app.api.deps import ApiKeyDep, RuntimeDep
 from app.api.openapi import errors
-from app.api.ops.protocol import HealthResponse, InfoResponse, ReadyResponse
-from app.errors import NotReady
-from app.serving.runtime import State
+from app.api.ops.protocol import ArtifactReloadResponse, HealthResponse, InfoResponse, ReadyResponse
+from app.errors import Conflict, NotReady
+from app.serving.runtime import ArtifactReloadError, State
 
 router = APIRouter(tags=["operations"])
 
@@ -69,6 +70,8 @@ def _artifact_summary(runtime: RuntimeDep) -> dict[str, Any] | None:
         "cv": {k: v for k, v in manifest.metrics.get("cv", {}).items() if k in ("chosen", "best_per_variant")},
         "training": {k: v for k, v in manifest.training.items() if k != "generation"},
         "files": manifest.files,
+        "manifest_sha256": runtime.serving.manifest_sha256,
+        "loaded_at": runtime.serving.loaded_at,
     }
 
 
@@ -102,4 +105,24 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
             "request_timeout_s": settings.request_timeout_s,
         },
         version=__version__,
+    )
+
+
+@router.post(
+    "/admin/reload-artifact",
+    response_model=ArtifactReloadResponse,
+    responses=errors(401, 409, 503),
+    dependencies=[ApiKeyDep],
+    summary="Load the artifact at TAD_ARTIFACT_DIR again and serve it from the next request on (same as SIGHUP); "
+    "requests in flight finish with the one they started with; a refused artifact (409) leaves the old one serving",
+)
+async def reload_artifact(runtime: RuntimeDep) -> ArtifactReloadResponse:
+    runtime.require_ready()
+    try:
+        # Hashing and unpickling take a moment: off the event loop.
+        serving = await run_in_threadpool(runtime.reload_artifact)
+    except ArtifactReloadError as error:
+        raise Conflict(f"artifact refused, the previous one keeps serving: {error}") from error
+    return ArtifactReloadResponse(
+        artifact=serving.name, manifest_sha256=serving.manifest_sha256, loaded_at=serving.loaded_at
     )

@@ -1,0 +1,118 @@
+"""Artifact hot reload: checked before the swap, in-flight requests keep their artifact, refusals keep the old one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.settings import Settings
+from app.uncertainty.artifact import read_manifest
+from tests.app.service_client import long_chat, make_client
+
+RELOAD = "/admin/reload-artifact"
+
+
+@pytest.fixture(scope="module")
+def other_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path], tiny_artifact: Path) -> Path:
+    """A second artifact for the same model: another regressor (same lags and convention)."""
+    from training.commands.fit import FitOptions, run_fit
+
+    convention = read_manifest(tiny_artifact).features.convention
+    out = tmp_path_factory.mktemp("other") / "other-tad"
+    run_fit(
+        FitOptions(
+            runs=[tiny_runs["train"]], out=out, alphas=(1000.0,), conventions=(convention,), extra_feature_sets=()
+        )
+    )
+    return out
+
+
+@pytest.fixture
+def served(tmp_path: Path, tiny_artifact: Path) -> Path:
+    """The folder TAD_ARTIFACT_DIR points at, a copy that tests replace."""
+    folder = tmp_path / "serving"
+    shutil.copytree(tiny_artifact, folder)
+    return folder
+
+
+@pytest.fixture
+def client(service_settings: Settings, served: Path) -> Iterator[TestClient]:
+    with make_client(service_settings, artifact_dir=served) as client:
+        yield client
+
+
+def _replace(folder: Path, source: Path) -> None:
+    shutil.rmtree(folder)
+    shutil.copytree(source, folder)
+
+
+def _confidences(client: TestClient, payload: dict) -> list[float]:
+    return [token["confidence"] for token in client.post("/v1/generate", json=payload).json()["tokens"]]
+
+
+def test_reload_swaps_the_artifact_and_reports_it(client: TestClient, served: Path, other_artifact: Path) -> None:
+    before = client.get("/info").json()["artifact"]["manifest_sha256"]
+    _replace(served, other_artifact)
+    response = client.post(RELOAD)
+    assert response.status_code == 200, response.text
+    after = response.json()["manifest_sha256"]
+    assert after != before and client.get("/info").json()["artifact"]["manifest_sha256"] == after
+    metrics = client.get("/metrics").text
+    assert f'manifest_sha256="{after}"' in metrics and f'manifest_sha256="{before}"' not in metrics
+    assert 'tad_artifact_reloads_total{outcome="loaded"} 1.0' in metrics
+
+
+def test_a_tampered_artifact_is_refused_and_the_old_one_keeps_serving(
+    client: TestClient, served: Path, other_artifact: Path
+) -> None:
+    payload = {"messages": long_chat(client, 8), "max_new_tokens": 8}
+    serving_before = _confidences(client, payload)
+    before = client.get("/info").json()["artifact"]["manifest_sha256"]
+    _replace(served, other_artifact)
+    (served / "regressor.joblib").write_bytes(b"not the regressor the manifest vouches for")
+    response = client.post(RELOAD)
+    assert response.status_code == 409 and response.json()["error"]["type"] == "conflict"
+    assert "previous one keeps serving" in response.json()["error"]["message"]
+    assert client.get("/info").json()["artifact"]["manifest_sha256"] == before
+    assert _confidences(client, payload) == serving_before
+    assert 'tad_artifact_reloads_total{outcome="refused"} 1.0' in client.get("/metrics").text
+
+
+def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClient, served: Path) -> None:
+    manifest = json.loads((served / "manifest.json").read_text())
+    manifest["features"]["n_lags"] += 1
+    (served / "manifest.json").write_text(json.dumps(manifest))
+    response = client.post(RELOAD)
+    assert response.status_code == 409
+    # Feature sizes no longer match the regressor, or the lag count differs from the engine's: either way refused.
+    assert "artifact" in response.json()["error"]["message"]
+
+
+def test_a_request_in_flight_finishes_with_the_artifact_it_started_with(
+    client: TestClient, served: Path, other_artifact: Path
+) -> None:
+    payload = {"messages": long_chat(client, 24), "max_new_tokens": 24}
+    old = _confidences(client, payload)
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    streamed: list[float] = []
+    with client.stream("POST", "/v1/generate", json={**payload, "stream": True}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = json.loads(line.removeprefix("data: "))
+            if "confidence" in data and "index" in data:
+                streamed.append(data["confidence"])
+                if len(streamed) == 2:  # mid-generation: swap
+                    _replace(served, other_artifact)
+                    runtime.reload_artifact()
+            if "decision" in data:
+                final_decision = data["decision"]
+    assert streamed == pytest.approx(old, abs=1e-12)
+    assert final_decision["method"] == "tad"
+    new = _confidences(client, payload)
+    assert new != pytest.approx(old, abs=1e-6)  # new requests use the new artifact
