@@ -153,5 +153,6 @@ def test_compose_runs_the_same_balancer_layout() -> None:
         capture_output=True,
         text=True,
     )
-    # Compose's service names resolve only inside its network; everything else must be valid.
-    assert check.returncode == 0 or "could not resolve address" in check.stderr, check.stderr
+    # Compose's service names resolve only inside its network: init-addr lets the check (and a start
+    # before the replicas exist) pass without them.
+    assert check.returncode == 0, check.stderr
