@@ -47,7 +47,8 @@ DEFAULT_SCORE = "tad"  # what the service decides with by default
 
 def _entry(
     table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int], resamples: int, seed: int
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """One dataset's report entry, and the bootstrap samples of "default minus best baseline" (or None)."""
     scores = {method: values[indices] for method, values in table.items()}
     prr = {method: prediction_rejection_ratio(values, quality) for method, values in scores.items()}
     boot = paired_bootstrap_prr(scores, quality, resamples, seed) if resamples else {}
@@ -72,7 +73,7 @@ def _entry(
         "difference": finite_or_none(prr[DEFAULT_SCORE] - prr[best]),
         "ci95": interval(boot[DEFAULT_SCORE] - boot[best]) if boot else None,
     }
-    return entry
+    return entry, (boot[DEFAULT_SCORE] - boot[best]) if boot else None
 
 
 def build_report(
@@ -87,19 +88,28 @@ def build_report(
     report: dict[str, Any] = {"datasets": {}}
     arrays: dict[str, Any] = {}
     groups = group_by_dataset(texts)
+    samples: dict[str, np.ndarray | None] = {}
     for name, indices in groups.items():
-        report["datasets"][name] = _entry(table, targets[indices], indices, resamples, seed)
+        report["datasets"][name], samples[name] = _entry(table, targets[indices], indices, resamples, seed)
         arrays[name] = {"quality": targets[indices], "uncertainty": {m: v[indices] for m, v in table.items()}}
     if len(groups) > 1:
         everything = list(range(len(texts)))
-        report[OVERALL] = _entry(table, targets, everything, resamples, seed)
+        report[OVERALL], _ = _entry(table, targets, everything, resamples, seed)
         arrays[OVERALL] = {"quality": targets, "uncertainty": table}
-    differences = [
-        entry["default_vs_best_baseline"]["difference"]
-        for entry in report["datasets"].values()
+    chosen = [
+        name
+        for name, entry in report["datasets"].items()
         if informative(entry["accuracy"]) and entry["default_vs_best_baseline"]["difference"] is not None
     ]
+    differences = [report["datasets"][name]["default_vs_best_baseline"]["difference"] for name in chosen]
     report["mean_default_minus_best_baseline_informative"] = float(np.mean(differences)) if differences else None
+    # Datasets are resampled independently, so the mean's samples are the per-dataset samples averaged
+    # resample by resample.
+    drawn = [samples[name] for name in chosen if samples[name] is not None]
+    report["mean_default_minus_best_baseline_informative_ci95"] = (
+        interval(np.mean(np.stack(drawn), axis=0)) if drawn and len(drawn) == len(chosen) else None
+    )
+    report["informative_datasets"] = chosen
     report["artifact"] = {
         "path": str(artifact.path),
         "variant": artifact.manifest.variant,
@@ -150,6 +160,11 @@ def report_markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {name} | {versus['best_baseline']} | {_with_interval(versus['difference'], versus['ci95'])} |"
             )
+    mean = report.get("mean_default_minus_best_baseline_informative")
+    if mean is not None:
+        names = ", ".join(report.get("informative_datasets", []))
+        ci = report.get("mean_default_minus_best_baseline_informative_ci95")
+        lines += ["", f"Mean over the datasets with accuracy in [0.1, 0.9] ({names}): {_with_interval(mean, ci)}"]
     sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
 

@@ -72,6 +72,14 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
             "mean_token_entropy",
             "max_token_uncertainty",
         }
+    informative = [n for n, e in data["datasets"].items() if e["accuracy"] is not None and 0.1 <= e["accuracy"] <= 0.9]
+    assert data["informative_datasets"] == informative
+    if informative:
+        mean = data["mean_default_minus_best_baseline_informative"]
+        differences = [data["datasets"][n]["default_vs_best_baseline"]["difference"] for n in informative]
+        assert mean == pytest.approx(sum(differences) / len(differences))
+        low, high = data["mean_default_minus_best_baseline_informative_ci95"]
+        assert low <= high
     markdown = (report / "report.md").read_text()
     assert markdown.startswith("PRR at 50% rejection") and "ROC-AUC:" in markdown
     assert markdown.count("| squad |") == 3  # PRR, ROC-AUC, default minus best baseline
