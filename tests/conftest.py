@@ -116,7 +116,7 @@ def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str,
 
     out = tmp_path_factory.mktemp("artifact") / "tiny-tad"
     run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, alphas=(1.0, 0.01)))
-    source = RunSource(data=[], run=tiny_runs["dev"], default_run_dir=out / "unused")
+    source = RunSource(data=[], runs=[tiny_runs["dev"]], default_run_dir=out / "unused")
     run_calibrate(out, source, coverages=[0.5, 0.8], errors=[0.9], delta=0.1)
     return out
 

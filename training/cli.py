@@ -27,7 +27,9 @@ def _add_generation_options(parser: argparse.ArgumentParser, with_model: bool = 
 def _add_artifact_and_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifact", type=Path, required=True)
     parser.add_argument("--data", type=Path, nargs="*", default=[], help="JSONL files to generate on")
-    parser.add_argument("--run", type=Path, default=None, help="reuse this run instead of generating")
+    parser.add_argument(
+        "--run", type=Path, nargs="+", default=[], help="reuse these runs (their texts together) instead of generating"
+    )
     _add_generation_options(parser)
 
 
@@ -176,7 +178,7 @@ def _run_source(args: argparse.Namespace, default_run_dir: Path) -> RunSource:
 
     return RunSource(
         data=args.data,
-        run=args.run,
+        runs=args.run,
         default_run_dir=default_run_dir,
         model=args.model,
         limit=args.limit,

@@ -1,4 +1,4 @@
-"""Where `evaluate` and `calibrate` get their traces: an existing run, or a new (resumable) one."""
+"""Where `evaluate` and `calibrate` get their traces: existing runs, or a new (resumable) one."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from training.runs import read_run_settings
 
 @dataclass(frozen=True)
 class RunSource:
-    """Where the traces come from: an existing run, or a new (resumable) one generated here."""
+    """Where the traces come from: existing runs (e.g. a run and its extension made with --skip), or a
+    new (resumable) one generated here."""
 
     data: Sequence[Path]
-    run: Path | None
+    runs: Sequence[Path]
     default_run_dir: Path
     model: str | None = None
     limit: int | None = None
@@ -26,14 +27,15 @@ class RunSource:
     cache_dir: Path | None = None
 
 
-def obtain_run(source: RunSource, artifact: TadArtifact) -> Path:
-    if source.run is not None:
-        settings = read_run_settings(source.run)
-        if settings["model_sha256"] != artifact.manifest.llm.sha256:
-            raise SystemExit(f"run {source.run} was generated with another model than the artifact's")
-        if settings["n_lags"] < artifact.n_lags:
-            raise SystemExit(f"run {source.run} stores {settings['n_lags']} lags; the artifact needs {artifact.n_lags}")
-        return source.run
+def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
+    if source.runs:
+        for run in source.runs:
+            settings = read_run_settings(run)
+            if settings["model_sha256"] != artifact.manifest.llm.sha256:
+                raise SystemExit(f"run {run} was generated with another model than the artifact's")
+            if settings["n_lags"] < artifact.n_lags:
+                raise SystemExit(f"run {run} stores {settings['n_lags']} lags; the artifact needs {artifact.n_lags}")
+        return list(source.runs)
     if not source.data:
         raise SystemExit("give --data files to generate from, or --run to reuse a run")
     options = GenerateOptions(
@@ -47,4 +49,4 @@ def obtain_run(source: RunSource, artifact: TadArtifact) -> Path:
         device=source.device,
         cache_dir=source.cache_dir,
     )
-    return run_generate(options)
+    return [run_generate(options)]

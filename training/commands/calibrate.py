@@ -12,7 +12,7 @@ import numpy as np
 from app.uncertainty.artifact import Manifest, Threshold, load_artifact, write_manifest
 from app.uncertainty.methods import Method
 from training.rejection import accuracy
-from training.run_source import RunSource, obtain_run
+from training.run_source import RunSource, obtain_runs
 from training.runs import iter_texts
 from training.scoring import uncertainty_table
 from training.thresholds import (
@@ -38,8 +38,8 @@ def run_calibrate(
     order: str = "natural",
 ) -> Manifest:
     artifact = load_artifact(artifact_dir)
-    run = obtain_run(source, artifact)
-    texts = list(iter_texts([run]))
+    runs = obtain_runs(source, artifact)
+    texts = list(iter_texts(runs))
     table = uncertainty_table(artifact, texts)
     quality = np.array([t.target for t in texts])
 
@@ -101,7 +101,7 @@ def run_calibrate(
             "metrics": {
                 **artifact.manifest.metrics,
                 "calibration": {
-                    "run": str(run),
+                    "runs": [str(run) for run in runs],
                     "n": len(texts),
                     "delta": delta,
                     "order": order,

@@ -23,7 +23,7 @@ from training.rejection import (
     rejection_curve,
     roc_auc_wrong,
 )
-from training.run_source import RunSource, obtain_run
+from training.run_source import RunSource, obtain_runs
 from training.runs import TextTrace, iter_texts
 from training.scoring import uncertainty_table
 
@@ -195,10 +195,10 @@ def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:
 
 def run_evaluate(artifact_dir: Path, source: RunSource, out: Path, resamples: int = 1000) -> dict[str, Any]:
     artifact = load_artifact(artifact_dir)
-    run = obtain_run(source, artifact)
-    texts = list(iter_texts([run]))
+    runs = obtain_runs(source, artifact)
+    texts = list(iter_texts(runs))
     report, arrays = build_report(artifact, texts, resamples=resamples)
-    report["run"] = str(run)
+    report["runs"] = [str(run) for run in runs]
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(report_markdown(report))

@@ -1,0 +1,35 @@
+"""Runs for evaluate/calibrate: several runs read together (a run and its --skip extension)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.uncertainty.artifact import load_artifact
+from training.run_source import RunSource, obtain_runs
+from training.runs import iter_texts
+
+
+def test_several_runs_are_read_together(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
+    from training.commands.evaluate import run_evaluate
+
+    runs = [tiny_runs["dev"], tiny_runs["train"]]
+    source = RunSource(data=[], runs=runs, default_run_dir=tmp_path / "unused")
+    assert obtain_runs(source, load_artifact(tiny_artifact)) == runs
+    report = run_evaluate(tiny_artifact, source, tmp_path / "report", resamples=0)
+    assert report["overall"]["n"] == len(list(iter_texts(runs)))
+    assert report["runs"] == [str(run) for run in runs]
+
+
+def test_a_run_of_another_model_is_refused(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(tiny_runs["dev"], foreign)
+    settings = json.loads((foreign / "run.json").read_text())
+    (foreign / "run.json").write_text(json.dumps({**settings, "model_sha256": "0" * 64}))
+    source = RunSource(data=[], runs=[tiny_runs["dev"], foreign], default_run_dir=tmp_path / "unused")
+    with pytest.raises(SystemExit, match="another model"):
+        obtain_runs(source, load_artifact(tiny_artifact))
