@@ -20,6 +20,10 @@ OUT=${OUT:-models/smollm2-135m-instruct-tad}
 TRAIN_LIMIT=${TRAIN_LIMIT:-1000}
 CHUNK=${CHUNK:-150}
 DEV_LIMIT=${DEV_LIMIT:-1000}
+# More task-style dev answers where the model is informative (accuracy in [0.1, 0.9]), so that
+# the evaluation's intervals there are narrower: records DEV_LIMIT .. DEV_LIMIT + DEV_EXTRA of each.
+DEV_EXTRA=${DEV_EXTRA:-0}
+INFORMATIVE=(squad mmlu truthfulqa)
 DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
 
 files() { local split=$1; for name in "${DATASETS[@]}"; do printf '%s ' "$DATA/${name}_${split}.jsonl"; done; }
@@ -37,13 +41,20 @@ for style in task bare; do
     $PY -m training generate --data $(files dev) --limit "$DEV_LIMIT" --prompt-style "$style" \
         --out "$RUNS/smollm2-dev-$style" --batch-size 16 --shard-size 50
 done
+DEV_TASK_RUNS=("$RUNS/smollm2-dev-task")
+if [ "$DEV_EXTRA" -gt 0 ]; then
+    extra=()
+    for name in "${INFORMATIVE[@]}"; do extra+=("$DATA/${name}_dev.jsonl"); done
+    $PY -m training generate --data "${extra[@]}" --skip "$DEV_LIMIT" --limit "$DEV_EXTRA" --prompt-style task \
+        --out "$RUNS/smollm2-dev-task-extra" --batch-size 16 --shard-size 50
+    DEV_TASK_RUNS+=("$RUNS/smollm2-dev-task-extra")
+fi
 $PY -m training fit "${TRAIN_RUNS[@]}" --out "$OUT"
 # Calibrate on the chat-style dev answers (what users send), evaluate on both styles.
 $PY -m training calibrate --artifact "$OUT" --run "$RUNS/smollm2-dev-bare" \
     --coverage 0.1 0.2 0.5 0.8 0.9 --error 0.3 0.4 0.5 0.6 0.7 --delta 0.05
-for style in task bare; do
-    $PY -m training evaluate --artifact "$OUT" --run "$RUNS/smollm2-dev-$style" --out "$OUT/report/$style"
-done
+$PY -m training evaluate --artifact "$OUT" --run "${DEV_TASK_RUNS[@]}" --out "$OUT/report/task"
+$PY -m training evaluate --artifact "$OUT" --run "$RUNS/smollm2-dev-bare" --out "$OUT/report/bare"
 $PY -m training lodo "${TRAIN_RUNS[@]}" \
     --test "$RUNS/smollm2-dev-task" --artifact "$OUT" --out "$OUT/report/lodo"
 $PY -m benchmarks.false_premises --artifact "$OUT" | tee "$OUT/report/false_premises.txt"
