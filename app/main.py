@@ -15,6 +15,7 @@ from app.api.deployment_schema import deployment_openapi
 from app.api.native import routes as native_routes
 from app.api.openai import routes as openai_routes
 from app.api.ops import routes as ops_routes
+from app.api.playground import routes as playground_routes
 from app.errors import install_error_handlers
 from app.serving.runtime import Runtime
 from app.settings import Settings
@@ -60,4 +61,6 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
     app.include_router(ops_routes.router)
     app.include_router(native_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(playground_routes.router)
+    app.mount(playground_routes.STATIC_PREFIX, playground_routes.static_files(), name="playground-static")
     return app

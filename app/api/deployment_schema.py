@@ -80,6 +80,7 @@ def _fill_in(schema: dict[str, Any], runtime: Runtime) -> None:
     for field in (native["stop"], chat["stop"], completion["stop"]):
         _max_items(field, settings.max_stop_strings)
     _maximum(chat["top_logprobs"], settings.max_top_logprobs)
+    _maximum(native["top_logprobs"], settings.max_top_logprobs)
     _maximum(completion["logprobs"], settings.max_top_logprobs)
     for field in (chat["model"], completion["model"]):
         field["enum"] = [runtime.model_name]

@@ -20,6 +20,8 @@ class StreamedToken:
     entropy: float
     confidence: float | None
     top_logprobs: tuple[tuple[int, float], ...]
+    # What TAD reads of this token's attention (FeatureSpec.lag_attention), when the request asked for it.
+    attention: tuple[float | None, ...] | None = None
 
 
 @dataclass(frozen=True)

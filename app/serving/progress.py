@@ -21,12 +21,19 @@ class AnswerProgress:
     """The scheduler's observer of one generation request."""
 
     def __init__(
-        self, engine: Engine, scorer: AnswerScorer, policy: Policy, stream_tokens: bool, early_stop: bool
+        self,
+        engine: Engine,
+        scorer: AnswerScorer,
+        policy: Policy,
+        stream_tokens: bool,
+        early_stop: bool,
+        attention: bool = False,
     ) -> None:
         self.engine = engine
         self.scorer = scorer
         self.policy = policy
         self.stream_tokens = stream_tokens
+        self.attention = attention
         self.early_stop = early_stop and policy.threshold is not None
         wants_confidences = stream_tokens or (self.early_stop and policy.needs_artifact)
         self.tad_stream = scorer.stream() if wants_confidences else None
@@ -56,11 +63,19 @@ class AnswerProgress:
                         entropy=token.entropy,
                         confidence=confidences[index] if confidences is not None else None,
                         top_logprobs=token.top_logprobs,
+                        attention=self._attention(sequence, index),
                     )
                 )
         if self.early_stop and not sequence.finished:
             self._maybe_stop_early(sequence, confidences)
         return events
+
+    def _attention(self, sequence: SequenceState, index: int) -> tuple[float | None, ...] | None:
+        """The token's attention as TAD reads it; a streamed token's row is already there (it has its confidence)."""
+        if not self.attention or self.tad_stream is None:
+            return None
+        lags = self.tad_stream.scorer.spec.lag_attention(sequence.attention_rows, index)
+        return None if lags is None else tuple(lags)
 
     def _maybe_stop_early(self, sequence: SequenceState, confidences: list[float] | None) -> None:
         method = REGISTRY[self.policy.method.value]

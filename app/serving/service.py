@@ -26,6 +26,7 @@ from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
 from app.serving.scheduler import GenerationItem, ScoringItem, WorkItem
 from app.uncertainty.answer import ScoredAnswer
+from app.uncertainty.features import FeatureSpec
 
 DISCONNECT_POLL_S = 0.25
 DEADLINE_GRACE_S = 30.0
@@ -114,6 +115,11 @@ class GenerationService:
     def token_text(self, token_id: int) -> str:
         return self.engine.token_text(token_id)
 
+    def feature_spec(self, serving: ServingArtifact | None = None) -> FeatureSpec | None:
+        """How the artifact (`serving`'s, else the one serving now) reads attention rows; None without one."""
+        artifact = (serving or self.runtime.serving).artifact
+        return artifact.scorer.spec if artifact is not None else None
+
     # ------------------------------------------------------------------ validation
     def encode(self, prompt: PromptInput) -> list[int]:
         field = prompt.field
@@ -188,13 +194,18 @@ class GenerationService:
     def _deadline(self) -> float:
         return time.monotonic() + self.settings.request_timeout_s
 
-    def submit(self, prepared: PreparedGeneration, stream: bool, early_stop: bool) -> Submitted:
+    def submit(
+        self, prepared: PreparedGeneration, stream: bool, early_stop: bool, attention: bool = False
+    ) -> Submitted:
+        """Hand a generation to the scheduler; `attention`: streamed tokens carry what TAD reads of their attention."""
         item = GenerationItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
             deadline=self._deadline(),
             request=GenerationRequest(prompt_ids=tuple(prepared.prompt_ids), params=prepared.params),
-            observer=AnswerProgress(self.engine, prepared.serving.scorer, prepared.policy, stream, early_stop),
+            observer=AnswerProgress(
+                self.engine, prepared.serving.scorer, prepared.policy, stream, early_stop, attention=attention
+            ),
         )
         self.scheduler.submit_generation(item)
         self.runtime.metrics.prompt_tokens.inc(len(prepared.prompt_ids))

@@ -92,6 +92,21 @@ class FeatureSpec:
         """Column index of c_{i-l} for l = 1..N in a stage-2 vector."""
         return np.arange(self.n_lags) * self.lag_block + 1
 
+    def lag_attention(self, rows: Sequence[np.ndarray] | np.ndarray, index: int) -> list[float | None] | None:
+        """What TAD reads of the attention of the token at 0-based `index`, averaged over layers and heads.
+
+        Entry l - 1 is `a_{i,i-l}` (l = 1..N) from the same step row and slot as the stage-2
+        features, so a display shows exactly what the regressor saw. An entry is None where
+        lag l reaches before the answer (the features hold a zero there); the whole list is
+        None when the token has no step row (the first token under the generating convention,
+        or a row not captured yet).
+        """
+        position = index - self.row_shift
+        if position < 0 or position >= len(rows):
+            return None
+        means = np.asarray(rows[position], dtype=np.float64).mean(axis=(0, 1))
+        return [float(means[lag - 1 + self.slot_shift]) if lag <= index else None for lag in range(1, self.n_lags + 1)]
+
     def as_dict(self) -> dict[str, object]:
         return {
             "order": self.order,

@@ -14,6 +14,7 @@ from app.api.common import (
     MAX_TEXT_CHARS,
     NOT_BLANK,
     DecisionInfo,
+    LogprobCount,
     PolicyOverride,
     PositiveInt,
     Seed,
@@ -25,6 +26,10 @@ from app.api.common import (
 from app.serving.service import PromptInput as DomainPrompt
 
 MAX_MESSAGES = 256
+ATTENTION_DOC = (
+    "per token, the attention row TAD reads (to its N previous answer tokens), averaged over layers and heads; "
+    "null without a TAD artifact"
+)
 _EXPLICIT_NULL = object()
 
 
@@ -123,6 +128,10 @@ class GenerateRequest(PromptFields):
     stop: StopStrings = Field(None, description="stop strings (not included in the text)")
 
     return_tokens: bool = Field(True, description="include per-token details")
+    top_logprobs: LogprobCount = Field(
+        0, description="list this many most likely tokens at each step with each token (at most the service's limit)"
+    )
+    return_attention: bool = Field(False, description=ATTENTION_DOC)
     stream: bool = Field(False, description="server-sent events: one per token, then a final event")
     policy: PolicyOverride | None = None
     early_stop: bool = Field(
@@ -135,6 +144,7 @@ class ScoreRequest(PromptFields):
         min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK, description="the answer to score (not blank)"
     )
     return_tokens: bool = True
+    return_attention: bool = Field(False, description=ATTENTION_DOC)
     policy: PolicyOverride | None = None
 
     @field_validator("response", mode="before")
@@ -145,6 +155,12 @@ class ScoreRequest(PromptFields):
         return value
 
 
+class TopLogprob(BaseModel):
+    id: int
+    text: str
+    logprob: float = Field(description="log-probability under the model's raw logits")
+
+
 class TokenInfo(BaseModel):
     id: int
     text: str
@@ -152,6 +168,14 @@ class TokenInfo(BaseModel):
     entropy: float = Field(description="entropy of the full next-token distribution")
     confidence: float | None = Field(description="TAD token confidence c_i (null without TAD)")
     uncertainty: float | None = Field(description="1 - confidence")
+    top_logprobs: list[TopLogprob] | None = Field(
+        None, description="the most likely tokens at this step, most likely first (null unless requested)"
+    )
+    attention: list[float | None] | None = Field(
+        None,
+        description="with return_attention: entry l-1 is this token's attention to the token l back (l = 1..N), "
+        "mean over layers and heads, as TAD's features read it; null entries reach before the answer",
+    )
 
 
 class Usage(BaseModel):

@@ -7,10 +7,12 @@ from fastapi.responses import Response
 
 from app.api.common import policy_request
 from app.api.deps import ApiKeyDep, ServiceDep
-from app.api.native.format import NativeStreamEncoder, generate_response, score_response
+from app.api.native.format import NativeStreamEncoder, TokenDetail, generate_response, score_response
 from app.api.native.protocol import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 from app.api.openapi import V1_ERRORS, client_gone, streamed
 from app.api.streaming import stream_response
+from app.serving.runtime import ServingArtifact
+from app.serving.service import GenerationService
 
 router = APIRouter(prefix="/v1", tags=["generation"], dependencies=[ApiKeyDep])
 
@@ -35,14 +37,19 @@ async def generate(body: GenerateRequest, request: Request, service: ServiceDep)
         top_p=body.top_p,
         seed=body.seed,
         stop=body.stop,  # type: ignore[arg-type]
+        top_logprobs=body.top_logprobs,
         policy=policy_request(body.policy),
     )
-    submitted = service.submit(prepared, stream=body.stream, early_stop=body.early_stop)
-    tokens = service.token_text if body.return_tokens else None
+    submitted = service.submit(
+        prepared, stream=body.stream, early_stop=body.early_stop, attention=body.stream and body.return_attention
+    )
+    detail = _detail(service, body.return_attention, top_logprobs=body.top_logprobs > 0, serving=prepared.serving)
     if body.stream:
-        return stream_response(service, submitted, NativeStreamEncoder(service.served, tokens))
+        return stream_response(service, submitted, NativeStreamEncoder(service.served, detail, body.return_tokens))
     outcome = await service.finish(submitted, request)
-    return client_gone() if outcome is None else generate_response(outcome, service.served, tokens)
+    if outcome is None:
+        return client_gone()
+    return generate_response(outcome, service.served, detail if body.return_tokens else None)
 
 
 @router.post(
@@ -55,4 +62,13 @@ async def score(body: ScoreRequest, request: Request, service: ServiceDep) -> Sc
     outcome = await service.score(body.to_prompt(), body.response, policy_request(body.policy), request)
     if outcome is None:
         return client_gone()
-    return score_response(outcome, service.served, service.token_text if body.return_tokens else None)
+    detail = _detail(service, body.return_attention, top_logprobs=False)
+    return score_response(outcome, service.served, detail if body.return_tokens else None)
+
+
+def _detail(
+    service: GenerationService, attention: bool, top_logprobs: bool, serving: ServingArtifact | None = None
+) -> TokenDetail:
+    """What each token carries; `serving`: the artifact the request started with (it reads the rows)."""
+    spec = service.feature_spec(serving) if attention else None
+    return TokenDetail(service.token_text, top_logprobs=top_logprobs, attention=spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class HealthResponse(BaseModel):
@@ -19,6 +19,7 @@ class ReadyResponse(BaseModel):
 
 class InfoResponse(BaseModel):
     model: dict[str, Any]
+    chat_template: bool = Field(description="whether `messages` can be sent (the model has a chat template)")
     architecture: dict[str, Any]  # model_type, whether CI tests it, and a note when it does not
     device: str
     dtype: str

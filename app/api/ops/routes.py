@@ -88,6 +88,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
     policy = runtime.default_policy()
     return InfoResponse(
         model=engine.identity.model_dump(),
+        chat_template=engine.has_chat_template,
         architecture=engine.loaded.architecture.as_dict(),
         device=str(engine.device),
         dtype=str(engine.dtype).removeprefix("torch."),
@@ -99,6 +100,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
             "max_new_tokens": settings.max_new_tokens_limit,
             "default_max_new_tokens": settings.default_max_new_tokens,
             "max_prompt_tokens": settings.max_prompt_tokens,
+            "max_top_logprobs": settings.max_top_logprobs,
             "max_body_bytes": settings.max_body_bytes,
             "max_batch_size": settings.max_batch_size,
             "max_queue": settings.max_queue,

@@ -68,8 +68,8 @@ def test_api_conforms_to_its_schema(service_url: str) -> None:
     for mode, schema in schemas.items():
         for result in schema.get_all_operations():
             operation = result.ok()
-            if mode is GenerationMode.NEGATIVE and operation.method.upper() != "POST":
-                continue  # a GET without parameters has no invalid form
+            if mode is GenerationMode.NEGATIVE and (operation.method.upper() != "POST" or not len(operation.body)):
+                continue  # a request without a body or parameters (a GET, the admin reload) has no invalid form
             checked += 1
 
             @given(case=operation.as_strategy(generation_mode=mode))
