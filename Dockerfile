@@ -5,6 +5,8 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
 ARG TORCH_SPEC="torch==2.13.0"
+# The CPU wheel index. Empty: pip's own configuration decides (e.g. a local wheel directory
+# bind-mounted by scripts/build_image.sh where download.pytorch.org cannot be reached).
 ARG TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,7 +19,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TAD_ARTIFACT_DIR=/srv/models/smollm2-135m-instruct-tad
 
 WORKDIR /srv
-RUN if [ -n "$TORCH_SPEC" ]; then pip install "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"; fi
+RUN if [ -n "$TORCH_SPEC" ]; then pip install "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}; fi
 
 # Dependencies first (cached layer), then the code and the default artifact.
 COPY pyproject.toml constraints.txt README.md ./
