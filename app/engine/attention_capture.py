@@ -47,30 +47,47 @@ class _DecodeStep:
     softcap: float | None = None  # attention-logit soft-capping (Gemma-2): tanh(s / cap) * cap before the mask
 
 
-def _last_keys(
-    key: torch.Tensor, attention_mask: torch.Tensor | None, n_slots: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's last `n_slots` keys and their mask for the one query, left-padded where the layer holds fewer.
-
-    Each layer is cut from its own end: a sliding-window layer's cache is shorter than a full
-    layer's, and the query is always the last key. Masked keys (padding before a row's start,
-    keys outside a window) get -inf, so their weight is exactly zero.
-    """
-    batch, kv_length = key.shape[0], key.shape[2]
+def _window_mask(
+    attention_mask: torch.Tensor | None, batch: int, kv_length: int, n_slots: int, device: torch.device
+) -> torch.Tensor:
+    """`[batch, 1, 1, n_slots]` float32 for the query's last `n_slots` keys: 0 where it may attend, -inf
+    elsewhere (padding before a row's start, keys outside a window, slots before the first key)."""
     width = min(n_slots, kv_length)
-    keys = key[:, :, kv_length - width :]
     if attention_mask is None:
-        mask = torch.zeros((batch, 1, 1, width), dtype=torch.float32, device=key.device)
+        mask = torch.zeros((batch, 1, 1, width), dtype=torch.float32, device=device)
     else:
         window = attention_mask[..., -1:, kv_length - width :]
         if window.dtype == torch.bool:
-            mask = torch.zeros(window.shape, dtype=torch.float32, device=key.device).masked_fill_(~window, -torch.inf)
+            mask = torch.zeros(window.shape, dtype=torch.float32, device=device).masked_fill_(~window, -torch.inf)
         else:
             mask = window.float()
         mask = mask.expand(batch, 1, 1, width)
     if width < n_slots:
-        keys = torch.nn.functional.pad(keys, (0, 0, n_slots - width, 0))
         mask = torch.nn.functional.pad(mask, (n_slots - width, 0), value=-torch.inf)
+    return mask
+
+
+def _last_keys(
+    key: torch.Tensor, attention_mask: torch.Tensor | None, capture: AttentionCapture
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's last N + 1 keys and their mask for the one query, left-padded where the layer holds fewer.
+
+    Each layer is cut from its own end: a sliding-window layer's cache is shorter than a full
+    layer's, and the query is always the last key. Masked keys get -inf, so their weight is
+    exactly zero. Layers that share a mask (all full layers; all sliding ones) share its window,
+    built once per step.
+    """
+    n_slots = capture.n_lags + 1
+    batch, kv_length = key.shape[0], key.shape[2]
+    width = min(n_slots, kv_length)
+    keys = key[:, :, kv_length - width :]
+    if width < n_slots:
+        keys = torch.nn.functional.pad(keys, (0, 0, n_slots - width, 0))
+    cached = capture._window_masks.get(kv_length)
+    if cached is not None and cached[0] is attention_mask and cached[1].shape[0] == batch:
+        return keys, cached[1]
+    mask = _window_mask(attention_mask, batch, kv_length, n_slots, key.device)
+    capture._window_masks[kv_length] = (attention_mask, mask)
     return keys, mask
 
 
@@ -97,6 +114,8 @@ class AttentionCapture:
     decode_steps: list[_DecodeStep | None] = field(default_factory=list)
     _mask_source: torch.Tensor | None = None
     _mask_additive: torch.Tensor | None = None
+    # Per key length: (the attention mask it was cut from, its window), reused by the layers of a step.
+    _window_masks: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.num_layers
@@ -180,7 +199,7 @@ def _decode_rows(
         else:
             mask = attention_mask.to(query.dtype)
     output, log_sum_exp = _FUSED_CPU_KERNEL(packed, key, value, 0.0, False, attn_mask=mask, scale=scaling)
-    keys, window_mask = _last_keys(key, attention_mask, capture.n_lags + 1)
+    keys, window_mask = _last_keys(key, attention_mask, capture)
     capture.decode_steps[module.layer_idx] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scaling)
     return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
 
@@ -204,7 +223,7 @@ def _record_decode_row(
             scores = scores.masked_fill(~attention_mask, float("-inf"))
         else:
             scores = scores + attention_mask.float()
-    keys, window_mask = _last_keys(key, attention_mask, capture.n_lags + 1)
+    keys, window_mask = _last_keys(key, attention_mask, capture)
     capture.decode_steps[module.layer_idx] = _DecodeStep(
         packed, keys, window_mask, torch.logsumexp(scores, dim=-1), scale
     )
@@ -283,7 +302,7 @@ def _explicit_attention(
             batch, _, _, head_dim = query.shape
             packed = query.reshape(batch, key.shape[1], groups, head_dim)
             log_sum_exp = torch.logsumexp(scores, dim=-1).reshape(batch, key.shape[1], groups)
-            keys, window_mask = _last_keys(key, attention_mask, capture.n_lags + 1)
+            keys, window_mask = _last_keys(key, attention_mask, capture)
             capture.decode_steps[module.layer_idx] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scale, softcap)
         else:
             wanted = scores[:, :, capture.query_start :, :]
