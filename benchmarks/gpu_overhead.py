@@ -10,7 +10,8 @@ order after one short warm-up run of each method, `--repeats` times:
 
 - plain:   `model.generate` (sdpa attention, greedy, `do_sample=False`), the reference of every ratio;
 - engine:  this project's decode loop without capture (`n_lags=0`), what the loop alone costs;
-- capture: this project's decode loop with attention capture (`--n-lags`, default 10), then TAD
+- capture: this project's decode loop with attention capture (`--n-lags`, default 10; the shipped
+  generating convention, so no extra step for the last token), then TAD
   scoring of every answer: the real recurrent TAD scorer (`TadScorer`: stage-2 feature rows of
   N x (2 + layers x heads) + 1 values and one dot product per token) with a random linear
   regressor standing in for a trained artifact (same cost), plus `AnswerScorer(None)`'s baselines.
@@ -20,7 +21,7 @@ of capture's time over plain's in the same repeat. Peak GPU memory is `max_memor
 one run (reset before each), weights included. The last line is `worst_ratio=<largest vs plain>`.
 
 `--check` compares, on CUDA in float32 and bfloat16, the attention rows the engine captured while
-generating (`SequenceState.attention_rows`) for a small random Llama with those of one eager
+generating (`SequenceState.attention_rows`) for a small random Llama and Gemma-2 with those of one eager
 `output_attentions=True` forward over prompt + answer: the weight from each answer token's query
 to the keys 0..N positions before it, split into keys that are generated tokens (all TAD reads),
 prompt keys, and slots before the sequence's start (the eager reference has no key there: 0).
@@ -157,8 +158,8 @@ def make_engine(
     loaded = LoadedModel(
         model=model, tokenizer=tokenizer, identity=identity, device=device, architecture=check_architecture(model)
     )
-    # last_row: the consuming convention's extra 1-token step for the last token's own row
-    engine = Engine(loaded, n_lags=n_lags, allow_fused_kernel=fused, last_row=True)
+    # The shipped generating convention: no extra 1-token step for the last token's own row.
+    engine = Engine(loaded, n_lags=n_lags, allow_fused_kernel=fused, last_row=False)
     engine.context = replace(engine.context, stop_token_ids=frozenset())  # always exactly max_new_tokens
     return engine
 
@@ -175,7 +176,7 @@ class RandomLinear:
 
 
 def random_tad(num_layers: int, num_heads: int, n_lags: int) -> TadScorer:
-    spec = FeatureSpec(n_lags=n_lags, num_layers=num_layers, num_heads=num_heads, convention=Convention.CONSUMING)
+    spec = FeatureSpec(n_lags=n_lags, num_layers=num_layers, num_heads=num_heads, convention=Convention.GENERATING)
     coef = np.random.default_rng(0).normal(0.0, 1e-3, spec.stage2_size)
     return TadScorer(regressor=RandomLinear(coef, 0.5), spec=spec, epsilon=1e-4)
 
@@ -276,7 +277,7 @@ def time_model(name: str, args: argparse.Namespace, rows: list[Row], started: fl
                 sequences = engine.generate(requests)
                 scoring = time.perf_counter()
                 for sequence in sequences:
-                    assert len(sequence.tokens) == tokens and len(sequence.attention_rows) == tokens
+                    assert len(sequence.tokens) == tokens and len(sequence.attention_rows) >= tokens - 1
                     trace = engine.trace(sequence)
                     confidences = tad.confidences_of(trace)
                     baselines.score(trace, confidences)
@@ -307,6 +308,26 @@ def time_model(name: str, args: argparse.Namespace, rows: list[Row], started: fl
                 row.note = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
                 empty_cache()
             print(format_row(row, new), flush=True)
+            if args.profile and not row.note and length == args.prompts[0]:
+                profile(f"{name} batch {batch} prompt {length}", methods)
+
+
+def profile(label: str, methods: dict[str, Callable[..., None]]) -> None:
+    """Where a short run's time goes: the top operators by self CPU and by self CUDA time, per method."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for method, run in methods.items():
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run(tokens=16)
+            synchronize()
+        averages = prof.key_averages()
+        print(f"\n### profile {label}, {method}, 16 new tokens", flush=True)
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+        print(averages.table(sort_by="self_cuda_time_total", row_limit=8), flush=True)
+        attention = [a for a in averages if any(word in a.key.lower() for word in ("fmha", "flash", "attention"))]
+        for event in attention:  # which attention kernels ran (the capture's log-sum-exp comes from one of them)
+            print(f"attention kernel ({method}): {event.key[:110]} x{event.count}", flush=True)
 
 
 HEADER = (
@@ -337,10 +358,10 @@ def format_row(row: Row, new: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- check
-def check(args: argparse.Namespace) -> None:
-    """Captured rows against eager attention, small random Llama on CUDA, float32 and bfloat16."""
-    n_lags, new = args.n_lags, 12
-    config = LlamaConfig(
+def check_configs() -> dict[str, PretrainedConfig]:
+    """Small random models for `--check`: Llama (GQA) and Gemma-2 (soft-capping, a sliding window
+    shorter than the longest prompt, so full and sliding layers both matter)."""
+    llama = LlamaConfig(
         vocab_size=1000,
         hidden_size=256,
         intermediate_size=512,
@@ -351,62 +372,86 @@ def check(args: argparse.Namespace) -> None:
         max_position_embeddings=4096,
         tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
+    gemma2 = Gemma2Config(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        sliding_window=16,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=4096,
+    )
+    return {"llama": llama, "gemma2": gemma2}
+
+
+def check(args: argparse.Namespace) -> None:
+    """Captured rows against eager attention, small random models on CUDA, float32 and bfloat16."""
+    n_lags, new = args.n_lags, 12
     device = args.device
-    capture_model = build_model(config, torch.float32, device, register_capture_attention())
-    with torch.no_grad():  # peakier attention than the default init, so rows are not all ~1/T
-        for layer in capture_model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(4.0)
-            layer.self_attn.k_proj.weight.mul_(4.0)
-        capture_model.lm_head.weight.normal_(0.0, 1.0)
-    # Its own config: from_config writes the attention implementation into the config it is given.
-    eager_model = build_model(copy.deepcopy(config), torch.float32, device, "eager")
-    eager_model.load_state_dict(capture_model.state_dict())
-    generator = torch.Generator().manual_seed(1)
-    lengths = (20, 3, 40)  # 3: a short prompt, left-padded in the batch, whose early windows reach before it
-    prompts = [torch.randint(2, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
-    tokenizer = id_tokenizer(config.vocab_size)
-    print(f"\n## check: {device_name(device)}, random Llama 2 layers x 8 heads (2 kv), N={n_lags}")
-    print("| dtype | generated keys | prompt keys | before start (captured, ref 0) | max ref weight | logprob |")
-    print("|---|---|---|---|---|---|")
-    for dtype in (torch.float32, torch.bfloat16):
-        capture_model.to(dtype)
-        eager_model.to(dtype)
-        engine = make_engine(capture_model, tokenizer, "check", n_lags, fused=args.fused)
-        requests = [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new)) for p in prompts]
-        sequences = engine.generate(requests)
-        generated = prompt_keys = before = biggest = logprob = 0.0
-        for prompt, sequence in zip(prompts, sequences, strict=True):
-            answer = [t.token_id for t in sequence.tokens]
-            assert len(answer) == new and len(sequence.attention_rows) == new
-            with torch.no_grad():
-                output = eager_model(torch.tensor([prompt + answer], device=device), output_attentions=True)
-            attentions = [a[0].float().cpu().numpy() for a in output.attentions]  # [heads, T, T] each
-            log_probs = torch.log_softmax(output.logits[0].float(), dim=-1).cpu()
-            for j, captured in enumerate(sequence.attention_rows):
-                query = len(prompt) + j
-                expected_lp = float(log_probs[query - 1, answer[j]])
-                logprob = max(logprob, abs(sequence.tokens[j].logprob - expected_lp))
-                for back in range(n_lags + 1):
-                    key = query - back
-                    got = captured[:, :, back]  # [layers, heads]
-                    if key < 0:
-                        before = max(before, float(np.abs(got).max()))
-                        continue
-                    expected = np.stack([a[:, query, key] for a in attentions])
-                    difference = float(np.abs(got - expected).max())
-                    biggest = max(biggest, float(expected.max()))
-                    if key >= len(prompt):
-                        generated = max(generated, difference)
-                    else:
-                        prompt_keys = max(prompt_keys, difference)
-        print(
-            f"| {str(dtype).removeprefix('torch.')} | {generated:.2e} | {prompt_keys:.2e} | {before:.2e} "
-            f"| {biggest:.3f} | {logprob:.2e} |",
-            flush=True,
-        )
-    del capture_model, eager_model
-    empty_cache()
+    print(f"\n## check: {device_name(device)}, random 2-layer models, 8 heads (2 kv), N={n_lags}")
+    print(
+        "| model | dtype | generated keys | prompt keys | before start (captured, ref 0) | max ref weight | logprob |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, config in check_configs().items():
+        torch.manual_seed(0)
+        capture_model = build_model(copy.deepcopy(config), torch.float32, device, register_capture_attention())
+        with torch.no_grad():  # peakier attention than the default init, so rows are not all ~1/T
+            for layer in capture_model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(4.0)
+                layer.self_attn.k_proj.weight.mul_(4.0)
+            capture_model.lm_head.weight.normal_(0.0, 1.0)
+        # Its own config: from_config writes the attention implementation into the config it is given.
+        eager_model = build_model(copy.deepcopy(config), torch.float32, device, "eager")
+        eager_model.load_state_dict(capture_model.state_dict())
+        generator = torch.Generator().manual_seed(1)
+        lengths = (20, 3, 40)  # 3: a short prompt, left-padded in the batch, whose early windows reach before it
+        prompts = [torch.randint(2, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+        tokenizer = id_tokenizer(config.vocab_size)
+        for dtype in (torch.float32, torch.bfloat16):
+            capture_model.to(dtype)
+            eager_model.to(dtype)
+            engine = make_engine(capture_model, tokenizer, "check", n_lags, fused=args.fused)
+            requests = [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new)) for p in prompts]
+            sequences = engine.generate(requests)
+            generated = prompt_keys = before = biggest = logprob = 0.0
+            for prompt, sequence in zip(prompts, sequences, strict=True):
+                answer = [t.token_id for t in sequence.tokens]
+                assert len(answer) == new and len(sequence.attention_rows) >= new - 1
+                with torch.no_grad():
+                    output = eager_model(torch.tensor([prompt + answer], device=device), output_attentions=True)
+                attentions = [a[0].float().cpu().numpy() for a in output.attentions]  # [heads, T, T] each
+                log_probs = torch.log_softmax(output.logits[0].float(), dim=-1).cpu()
+                for j in range(new):
+                    expected_lp = float(log_probs[len(prompt) + j - 1, answer[j]])
+                    logprob = max(logprob, abs(sequence.tokens[j].logprob - expected_lp))
+                for j, captured in enumerate(sequence.attention_rows):
+                    query = len(prompt) + j
+                    for back in range(n_lags + 1):
+                        key = query - back
+                        got = captured[:, :, back]  # [layers, heads]
+                        if key < 0:
+                            before = max(before, float(np.abs(got).max()))
+                            continue
+                        expected = np.stack([a[:, query, key] for a in attentions])
+                        difference = float(np.abs(got - expected).max())
+                        biggest = max(biggest, float(expected.max()))
+                        if key >= len(prompt):
+                            generated = max(generated, difference)
+                        else:
+                            prompt_keys = max(prompt_keys, difference)
+            print(
+                f"| {name} | {str(dtype).removeprefix('torch.')} | {generated:.2e} | {prompt_keys:.2e} | {before:.2e} "
+                f"| {biggest:.3f} | {logprob:.2e} |",
+                flush=True,
+            )
+        del capture_model, eager_model
+        empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -431,6 +476,7 @@ def main() -> None:
         help="allow the fused CPU kernel (no effect on CUDA; --no-fused on CPU takes the CUDA code path)",
     )
     parser.add_argument("--budget-s", type=float, default=540.0, help="skip settings that start after this")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler tables of one short run per setting")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark is for a GPU machine (benchmarks/overhead.py is the CPU one)")
@@ -452,7 +498,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
         print(
             f"\n{args.new_tokens} new tokens, bf16, median of {args.repeats} interleaved repeats, "
-            f"capture N={args.n_lags} (consuming convention) + TAD scoring\n"
+            f"capture N={args.n_lags} (generating convention) + TAD scoring\n"
         )
         print(HEADER)
         print("|" + "---|" * (HEADER.count("|") - 1))

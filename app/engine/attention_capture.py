@@ -8,10 +8,11 @@ attention function with transformers that computes the layer output exactly as
 `sdpa` does and, only when a forward asks for it, the few weights TAD reads:
 
 - one decode step (one query): the softmax normaliser (log-sum-exp over all keys)
-  comes from the same fused CPU kernel that computes the output, and only N extra
+  comes from the same fused kernel that computes the output (on CPU the flash kernel
+  for CPU, on CUDA the memory-efficient kernel; both return it), and only N extra
   dot products per head are needed, done for all layers at once after the forward.
-  Off CPU, the log-sum-exp of the single query row is computed directly (one
-  matrix-vector product per kv head, queries of a GQA group packed together).
+  Where neither kernel applies, the log-sum-exp of the single query row is computed
+  directly (one matrix-vector product per kv head, queries of a GQA group packed together).
 - several queries (teacher-forced scoring): the score rows of the wanted queries
   are computed against all keys, and the band of N keys is read off them.
 
@@ -20,6 +21,7 @@ Weights are always float32, whatever the model dtype.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -27,12 +29,19 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+logger = logging.getLogger(__name__)
+
 CAPTURE_ATTENTION = "tad_capture"
 """Name under which the capturing attention function is registered. Without "sdpa" in it:
 transformers refuses any name containing "sdpa" for models whose attention sdpa cannot
 express (Gemma-2's soft-capping), which this function computes explicitly instead."""
 
 _FUSED_CPU_KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# Returns the output and its log-sum-exp, takes an additive bias (padding, sliding windows) and any query
+# count, so a GQA group's queries go in as one kv head's query rows: no repeat_kv copy of the cache.
+_FUSED_CUDA_KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+_BIAS_ALIGNMENT = 16  # the memory-efficient kernel reads the bias's rows at strides that are multiples of 16
+_cuda_kernel_unusable: set[tuple[torch.dtype, int]] = set()  # (dtype, head_dim) the kernel refused once
 
 
 @dataclass
@@ -112,8 +121,8 @@ class AttentionCapture:
     allow_fused_kernel: bool = True
     rows: list[torch.Tensor | None] = field(default_factory=list)
     decode_steps: list[_DecodeStep | None] = field(default_factory=list)
-    _mask_source: torch.Tensor | None = None
-    _mask_additive: torch.Tensor | None = None
+    # Per mask object: (the mask, kept alive so its id stays its own; its additive form).
+    _additive_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # Per key length: (the attention mask it was cut from, its window), reused by the layers of a step.
     _window_masks: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
 
@@ -123,6 +132,10 @@ class AttentionCapture:
 
     def stacked(self) -> torch.Tensor:
         """All layers as one `[batch, queries, layers, heads, n_lags + 1]` float32 tensor on CPU."""
+        return self.stacked_on_device().cpu()
+
+    def stacked_on_device(self) -> torch.Tensor:
+        """`stacked()` where the model runs: its kernels are queued, nothing waits for them yet."""
         if all(step is not None for step in self.decode_steps):
             return self._decode_weights()
         missing = [i for i, row in enumerate(self.rows) if row is None]
@@ -131,7 +144,7 @@ class AttentionCapture:
         device = self.rows[0].device  # type: ignore[union-attr]
         layers = torch.stack([row.to(device) for row in self.rows], dim=2)  # type: ignore[union-attr]
         # [batch, heads, layers, queries, lags] -> [batch, queries, layers, heads, lags]
-        return layers.permute(0, 3, 2, 1, 4).contiguous().cpu()
+        return layers.permute(0, 3, 2, 1, 4).contiguous()
 
     def _decode_weights(self) -> torch.Tensor:
         steps: list[_DecodeStep] = self.decode_steps  # type: ignore[assignment]
@@ -150,15 +163,28 @@ class AttentionCapture:
         layers, batch, kv_heads, groups, _ = weights.shape
         # [L, b, kvh * g = heads, slots] -> [b, 1, L, heads, slots]
         weights = weights.reshape(layers, batch, kv_heads * groups, self.n_lags + 1).permute(1, 0, 2, 3)
-        return weights.unsqueeze(1).contiguous().cpu()
+        return weights.unsqueeze(1).contiguous()
 
-    def additive_mask(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The boolean mask as 0/-inf floats, converted once per forward, not once per layer."""
-        if self._mask_source is not mask or self._mask_additive is None:
-            additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-            self._mask_additive = additive.masked_fill_(~mask, float("-inf"))
-            self._mask_source = mask
-        return self._mask_additive
+    def additive_mask(self, mask: torch.Tensor, dtype: torch.dtype, aligned: bool = False) -> torch.Tensor:
+        """The mask as 0/-inf floats of `dtype`, converted once per forward and mask, not once per layer
+        (full and sliding-window layers each have their own mask).
+
+        `aligned`: the last dimension's storage padded to a multiple of `_BIAS_ALIGNMENT` (the
+        returned view has the mask's shape), as the memory-efficient CUDA kernel requires.
+        """
+        cached = self._additive_masks.get(id(mask))
+        if cached is not None and cached[0] is mask:
+            return cached[1]
+        if mask.dtype == torch.bool:
+            additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        else:
+            additive = mask.to(dtype)
+        if aligned:
+            length = additive.shape[-1]
+            padded = -(-length // _BIAS_ALIGNMENT) * _BIAS_ALIGNMENT
+            additive = torch.nn.functional.pad(additive, (0, padded - length))[..., :length]
+        self._additive_masks[id(mask)] = (mask, additive)
+        return additive
 
 
 def _lag_window(scores: torch.Tensor, query_positions: torch.Tensor, n_lags: int) -> torch.Tensor:
@@ -179,29 +205,67 @@ def _decode_rows(
     scaling: float,
     capture: AttentionCapture,
 ) -> torch.Tensor | None:
-    """A decode step's output via the fused CPU kernel (which also returns the log-sum-exp), or None."""
-    if (
-        not capture.allow_fused_kernel
-        or _FUSED_CPU_KERNEL is None
-        or query.device.type != "cpu"
-        or key.shape[-1] != value.shape[-1]
-        or query.dtype != key.dtype
-    ):
+    """A decode step's output via a fused kernel that also returns the log-sum-exp, or None where none applies."""
+    if not capture.allow_fused_kernel or key.shape[-1] != value.shape[-1] or query.dtype != key.dtype:
+        return None
+    if query.device.type == "cpu" and _FUSED_CPU_KERNEL is not None:
+        fused = _fused_cpu
+    elif query.device.type == "cuda" and _FUSED_CUDA_KERNEL is not None:
+        if (query.dtype, query.shape[-1]) in _cuda_kernel_unusable:
+            return None
+        fused = _fused_cuda
+    else:
         return None
     batch, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     # The queries of a GQA group share keys: pack them as a group's "query rows", no repeat_kv copy.
     packed = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    mask = None
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            mask = capture.additive_mask(attention_mask, query.dtype)
-        else:
-            mask = attention_mask.to(query.dtype)
-    output, log_sum_exp = _FUSED_CPU_KERNEL(packed, key, value, 0.0, False, attn_mask=mask, scale=scaling)
+    result = fused(packed, key, value, attention_mask, scaling, capture)
+    if result is None:
+        return None
+    output, log_sum_exp = result
     keys, window_mask = _last_keys(key, attention_mask, capture)
     capture.decode_steps[module.layer_idx] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scaling)
     return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
+
+
+def _fused_cpu(
+    packed: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    capture: AttentionCapture,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = None if attention_mask is None else capture.additive_mask(attention_mask, packed.dtype)
+    output, log_sum_exp = _FUSED_CPU_KERNEL(packed, key, value, 0.0, False, attn_mask=mask, scale=scaling)  # type: ignore[misc]
+    return output, log_sum_exp
+
+
+def _fused_cuda(
+    packed: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    capture: AttentionCapture,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The memory-efficient kernel (what sdpa itself runs for a masked decode step); None if it refuses."""
+    batch, kv_heads, groups, _ = packed.shape
+    bias = None
+    if attention_mask is not None:
+        bias = capture.additive_mask(attention_mask, packed.dtype, aligned=True)
+        bias = bias.expand(batch, kv_heads, groups, key.shape[2])
+    try:
+        output, log_sum_exp, *_ = _FUSED_CUDA_KERNEL(  # type: ignore[misc]
+            packed, key, value, bias, True, 0.0, False, scale=scaling
+        )
+    except RuntimeError as error:  # e.g. a head size or dtype this build's kernel lacks: the generic path
+        _cuda_kernel_unusable.add((packed.dtype, packed.shape[-1]))
+        logger.warning("fused CUDA attention kernel unusable (%s); computing the normaliser separately", error)
+        return None
+    # The kernel pads its log-sum-exp's query dimension (to a multiple of 32).
+    return output, log_sum_exp[..., :groups].float()
 
 
 def _record_decode_row(

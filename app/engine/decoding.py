@@ -188,12 +188,20 @@ class DecodeBatch:
                 # small model's compute), since no next token will be chosen.
                 self.context.decoder(**inputs_kwargs)
         self.positions = self.positions + 1
-        rows = capture.stacked()[:, 0].numpy() if capture is not None else None
-        for index, seq in enumerate(self.sequences):
-            if rows is not None and len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
-                seq.attention_rows.append(rows[index])
+        # The rows' kernels are queued before choosing the next tokens and copied after: the step
+        # waits for the device once (in choosing), not twice.
+        rows_on_device = capture.stacked_on_device() if capture is not None else None
+        wanting = [
+            index
+            for index, seq in enumerate(self.sequences)
+            if len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned
+        ]
         if active:
             self._choose_next(logits, active)
+        if rows_on_device is not None:
+            rows = rows_on_device[:, 0].cpu().numpy()
+            for index in wanting:
+                self.sequences[index].attention_rows.append(rows[index])
 
     def _choose_next(self, logits: torch.Tensor, active: list[int]) -> None:
         distribution = RawDistribution.from_logits(logits)

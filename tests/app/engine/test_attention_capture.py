@@ -56,3 +56,16 @@ def test_capture_does_not_change_the_output(engine: Engine) -> None:
     assert rows.shape == shape  # keys 0..N back from each query
     # Weights of a softmax row: non-negative, and the N + 1 keys hold at most all of its mass.
     assert (rows >= 0).all() and (rows.sum(-1) <= 1 + 1e-6).all()
+
+
+def test_additive_mask_is_converted_once_per_mask_and_aligned_for_the_cuda_kernel() -> None:
+    capture = AttentionCapture(n_lags=2, num_layers=2)
+    full = torch.tensor([[[[False, True, True, True, True]]]])
+    sliding = torch.tensor([[[[False, False, False, True, True]]]])
+    first = capture.additive_mask(full, torch.float32, aligned=True)
+    assert first.shape == full.shape
+    assert first.stride(-2) % 16 == 0  # the memory-efficient kernel's bias rows start 16-aligned
+    assert torch.equal(first, torch.tensor([[[[-torch.inf, 0.0, 0.0, 0.0, 0.0]]]]))
+    assert torch.equal(capture.additive_mask(sliding, torch.float32)[0, 0, 0, :3], torch.full((3,), -torch.inf))
+    # Layers alternate between the two masks: each is converted once, then reused.
+    assert capture.additive_mask(full, torch.float32, aligned=True) is first
