@@ -97,3 +97,19 @@ def test_other_model_is_refused(artifact_copy: Path) -> None:
         artifact.check_model(ModelIdentity(**{**own.model_dump(), "sha256": "f" * 64}))
     with pytest.raises(ArtifactError, match="layers"):
         artifact.check_model(ModelIdentity(**{**own.model_dump(), "num_layers": own.num_layers + 1}))
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct-tad", "gemma3-270m-tad"])
+def test_committed_artifacts_load_with_their_hashes_and_score(name: str) -> None:
+    """Each artifact under models/ loads (every file's hash checked) and scores a sequence of its model's shape."""
+    import numpy as np
+
+    path = Path(__file__).resolve().parents[3] / "models" / name
+    artifact = load_artifact(path)
+    spec = artifact.scorer.spec
+    assert (spec.num_layers, spec.num_heads) == (artifact.manifest.llm.num_layers, artifact.manifest.llm.num_heads)
+    rng = np.random.default_rng(0)
+    logprobs = np.log(rng.uniform(0.05, 1.0, 6))
+    rows = rng.uniform(0.0, 0.2, (6, spec.num_layers, spec.num_heads, spec.n_lags + 1)).astype(np.float32)
+    confidences = artifact.scorer.confidences(logprobs, rows)
+    assert confidences.shape == (6,) and np.all((confidences >= artifact.scorer.epsilon) & (confidences <= 1.0))
