@@ -43,3 +43,4 @@ $PY -m training fit "$RUNS/gemma3-train" --out "$OUT"
 $PY -m training calibrate --artifact "$OUT" --run "${DEV_RUNS[@]}" \
     --coverage 0.1 0.2 0.5 0.8 0.9 --error 0.3 0.4 0.5 0.6 0.7 --delta 0.05
 $PY -m training evaluate --artifact "$OUT" --run "${DEV_RUNS[@]}" --out "$OUT/report/dev"
+$PY -m training lodo "$RUNS/gemma3-train" --test "${DEV_RUNS[@]}" --artifact "$OUT" --out "$OUT/report/lodo"
