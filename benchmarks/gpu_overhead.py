@@ -361,30 +361,23 @@ def format_row(row: Row, new: int) -> str:
 def check_configs() -> dict[str, PretrainedConfig]:
     """Small random models for `--check`: Llama (GQA) and Gemma-2 (soft-capping, a sliding window
     shorter than the longest prompt, so full and sliding layers both matter)."""
-    llama = LlamaConfig(
-        vocab_size=1000,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+    shape = {
+        "vocab_size": 1000,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 4096,
+    }
+    llama = LlamaConfig(**shape, tie_word_embeddings=False)
     gemma2 = Gemma2Config(
-        vocab_size=1000,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=32,
+        **shape,
         query_pre_attn_scalar=32,
         sliding_window=16,
         attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0,
-        max_position_embeddings=4096,
     )
     return {"llama": llama, "gemma2": gemma2}
 

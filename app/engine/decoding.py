@@ -188,24 +188,23 @@ class DecodeBatch:
                 # small model's compute), since no next token will be chosen.
                 self.context.decoder(**inputs_kwargs)
         self.positions = self.positions + 1
-        # The rows' kernels are queued before choosing the next tokens and copied after: the step
-        # waits for the device once (in choosing), not twice.
+        # The rows' kernels are queued before the greedy choices are read: the step waits for the
+        # device once, and the rows are then already computed when they are copied.
         rows_on_device = capture.stacked_on_device() if capture is not None else None
-        wanting = [
-            index
-            for index, seq in enumerate(self.sequences)
-            if len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned
-        ]
-        if active:
-            self._choose_next(logits, active)
+        greedy = torch.argmax(logits, dim=-1).tolist() if active else []
         if rows_on_device is not None:
             rows = rows_on_device[:, 0].cpu().numpy()
-            for index in wanting:
-                self.sequences[index].attention_rows.append(rows[index])
+            for index, seq in enumerate(self.sequences):
+                if len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
+                    seq.attention_rows.append(rows[index])
+        if active:
+            self._choose_next(logits, active, greedy)
 
-    def _choose_next(self, logits: torch.Tensor, active: list[int]) -> None:
+    def _choose_next(self, logits: torch.Tensor, active: list[int], greedy: list[int] | None = None) -> None:
+        """`greedy`: each row's argmax when the caller has read it already."""
         distribution = RawDistribution.from_logits(logits)
-        greedy = torch.argmax(logits, dim=-1).tolist()
+        if greedy is None:
+            greedy = torch.argmax(logits, dim=-1).tolist()
         chosen = []
         for index in list(active):
             seq = self.sequences[index]

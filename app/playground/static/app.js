@@ -360,26 +360,31 @@ function setRunning(controller) {
   $("stop").disabled = !controller;
 }
 
-async function generate(event) {
+/** The form's request body, or null (the reason shown) when the page is busy or a field is invalid. */
+function requestBody(event, build) {
   event.preventDefault();
-  if (running || !info) return;
+  if (running || !info) return null;
   clearMessage();
-  let body;
   try {
-    body = {
-      ...promptBody($("question").value),
-      max_new_tokens: numberField("max-new-tokens"),
-      temperature: numberField("temperature"),
-      seed: numberField("seed"),
-      top_logprobs: numberField("top-logprobs"),
-      return_attention: true,
-      early_stop: $("early-stop").checked,
-      policy: policyBody(),
-    };
+    return build();
   } catch (error) {
     showError(error);
-    return;
+    return null;
   }
+}
+
+async function generate(event) {
+  const body = requestBody(event, () => ({
+    ...promptBody($("question").value),
+    max_new_tokens: numberField("max-new-tokens"),
+    temperature: numberField("temperature"),
+    seed: numberField("seed"),
+    top_logprobs: numberField("top-logprobs"),
+    return_attention: true,
+    early_stop: $("early-stop").checked,
+    policy: policyBody(),
+  }));
+  if (!body) return;
   const expected = previewPolicy();
   startAnswer("Generating…");
   setRunning(new AbortController());
@@ -412,21 +417,13 @@ async function generate(event) {
 }
 
 async function score(event) {
-  event.preventDefault();
-  if (running || !info) return;
-  clearMessage();
-  let body;
-  try {
-    body = {
-      ...promptBody($("score-prompt").value),
-      response: $("score-answer").value,
-      return_attention: true,
-      policy: policyBody(),
-    };
-  } catch (error) {
-    showError(error);
-    return;
-  }
+  const body = requestBody(event, () => ({
+    ...promptBody($("score-prompt").value),
+    response: $("score-answer").value,
+    return_attention: true,
+    policy: policyBody(),
+  }));
+  if (!body) return;
   startAnswer("Scoring…");
   setRunning(new AbortController());
   try {
