@@ -119,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="attention conventions to cross-validate (docs/method.md §2); generating wins unless consuming "
         "beats it by more than its CV std",
     )
+    fit.add_argument(
+        "--selection",
+        choices=("within-group", "pooled"),
+        default="within-group",
+        help="what CV maximises: mean PRR within each informative dataset/prompt-style group of the held-out "
+        "folds, or PRR over the held-out folds pooled (training/groups.py)",
+    )
+    fit.add_argument(
+        "--centrings",
+        nargs="+",
+        choices=("none", "group"),
+        default=["none", "group"],
+        help="target centrings to cross-validate in order; a later one replaces the earlier only on a "
+        "significant fold-paired gain (training/groups.py)",
+    )
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -218,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "fit":
         from app.uncertainty.features import Convention
         from training.commands.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
+        from training.groups import Selection, TargetCentring
         from training.two_stage import Variant
 
         manifest = run_fit(
@@ -237,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
                 extra_feature_sets=tuple(tuple(s.split("+")) for s in args.extra_feature_sets if s != "none"),
                 stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
                 combiner=args.combiner,
+                selection=Selection(args.selection),
+                centrings=tuple(TargetCentring(c) for c in args.centrings),
             )
         )
         chosen = manifest.metrics["cv"]["chosen"]

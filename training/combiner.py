@@ -10,7 +10,7 @@ comparison with TAD alone is paired.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +73,19 @@ def _fit(features: np.ndarray, targets: np.ndarray) -> Any:
     return model, means
 
 
-def cross_validate_combiner(features: np.ndarray, targets: np.ndarray, fold_of: np.ndarray) -> CombinerResult:
-    """Out-of-fold combiner scores on the given folds (`features` themselves out of fold)."""
+def cross_validate_combiner(
+    features: np.ndarray,
+    targets: np.ndarray,
+    fold_of: np.ndarray,
+    fold_metric: Callable[[np.ndarray, np.ndarray], float] | None = None,
+) -> CombinerResult:
+    """Out-of-fold combiner scores on the given folds (`features` themselves out of fold).
+
+    `targets` are what the ridge learns; `fold_metric(scores, held_mask)` scores a held-out
+    fold (default: pooled PRR against `targets`).
+    """
+    if fold_metric is None:
+        fold_metric = lambda scores, held: prediction_rejection_ratio(scores, targets[held])  # noqa: E731
     scores = np.full(len(targets), math.nan)
     empty = np.all(~np.isfinite(features[:, :-1]), axis=1)
     fold_prr = []
@@ -83,7 +94,7 @@ def cross_validate_combiner(features: np.ndarray, targets: np.ndarray, fold_of: 
         model, means = _fit(features[~held], targets[~held])
         scores[held] = -model.predict(_filled(features[held], means))
         scores[held & empty] = EMPTY_ANSWER_UNCERTAINTY
-        fold_prr.append(prediction_rejection_ratio(scores[held], targets[held]))
+        fold_prr.append(fold_metric(scores[held], held))
     model, _ = _fit(features, targets)
     ridge = model[-1]
     return CombinerResult(

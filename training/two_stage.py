@@ -47,10 +47,12 @@ class FitText:
 
     key: str
     dataset: str
-    target: float
+    target: float  # the answer's quality, what every PRR is measured against
     stats: dict[str, np.ndarray]
     probs: np.ndarray
     attention: np.ndarray  # step rows [n, layers, heads, lags + 1], possibly a memory map
+    group: str = ""  # dataset/prompt style (training/groups.py)
+    offset: float = 0.0  # subtracted from the target the regressors learn (within-group centring)
 
     @classmethod
     def from_trace(cls, trace: TextTrace, n_lags: int) -> FitText:
@@ -58,6 +60,7 @@ class FitText:
             key=trace.key,
             dataset=trace.dataset,
             target=trace.target,
+            group=f"{trace.dataset}/{trace.meta.get('prompt_style', 'task')}",
             stats={name: np.asarray(values) for name, values in trace.stats.items()},
             probs=token_probabilities(trace.logprobs),
             attention=trace.attention[..., : n_lags + 1],
@@ -73,8 +76,13 @@ class FitText:
     def token_trace(self) -> TokenTrace:
         return TokenTrace(token_ids=tuple(range(len(self))), stats=self.stats, attention=np.asarray(self.attention))
 
+    @property
+    def training_target(self) -> float:
+        """What the regressors learn for this text: the target, less its group's offset when centred."""
+        return self.target - self.offset
+
     def rows_target(self) -> np.ndarray:
-        return np.full(max(len(self) - 1, 0), self.target)
+        return np.full(max(len(self) - 1, 0), self.training_target)
 
 
 def stage1_stats(texts: Iterable[FitText], spec: FeatureSpec) -> GramStats:
@@ -91,7 +99,7 @@ def stage1_confidences(
     confidences = np.empty(len(text))
     if len(text) == 0:
         return confidences
-    confidences[0] = text.target if variant is Variant.ALGORITHM1_LITERAL else float(text.probs[0])
+    confidences[0] = text.training_target if variant is Variant.ALGORITHM1_LITERAL else float(text.probs[0])
     if len(text) > 1:
         features = stage1_features(text.probs, spec.n_lags, spec.extras(text.stats))
         predicted = np.asarray(model.predict(features), dtype=np.float64)
@@ -143,7 +151,7 @@ def teacher_forced_stats(texts: Sequence[FitText], static: GramStats, spec: Feat
 
     `static` is these texts' static Gram: only the thin confidence terms are computed here.
     """
-    forced = [[np.full(len(text), text.target) for text in texts]]
+    forced = [[np.full(len(text), text.training_target) for text in texts]]
     return stage2_stats(static, cross_stats(texts, forced, spec), 0, spec)
 
 

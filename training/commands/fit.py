@@ -2,8 +2,10 @@
 
 5-fold cross-validation split by text; grid: attention convention x variant (leak-free,
 algorithm1-literal, authors; training/two_stage.py) x stage-1 ridge alpha x stage-2 ridge
-alpha x aggregation, selected by mean PRR at 50% rejection of the held-out folds, scored
-with the very scorer the server runs (recurrent, c_1 = p_1). Stage-1 predictions that
+alpha x aggregation, then target centring within groups (training/groups.py), selected by
+PRR at 50% rejection of the held-out folds (by default the mean within each informative
+dataset/prompt-style group; pooled on request), scored with the very scorer the server
+runs (recurrent, c_1 = p_1). Stage-1 predictions that
 stage 2 trains on come from inner folds of each outer training set (nested by text). The
 best variant becomes the artifact's regressor; the others are kept beside it for
 comparison, and every number goes into the manifest. Memory: Gram matrices only (about
@@ -35,6 +37,14 @@ from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES
 from app.uncertainty.tad import Regressor, TadScorer
 from training.combiner import combiner_inputs, cross_validate_combiner, informative_mean, per_dataset_prr
+from training.groups import (
+    Selection,
+    TargetCentring,
+    centred,
+    informative_groups,
+    selection_metric,
+    within_group_prr,
+)
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
 from training.runs import iter_texts, read_run_settings
@@ -81,6 +91,9 @@ class FitOptions:
     extra_feature_sets: Sequence[tuple[str, ...]] = (("entropy",), ("top2_margin",), ("entropy", "top2_margin"))
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
     combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) out of fold
+    selection: Selection = Selection.WITHIN_GROUP
+    # Tried in this order; a later one replaces the earlier only on a significant fold-paired gain.
+    centrings: Sequence[TargetCentring] = (TargetCentring.NONE, TargetCentring.GROUP)
 
 
 @dataclass
@@ -88,7 +101,10 @@ class Candidate:
     variant: Variant
     alpha_stage1: float
     alpha: float  # stage 2
-    prr: dict[Aggregation, list[float]] = field(default_factory=lambda: {a: [] for a in Aggregation})
+    # Held-out PRR per fold, by selection metric and aggregation.
+    prr: dict[Selection, dict[Aggregation, list[float]]] = field(
+        default_factory=lambda: {s: {a: [] for a in Aggregation} for s in Selection}
+    )
 
 
 def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], dict[str, Any], int]:
@@ -142,14 +158,18 @@ def stage1_for_stage2(
     ]
 
 
-def held_out_prr(scorer: TadScorer, texts: Sequence[FitText]) -> dict[Aggregation, float]:
-    targets = np.array([t.target for t in texts])
+def held_out_prr(
+    scorer: TadScorer, texts: Sequence[FitText], groups: frozenset[str]
+) -> dict[Selection, dict[Aggregation, float]]:
+    """Both selection metrics of the scorer on held-out texts, for each aggregation."""
     confidences = [scorer.confidences_of(t.token_trace()) if len(t) else np.zeros(0) for t in texts]
-    result = {}
-    for aggregation in Aggregation:
-        scores = np.array([ranked(aggregate(c, aggregation)) for c in confidences])
-        result[aggregation] = prediction_rejection_ratio(scores, targets)
-    return result
+    scores = {a: np.array([ranked(aggregate(c, a)) for c in confidences]) for a in Aggregation}
+    return {
+        Selection.POOLED: {
+            a: prediction_rejection_ratio(v, np.array([t.target for t in texts])) for a, v in scores.items()
+        },
+        Selection.WITHIN_GROUP: {a: within_group_prr(v, texts, groups) for a, v in scores.items()},
+    }
 
 
 @dataclass
@@ -161,6 +181,7 @@ class FoldData:
     stage1: list[GramStats]
     static: list[GramStats]
     teacher_forced: list[GramStats]  # the authors' stage 1 (full vectors, earlier c = target)
+    informative: frozenset[str] = frozenset()  # groups the within-group metric averages over
 
     @property
     def count(self) -> int:
@@ -188,7 +209,14 @@ def prepare_folds(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptio
         if Variant.AUTHORS in options.variants
         else []
     )
-    return FoldData(fold_of=fold_of, groups=groups, stage1=stage1, static=static, teacher_forced=forced)
+    return FoldData(
+        fold_of=fold_of,
+        groups=groups,
+        stage1=stage1,
+        static=static,
+        teacher_forced=forced,
+        informative=informative_groups(texts),
+    )
 
 
 def cross_validate(
@@ -197,7 +225,7 @@ def cross_validate(
     """Every (variant, stage-1 alpha, stage-2 alpha) candidate on every held-out fold, for both aggregations."""
     stage1_keys = [(v, a1) for v in options.variants for a1 in options.stage1_alphas or options.alphas]
     candidates = [Candidate(v, a1, a2) for v, a1 in stage1_keys for a2 in options.alphas]
-    baselines: dict[str, list[float]] = {method.value: [] for method in BASELINES}
+    baselines: dict[Selection, dict[str, list[float]]] = {s: {m.value: [] for m in BASELINES} for s in Selection}
     for f in tqdm(range(data.count), desc="fit: cross-validation", unit="fold"):
         train, train_folds = data.texts_without(f, texts)
         available = [g for g in range(data.count) if g != f]
@@ -210,12 +238,27 @@ def cross_validate(
         for candidate in candidates:
             k = stage1_keys.index((candidate.variant, candidate.alpha_stage1))
             model = fit_ridge(stage2_stats(static_train, cross, k, spec), candidate.alpha)
-            for aggregation, value in held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f]).items():
-                candidate.prr[aggregation].append(value)
-        targets = np.array([t.target for t in data.groups[f]])
-        for name, values in baseline_table([t.token_trace() for t in data.groups[f]]).items():
-            baselines[name].append(prediction_rejection_ratio(values, targets))
+            scored = held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f], data.informative)
+            for selection, by_aggregation in scored.items():
+                for aggregation, value in by_aggregation.items():
+                    candidate.prr[selection][aggregation].append(value)
+        held = data.groups[f]
+        targets = np.array([t.target for t in held])
+        for name, values in baseline_table([t.token_trace() for t in held]).items():
+            baselines[Selection.POOLED][name].append(prediction_rejection_ratio(values, targets))
+            baselines[Selection.WITHIN_GROUP][name].append(within_group_prr(values, held, data.informative))
     return candidates, baselines
+
+
+SELECTION_WORDS = {
+    Selection.POOLED: "pooled",
+    Selection.WITHIN_GROUP: "mean within each informative dataset/prompt-style group",
+}
+
+
+def effective_selection(selection: Selection, data: FoldData) -> Selection:
+    """Within-group selection needs an informative group; without one it is pooled."""
+    return selection if selection is Selection.POOLED or data.informative else Selection.POOLED
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -223,10 +266,12 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def cv_table(candidates: Sequence[Candidate]) -> list[dict[str, Any]]:
+def cv_table(candidates: Sequence[Candidate], selection: Selection) -> list[dict[str, Any]]:
+    """One row per candidate and aggregation; `prr_*` hold the selection metric, the other is beside it."""
     rows = []
     for c in candidates:
-        for aggregation, values in c.prr.items():
+        for aggregation in Aggregation:
+            values = c.prr[selection][aggregation]
             rows.append(
                 {
                     "variant": c.variant.value,
@@ -236,6 +281,8 @@ def cv_table(candidates: Sequence[Candidate]) -> list[dict[str, Any]]:
                     "prr_mean": _mean(values),
                     "prr_std": float(np.nanstd(values)) if values else math.nan,
                     "prr_folds": values,
+                    "pooled_prr_mean": _mean(c.prr[Selection.POOLED][aggregation]),
+                    "within_group_prr_mean": _mean(c.prr[Selection.WITHIN_GROUP][aggregation]),
                 }
             )
     return rows
@@ -307,6 +354,7 @@ def mlp_search(
         for values in product(grid["layers"], grid["epochs"], grid["learning_rate"], grid["batch_size"])
     ]
     scores: list[dict[Aggregation, list[float]]] = [{a: [] for a in Aggregation} for _ in configs]
+    selection = effective_selection(options.selection, data)
     for f in tqdm(range(data.count), desc="fit: MLP cross-validation", unit="fold"):
         train, train_folds = data.texts_without(f, texts)
         available = [g for g in range(data.count) if g != f]
@@ -317,7 +365,8 @@ def mlp_search(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 model.fit(features, targets)
-            for aggregation, value in held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f]).items():
+            scored = held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f], data.informative)
+            for aggregation, value in scored[selection].items():
                 score[aggregation].append(value)
     table = [
         {**config, "aggregation": aggregation.value, "prr_mean": _mean(values), "prr_folds": values}
@@ -382,19 +431,28 @@ def out_of_fold_confidences(
 
 
 def measure_combiner(
-    texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, chosen_row: dict[str, Any], epsilon: float
+    texts: Sequence[FitText],
+    spec: FeatureSpec,
+    data: FoldData,
+    chosen_row: dict[str, Any],
+    epsilon: float,
+    selection: Selection,
 ) -> dict[str, Any]:
     """The sequence-level combiner against TAD alone on the same folds (an ablation: reported, not shipped)."""
     confidences = out_of_fold_confidences(texts, spec, data, Choice.of(chosen_row), epsilon)
     traces = [t.token_trace() for t in texts]
     features = np.array([combiner_inputs(trace, c) for trace, c in zip(traces, confidences, strict=True)])
     targets = np.array([t.target for t in texts])
-    result = cross_validate_combiner(features, targets, data.fold_of)
+    metric = selection_metric(selection, data.informative)
+
+    def fold_metric(scores: np.ndarray, held: np.ndarray) -> float:
+        return metric(scores, [texts[i] for i in np.flatnonzero(held)])
+
+    training_targets = np.array([t.training_target for t in texts])
+    result = cross_validate_combiner(features, training_targets, data.fold_of, fold_metric)
     aggregation = Aggregation(chosen_row["aggregation"])
     tad = np.array([ranked(aggregate(c, aggregation)) for c in confidences])
-    tad_folds = [
-        prediction_rejection_ratio(tad[data.fold_of == f], targets[data.fold_of == f]) for f in range(data.count)
-    ]
+    tad_folds = [fold_metric(tad[data.fold_of == f], data.fold_of == f) for f in range(data.count)]
     scores = {"tad": tad, "combined": result.scores, **baseline_table(traces)}
     table = per_dataset_prr(scores, targets, [t.dataset for t in texts])
     return {
@@ -422,7 +480,10 @@ class ConventionResult:
     table: list[dict[str, Any]]
     best: dict[str, dict[str, Any]]
     chosen_row: dict[str, Any]
-    baselines: dict[str, list[float]]
+    baselines: dict[Selection, dict[str, list[float]]]
+    selection: Selection
+    centring: TargetCentring = TargetCentring.NONE
+    texts: Sequence[FitText] = ()
 
     @property
     def prr(self) -> float:
@@ -430,20 +491,27 @@ class ConventionResult:
         return -math.inf if math.isnan(value) else float(value)
 
     def summary(self) -> dict[str, Any]:
-        return {"chosen": self.chosen_row, "best_per_variant": self.best}
+        return {"chosen": self.chosen_row, "best_per_variant": self.best, "target_centring": self.centring.value}
 
 
 def cross_validate_convention(
-    texts: Sequence[FitText], spec: FeatureSpec, options: FitOptions, only: Choice | None = None
+    texts: Sequence[FitText],
+    spec: FeatureSpec,
+    options: FitOptions,
+    only: Choice | None = None,
+    centring: TargetCentring = TargetCentring.NONE,
 ) -> ConventionResult:
-    """Cross-validation under one feature spec; `only`: just that variant and stage-1 alpha (ablations)."""
+    """Cross-validation under one feature spec and target centring; `only`: just that variant and
+    stage-1 alpha (ablations)."""
+    texts = centred(texts, centring)
     data = prepare_folds(texts, spec, options)
     grid = options if only is None else replace(options, variants=(only.variant,), stage1_alphas=(only.alpha_stage1,))
     candidates, baselines = cross_validate(texts, spec, data, grid)
-    table = cv_table(candidates)
+    selection = effective_selection(options.selection, data)
+    table = cv_table(candidates, selection)
     best = best_per_variant(table)
     ranked = sorted(best.values(), key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"])
-    return ConventionResult(spec, data, table, best, ranked[-1], baselines)
+    return ConventionResult(spec, data, table, best, ranked[-1], baselines, selection, centring, texts)
 
 
 def paired_gain(trial: Sequence[float], base: Sequence[float]) -> dict[str, float | bool]:
@@ -483,8 +551,17 @@ def run_fit(options: FitOptions) -> Manifest:
             sum(len(t) for t in texts),
             spec.stage2_size,
         )
-        results[convention] = cross_validate_convention(texts, spec, options)
+        results[convention] = cross_validate_convention(texts, spec, options, centring=options.centrings[0])
     result = results[choose_convention(results)]
+    centrings: dict[str, Any] = {result.centring.value: {"prr_mean": result.prr, "chosen": result.chosen_row}}
+    for centring in options.centrings[1:]:
+        logger.info("target centring: %s", centring.value)
+        trial = cross_validate_convention(texts, result.spec, options, centring=centring)
+        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
+        centrings[centring.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, "gain": gain}
+        if gain["significant"] and trial.prr > result.prr:
+            result = trial
+    texts = result.texts
     ablations: dict[str, Any] = {
         "base": {"extra_stats": [], "prr_mean": result.prr, "prr_std": result.chosen_row["prr_std"]}
     }
@@ -492,7 +569,7 @@ def run_fit(options: FitOptions) -> Manifest:
     for extra in options.extra_feature_sets:
         trial_spec = replace(result.spec, extra_stats=tuple(extra))
         logger.info("ablation: extra per-token features %s", ", ".join(extra))
-        trial = cross_validate_convention(texts, trial_spec, options, only=base_choice)
+        trial = cross_validate_convention(texts, trial_spec, options, only=base_choice, centring=result.centring)
         gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
         ablations["+".join(extra)] = {
             "extra_stats": list(extra),
@@ -514,13 +591,19 @@ def run_fit(options: FitOptions) -> Manifest:
         result.chosen_row,
         result.baselines,
     )
-    combiner = measure_combiner(texts, spec, data, chosen_row, options.epsilon) if options.combiner else None
+    combiner = (
+        measure_combiner(texts, spec, data, chosen_row, options.epsilon, result.selection) if options.combiner else None
+    )
     chosen = Choice.of(chosen_row)
     others = [Choice.of(best[v.value]) for v in options.variants if v is not chosen.variant and v.value in best]
     (stage1_main, stage2_main), *alternatives = fit_final(texts, spec, data, [chosen, *others], options.epsilon)
     aggregation = Aggregation(chosen_row["aggregation"])
     regressor_kind = "ridge"
-    regressor_params: dict[str, Any] = {"alpha": chosen.alpha, "alpha_stage1": chosen.alpha_stage1}
+    regressor_params: dict[str, Any] = {
+        "alpha": chosen.alpha,
+        "alpha_stage1": chosen.alpha_stage1,
+        "target_centring": result.centring.value,
+    }
     mlp_summary: dict[str, Any] | None = None
     if options.mlp:
         best_mlp, mlp_table = mlp_search(texts, spec, data, chosen.variant, chosen.alpha_stage1, options)
@@ -530,7 +613,9 @@ def run_fit(options: FitOptions) -> Manifest:
             aggregation = Aggregation(best_mlp["aggregation"])
             regressor_kind = "mlp"
             regressor_params = {k: best_mlp[k] for k in ("layers", "epochs", "learning_rate", "batch_size")}
-            regressor_params.update(width=options.mlp_width, alpha_stage1=chosen.alpha_stage1)
+            regressor_params.update(
+                width=options.mlp_width, alpha_stage1=chosen.alpha_stage1, target_centring=result.centring.value
+            )
 
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
@@ -566,7 +651,11 @@ def run_fit(options: FitOptions) -> Manifest:
                 "folds": options.folds,
                 "split": "by text",
                 "seed": options.seed,
-                "selection": "mean PRR at 50% rejection over held-out folds",
+                "selection": f"mean PRR at 50% rejection over held-out folds ({SELECTION_WORDS[result.selection]})",
+                "selection_metric": result.selection.value,
+                "informative_groups": sorted(data.informative),
+                "target_centring": result.centring.value,
+                "centrings": centrings,
                 "chosen": chosen_row,
                 "best_per_variant": best,
                 "convention": spec.convention.value,
@@ -574,7 +663,15 @@ def run_fit(options: FitOptions) -> Manifest:
                 "feature_ablations": ablations,
                 "combiner": combiner,
                 "convention_rule": "generating unless consuming's CV PRR exceeds it by more than consuming's CV std",
-                "baselines": {name: {"prr_mean": _mean(v), "prr_folds": v} for name, v in baselines.items()},
+                "baselines": {
+                    name: {
+                        "prr_mean": _mean(v),
+                        "prr_folds": v,
+                        "pooled_prr_mean": _mean(baselines[Selection.POOLED][name]),
+                        "within_group_prr_mean": _mean(baselines[Selection.WITHIN_GROUP][name]),
+                    }
+                    for name, v in baselines[result.selection].items()
+                },
                 "grid": table,
                 "mlp": mlp_summary,
             },

@@ -1,7 +1,7 @@
 """`lodo`: leave one dataset out, the paper's generalization table.
 
 For every dataset, TAD is fitted (with the artifact's configuration: convention, variant,
-both alphas, aggregation) on the training texts of all *other* datasets and scored on that
+both alphas, aggregation, target centring) on the training texts of all *other* datasets and scored on that
 dataset's test texts, beside the baselines, with paired bootstrap 95% intervals.
 """
 
@@ -22,6 +22,7 @@ from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
 from training.commands.fit import Choice, FitOptions, fit_final, load_runs, prepare_folds
+from training.groups import TargetCentring, centred
 from training.rejection import (
     INFORMATIVE_ACCURACY,
     accuracy,
@@ -51,6 +52,7 @@ def run_lodo(
     params = manifest.regressor.params
     variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
     choice = Choice(variant, float(params.get("alpha_stage1", params["alpha"])), float(params["alpha"]))
+    centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
     texts, _, _ = load_runs(train_runs, spec.n_lags)
     tests = list(iter_texts(test_runs))
     datasets = sorted({t.dataset for t in tests} & {t.dataset for t in texts})
@@ -61,12 +63,13 @@ def run_lodo(
             "alpha": choice.alpha,
             "alpha_stage1": choice.alpha_stage1,
             "aggregation": aggregation.value,
+            "target_centring": centring.value,
         },
         "datasets": {},
     }
     options = FitOptions(runs=train_runs, out=out, variants=(variant,), seed=seed)
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
-        train = [t for t in texts if t.dataset != dataset]
+        train = centred([t for t in texts if t.dataset != dataset], centring)
         data = prepare_folds(train, spec, options)
         ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
         scorer = TadScorer(stage2, spec, epsilon)

@@ -1,0 +1,107 @@
+"""Groups of training texts: centring keeps rankings within a group; the within-group metric averages groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training.groups import (
+    Selection,
+    TargetCentring,
+    centred,
+    informative_groups,
+    selection_metric,
+    within_group_prr,
+)
+from training.rejection import prediction_rejection_ratio
+from training.two_stage import FitText
+
+
+def _text(group: str, target: float) -> FitText:
+    dataset = group.split("/")[0]
+    empty = np.zeros(0)
+    return FitText(
+        key=f"{group}/{target}",
+        dataset=dataset,
+        target=target,
+        stats={},
+        probs=empty,
+        attention=empty,
+        group=group,
+    )
+
+
+def _texts() -> list[FitText]:
+    easy = [_text("squad/task", t) for t in (1.0, 1.0, 1.0, 0.0, 1.0, 0.0)]  # accuracy 4/6
+    hard = [_text("gsm8k/task", t) for t in (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)]  # never right
+    mixed = [_text("mmlu/bare", t) for t in (0.0, 1.0, 0.0, 1.0, 0.0, 0.0)]  # accuracy 2/6
+    return easy + hard + mixed
+
+
+def test_centring_gives_every_group_the_overall_mean_and_keeps_the_measured_target() -> None:
+    texts = _texts()
+    overall = np.mean([t.target for t in texts])
+    result = centred(texts, TargetCentring.GROUP)
+    for group in {t.group for t in texts}:
+        members = [t for t in result if t.group == group]
+        assert np.mean([t.training_target for t in members]) == pytest.approx(overall)
+    assert [t.target for t in result] == [t.target for t in texts]
+    # A shift per group: within a group, training targets keep their order and spacing.
+    squad = [t for t in result if t.group == "squad/task"]
+    assert len({round(t.target - t.training_target, 12) for t in squad}) == 1
+    assert all(t.offset == 0.0 for t in centred(result, TargetCentring.NONE))
+
+
+def test_informative_groups_are_those_with_accuracy_between_a_tenth_and_nine_tenths() -> None:
+    assert informative_groups(_texts()) == frozenset({"squad/task", "mmlu/bare"})
+
+
+def test_within_group_prr_is_the_mean_over_the_informative_groups_only() -> None:
+    texts = _texts()
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=len(texts))
+    groups = informative_groups(texts)
+    expected = np.mean(
+        [
+            prediction_rejection_ratio(
+                scores[[i for i, t in enumerate(texts) if t.group == g]],
+                np.array([t.target for t in texts if t.group == g]),
+            )
+            for g in sorted(groups)
+        ]
+    )
+    assert within_group_prr(scores, texts, groups) == pytest.approx(expected)
+    # Ranking the groups apart (all of GSM8K most uncertain) earns pooled PRR, not within-group PRR.
+    by_group = np.array([{"squad/task": 0.0, "mmlu/bare": 0.5, "gsm8k/task": 1.0}[t.group] for t in texts])
+    assert prediction_rejection_ratio(by_group, np.array([t.target for t in texts])) > 0.3
+    assert within_group_prr(by_group, texts, groups) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_within_group_selection_falls_back_to_pooled_without_an_informative_group() -> None:
+    texts = [_text("gsm8k/task", 0.0), _text("gsm8k/task", 0.0), _text("gsm8k/task", 1.0)]
+    scores = np.array([1.0, 2.0, 0.0])
+    pooled = prediction_rejection_ratio(scores, np.array([t.target for t in texts]))
+    assert selection_metric(Selection.WITHIN_GROUP, frozenset())(scores, texts) == pooled
+
+
+def test_fit_cross_validates_centring_and_records_its_choice(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    from app.uncertainty.artifact import load_artifact
+    from training.commands.fit import FitOptions, run_fit
+
+    manifest = run_fit(
+        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=(), combiner=False)
+    )
+    cv = manifest.metrics["cv"]
+    assert set(cv["centrings"]) == {"none", "group"}
+    assert "significant" in cv["centrings"]["group"]["gain"]
+    kept = cv["centrings"]["group"]["gain"]["significant"] and (
+        cv["centrings"]["group"]["prr_mean"] > cv["centrings"]["none"]["prr_mean"]
+    )
+    assert manifest.regressor.params["target_centring"] == cv["target_centring"] == ("group" if kept else "none")
+    row = cv["chosen"]
+    assert {"pooled_prr_mean", "within_group_prr_mean"} <= set(row)
+    metric = "within_group_prr_mean" if cv["selection_metric"] == "within-group" else "pooled_prr_mean"
+    assert row["prr_mean"] == pytest.approx(row[metric], nan_ok=True)
+    assert load_artifact(tmp_path / "a").manifest.regressor.params["target_centring"] == cv["target_centring"]

@@ -1,0 +1,78 @@
+"""Groups of training texts (dataset x prompt style) and what `fit` does with them.
+
+A deployment sees one kind of traffic, and the issue's targets are PRR within each dataset,
+so a score is judged on how it ranks answers *within* a group. Pooled over groups, most of
+the target's variance is which group a text is from (GSM8K and MedQuAD answers are almost
+all wrong, SQuAD's a third right): a regressor fitted on pooled targets spends itself on
+recognising the group. Two tools against that, both chosen by cross-validation in `fit`:
+
+- selection by the mean within-group PRR of the held-out folds (over the groups whose
+  accuracy is informative), instead of the pooled PRR;
+- within-group centring: each text's training target less its group's mean (plus the mean
+  over all texts, so targets stay near [0, 1] where the scorer clips confidences), so the
+  regressors learn only what separates right from wrong answers to the same kind of question.
+  A shift per group cannot change a ranking within the group, so no group's own targets
+  leak into how its held-out texts are ranked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from enum import StrEnum
+
+import numpy as np
+
+from training.rejection import accuracy, informative, prediction_rejection_ratio
+from training.two_stage import FitText
+
+
+class Selection(StrEnum):
+    POOLED = "pooled"  # PRR over all held-out texts together
+    WITHIN_GROUP = "within-group"  # mean PRR within each informative group of held-out texts
+
+
+class TargetCentring(StrEnum):
+    NONE = "none"
+    GROUP = "group"  # each group's mean target removed (training/groups.py)
+
+
+def informative_groups(texts: Sequence[FitText]) -> frozenset[str]:
+    """Groups whose accuracy is informative (docs/method.md §6), judged on all texts' targets."""
+    by_group: dict[str, list[float]] = {}
+    for text in texts:
+        by_group.setdefault(text.group, []).append(text.target)
+    return frozenset(g for g, targets in by_group.items() if informative(accuracy(np.array(targets))))
+
+
+def centred(texts: Sequence[FitText], centring: TargetCentring) -> list[FitText]:
+    """The texts with offsets that make each group's mean training target the overall mean."""
+    if centring is TargetCentring.NONE or not texts:
+        return [replace(t, offset=0.0) for t in texts]
+    overall = float(np.mean([t.target for t in texts]))
+    sums: dict[str, list[float]] = {}
+    for text in texts:
+        sums.setdefault(text.group, []).append(text.target)
+    means = {group: float(np.mean(values)) for group, values in sums.items()}
+    return [replace(t, offset=means[t.group] - overall) for t in texts]
+
+
+def within_group_prr(scores: np.ndarray, texts: Sequence[FitText], groups: frozenset[str]) -> float:
+    """Mean PRR within each of `groups` present among `texts` (NaN where none has a finite PRR)."""
+    names = np.array([t.group for t in texts])
+    targets = np.array([t.target for t in texts])
+    values = []
+    for group in sorted(groups & set(names)):
+        mask = names == group
+        value = prediction_rejection_ratio(scores[mask], targets[mask])
+        if math.isfinite(value):
+            values.append(value)
+    return float(np.mean(values)) if values else math.nan
+
+
+def selection_metric(selection: Selection, groups: frozenset[str]) -> Callable[[np.ndarray, Sequence[FitText]], float]:
+    """The held-out score `fit` maximises; within-group falls back to pooled when no group is informative."""
+    if selection is Selection.WITHIN_GROUP and groups:
+        return lambda scores, texts: within_group_prr(scores, texts, groups)
+    return lambda scores, texts: prediction_rejection_ratio(scores, np.array([t.target for t in texts]))
