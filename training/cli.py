@@ -143,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--out", type=Path, required=True, help="report folder")
     evaluate.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (0: no intervals)")
+    evaluate.add_argument(
+        "--compare-artifact",
+        type=Path,
+        default=None,
+        help="another artifact of the same model (e.g. the one deployed): its default score beside this one's, "
+        "with the paired difference per dataset",
+    )
     _add_artifact_and_run_options(evaluate)
 
     calibrate = commands.add_parser(
@@ -268,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         from training.commands.evaluate import report_markdown, run_evaluate
 
         source = _run_source(args, args.out / "run")
-        print(report_markdown(run_evaluate(args.artifact, source, args.out, args.bootstrap)), end="")
+        report = run_evaluate(args.artifact, source, args.out, args.bootstrap, args.compare_artifact)
+        print(report_markdown(report), end="")
     elif args.command == "lodo":
         from training.commands.lodo import lodo_markdown, run_lodo
 

@@ -43,6 +43,7 @@ OVERALL = "overall"
 
 
 DEFAULT_SCORE = "tad"  # what the service decides with by default
+COMPARED_SCORE = "tad_compared"  # another artifact's default score on the same answers (--compare-artifact)
 
 
 def _entry(
@@ -73,17 +74,30 @@ def _entry(
         "difference": finite_or_none(prr[DEFAULT_SCORE] - prr[best]),
         "ci95": interval(boot[DEFAULT_SCORE] - boot[best]) if boot else None,
     }
+    if COMPARED_SCORE in prr:
+        entry["default_vs_compared"] = {
+            "difference": finite_or_none(prr[DEFAULT_SCORE] - prr[COMPARED_SCORE]),
+            "ci95": interval(boot[DEFAULT_SCORE] - boot[COMPARED_SCORE]) if boot else None,
+        }
     return entry, (boot[DEFAULT_SCORE] - boot[best]) if boot else None
 
 
 def build_report(
-    artifact: TadArtifact, texts: Sequence[TextTrace], resamples: int = 1000, seed: int = 0
+    artifact: TadArtifact,
+    texts: Sequence[TextTrace],
+    resamples: int = 1000,
+    seed: int = 0,
+    compared: TadArtifact | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """report.json content (per dataset, plus all texts pooled under "overall"), and the arrays for plots.
 
     Each PRR comes with a paired bootstrap 95% interval over `resamples` resamples of the texts.
+    `compared`: another artifact of the same model, whose default score is reported beside this
+    one's (`tad_compared`) with the paired difference per dataset.
     """
     table = uncertainty_table(artifact, texts)
+    if compared is not None:
+        table[COMPARED_SCORE] = uncertainty_table(compared, texts)[DEFAULT_SCORE]
     targets = np.array([t.target for t in texts])
     report: dict[str, Any] = {"datasets": {}}
     arrays: dict[str, Any] = {}
@@ -110,6 +124,12 @@ def build_report(
         interval(np.mean(np.stack(drawn), axis=0)) if drawn and len(drawn) == len(chosen) else None
     )
     report["informative_datasets"] = chosen
+    if compared is not None:
+        report["compared_artifact"] = str(compared.path)
+        versus = [report["datasets"][name]["default_vs_compared"]["difference"] for name in chosen]
+        report["mean_default_minus_compared_informative"] = (
+            float(np.mean(versus)) if versus and None not in versus else None
+        )
     report["artifact"] = {
         "path": str(artifact.path),
         "variant": artifact.manifest.variant,
@@ -166,6 +186,20 @@ def report_markdown(report: dict[str, Any]) -> str:
         ci = report.get("mean_default_minus_best_baseline_informative_ci95")
         lines += ["", f"Mean over the datasets with accuracy in [0.1, 0.9] ({names}): {_with_interval(mean, ci)}"]
     sections.append("\n".join(lines))
+    if "compared_artifact" in report:
+        lines = [
+            f"Default score minus the compared artifact's ({report['compared_artifact']}), PRR, paired bootstrap 95%:",
+            "",
+            "| dataset | difference |",
+            "|---|---|",
+        ]
+        for name, entry in rows:
+            versus = entry.get("default_vs_compared")
+            if versus is not None:
+                lines.append(f"| {name} | {_with_interval(versus['difference'], versus['ci95'])} |")
+        mean = report.get("mean_default_minus_compared_informative")
+        lines += ["", f"Mean over the informative datasets: {_fmt(mean)}"]
+        sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
 
 
@@ -193,11 +227,18 @@ def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def run_evaluate(artifact_dir: Path, source: RunSource, out: Path, resamples: int = 1000) -> dict[str, Any]:
+def run_evaluate(
+    artifact_dir: Path, source: RunSource, out: Path, resamples: int = 1000, compare_dir: Path | None = None
+) -> dict[str, Any]:
     artifact = load_artifact(artifact_dir)
+    compared = None
+    if compare_dir is not None:
+        compared = load_artifact(compare_dir)
+        if compared.manifest.llm.sha256 != artifact.manifest.llm.sha256:
+            raise SystemExit(f"--compare-artifact {compare_dir} was trained for a different model than {artifact_dir}")
     runs = obtain_runs(source, artifact)
     texts = list(iter_texts(runs))
-    report, arrays = build_report(artifact, texts, resamples=resamples)
+    report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared)
     report["runs"] = [str(run) for run in runs]
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,54 @@
+"""`evaluate --compare-artifact`: another artifact's default score beside this one's, paired per dataset."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from training.commands.evaluate import COMPARED_SCORE, DEFAULT_SCORE, report_markdown, run_evaluate
+from training.commands.fit import FitOptions, run_fit
+from training.run_source import RunSource
+
+
+def _source(tiny_runs: dict[str, Path], tmp_path: Path) -> RunSource:
+    return RunSource(data=[], runs=[tiny_runs["dev"]], default_run_dir=tmp_path / "unused")
+
+
+def test_the_compared_artifacts_score_and_the_paired_difference_are_reported(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=other, alphas=(100.0,), extra_feature_sets=(), combiner=False))
+    report = run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 50, other)
+    assert report["compared_artifact"] == str(other)
+    for entry in report["datasets"].values():
+        methods = entry["methods"]
+        versus = entry["default_vs_compared"]
+        if methods[DEFAULT_SCORE]["prr"] is None or methods[COMPARED_SCORE]["prr"] is None:
+            continue
+        assert versus["difference"] == pytest.approx(methods[DEFAULT_SCORE]["prr"] - methods[COMPARED_SCORE]["prr"])
+    assert "compared artifact" in report_markdown(report)
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["compared_artifact"] == str(other)
+
+
+def test_an_artifact_compared_with_itself_differs_by_nothing(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    report = run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 50, tiny_artifact)
+    differences = [e["default_vs_compared"]["difference"] for e in report["datasets"].values()]
+    assert all(d == 0.0 for d in differences if d is not None) and any(d is not None for d in differences)
+
+
+def test_an_artifact_of_another_model_is_refused(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_artifact, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["llm"]["sha256"] = "0" * 64
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match="different model"):
+        run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 0, other)
