@@ -77,15 +77,13 @@ def cross_validate_combiner(
     features: np.ndarray,
     targets: np.ndarray,
     fold_of: np.ndarray,
-    fold_metric: Callable[[np.ndarray, np.ndarray], float] | None = None,
+    fold_metric: Callable[[np.ndarray, np.ndarray], float],
 ) -> CombinerResult:
     """Out-of-fold combiner scores on the given folds (`features` themselves out of fold).
 
-    `targets` are what the ridge learns; `fold_metric(scores, held_mask)` scores a held-out
-    fold (default: pooled PRR against `targets`).
+    `targets` are what the ridge learns (centred ones, when the fit centres); `fold_metric(scores,
+    held_mask)` scores a held-out fold against the measured quality, which may differ from them.
     """
-    if fold_metric is None:
-        fold_metric = lambda scores, held: prediction_rejection_ratio(scores, targets[held])  # noqa: E731
     scores = np.full(len(targets), math.nan)
     empty = np.all(~np.isfinite(features[:, :-1]), axis=1)
     fold_prr = []

@@ -11,8 +11,10 @@ recognising the group. Two tools against that, both chosen by cross-validation i
 - within-group centring: each text's training target less its group's mean (plus the mean
   over all texts, so targets stay near [0, 1] where the scorer clips confidences), so the
   regressors learn only what separates right from wrong answers to the same kind of question.
-  A shift per group cannot change a ranking within the group, so no group's own targets
-  leak into how its held-out texts are ranked.
+  Group means are taken over all texts given to `fit`, a held-out fold's included: a shift
+  per group cannot reorder the group's held-out texts, and it moves the fitted model only
+  through the held-out fold's share (a fifth) of a group mean, the group's level, which says
+  nothing about which of its answers are right.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import numpy as np
 
 from app.uncertainty.trace import TokenTrace
 from training.combiner import INPUTS, combiner_inputs, cross_validate_combiner, informative_mean, per_dataset_prr
+from training.rejection import prediction_rejection_ratio
 
 
 def _trace(logprobs: list[float]) -> TokenTrace:
@@ -40,7 +41,9 @@ def test_an_empty_answer_is_most_uncertain_and_an_informative_input_is_learned()
     features[:, informative_column] = (1.0 - targets) + rng.normal(scale=0.3, size=n)  # high when wrong
     features[0, :-1] = np.nan  # an empty answer: nothing but its length is defined
     fold_of = np.arange(n) % 5
-    result = cross_validate_combiner(features, targets, fold_of)
+    result = cross_validate_combiner(
+        features, targets, fold_of, lambda scores, held: prediction_rejection_ratio(scores, targets[held])
+    )
     assert result.scores[0] == math.inf
     assert np.all(np.isfinite(result.scores[1:]))
     assert min(result.fold_prr) > 0.6

@@ -24,7 +24,7 @@ from training.rejection import (
     roc_auc_wrong,
 )
 from training.run_source import RunSource, obtain_runs
-from training.runs import TextTrace, iter_texts
+from training.runs import TextTrace, iter_texts, read_run_settings
 from training.scoring import uncertainty_table
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,9 @@ COMPARED_SCORE = "tad_compared"  # another artifact's default score on the same 
 
 def _entry(
     table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int], resamples: int, seed: int
-) -> tuple[dict[str, Any], np.ndarray | None]:
-    """One dataset's report entry, and the bootstrap samples of "default minus best baseline" (or None)."""
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """One dataset's report entry, and the bootstrap samples of the default score minus the best
+    baseline ("best") and minus the compared artifact's score ("compared"), where there are any."""
     scores = {method: values[indices] for method, values in table.items()}
     prr = {method: prediction_rejection_ratio(values, quality) for method, values in scores.items()}
     boot = paired_bootstrap_prr(scores, quality, resamples, seed) if resamples else {}
@@ -79,7 +80,10 @@ def _entry(
             "difference": finite_or_none(prr[DEFAULT_SCORE] - prr[COMPARED_SCORE]),
             "ci95": interval(boot[DEFAULT_SCORE] - boot[COMPARED_SCORE]) if boot else None,
         }
-    return entry, (boot[DEFAULT_SCORE] - boot[best]) if boot else None
+    drawn = {"best": boot[DEFAULT_SCORE] - boot[best]} if boot else {}
+    if boot and COMPARED_SCORE in boot:
+        drawn["compared"] = boot[DEFAULT_SCORE] - boot[COMPARED_SCORE]
+    return entry, drawn
 
 
 def build_report(
@@ -102,7 +106,7 @@ def build_report(
     report: dict[str, Any] = {"datasets": {}}
     arrays: dict[str, Any] = {}
     groups = group_by_dataset(texts)
-    samples: dict[str, np.ndarray | None] = {}
+    samples: dict[str, dict[str, np.ndarray]] = {}
     for name, indices in groups.items():
         report["datasets"][name], samples[name] = _entry(table, targets[indices], indices, resamples, seed)
         arrays[name] = {"quality": targets[indices], "uncertainty": {m: v[indices] for m, v in table.items()}}
@@ -119,7 +123,7 @@ def build_report(
     report["mean_default_minus_best_baseline_informative"] = float(np.mean(differences)) if differences else None
     # Datasets are resampled independently, so the mean's samples are the per-dataset samples averaged
     # resample by resample.
-    drawn = [samples[name] for name in chosen if samples[name] is not None]
+    drawn = [samples[name]["best"] for name in chosen if "best" in samples[name]]
     report["mean_default_minus_best_baseline_informative_ci95"] = (
         interval(np.mean(np.stack(drawn), axis=0)) if drawn and len(drawn) == len(chosen) else None
     )
@@ -129,6 +133,12 @@ def build_report(
         versus = [report["datasets"][name]["default_vs_compared"]["difference"] for name in chosen]
         report["mean_default_minus_compared_informative"] = (
             float(np.mean(versus)) if versus and None not in versus else None
+        )
+        compared_drawn = [samples[name]["compared"] for name in chosen if "compared" in samples[name]]
+        report["mean_default_minus_compared_informative_ci95"] = (
+            interval(np.mean(np.stack(compared_drawn), axis=0))
+            if compared_drawn and len(compared_drawn) == len(chosen)
+            else None
         )
     report["artifact"] = {
         "path": str(artifact.path),
@@ -198,7 +208,8 @@ def report_markdown(report: dict[str, Any]) -> str:
             if versus is not None:
                 lines.append(f"| {name} | {_with_interval(versus['difference'], versus['ci95'])} |")
         mean = report.get("mean_default_minus_compared_informative")
-        lines += ["", f"Mean over the informative datasets: {_fmt(mean)}"]
+        ci = report.get("mean_default_minus_compared_informative_ci95")
+        lines += ["", f"Mean over the informative datasets: {_with_interval(mean, ci)}"]
         sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
 
@@ -237,6 +248,10 @@ def run_evaluate(
         if compared.manifest.llm.sha256 != artifact.manifest.llm.sha256:
             raise SystemExit(f"--compare-artifact {compare_dir} was trained for a different model than {artifact_dir}")
     runs = obtain_runs(source, artifact)
+    if compared is not None:
+        for run in runs:
+            if read_run_settings(run)["n_lags"] < compared.n_lags:
+                raise SystemExit(f"run {run} stores fewer lags than --compare-artifact {compare_dir} needs")
     texts = list(iter_texts(runs))
     report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared)
     report["runs"] = [str(run) for run in runs]

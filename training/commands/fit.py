@@ -221,7 +221,7 @@ def prepare_folds(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptio
 
 def cross_validate(
     texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, options: FitOptions
-) -> tuple[list[Candidate], dict[str, list[float]]]:
+) -> tuple[list[Candidate], dict[Selection, dict[str, list[float]]]]:
     """Every (variant, stage-1 alpha, stage-2 alpha) candidate on every held-out fold, for both aggregations."""
     stage1_keys = [(v, a1) for v in options.variants for a1 in options.stage1_alphas or options.alphas]
     candidates = [Candidate(v, a1, a2) for v, a1 in stage1_keys for a2 in options.alphas]
@@ -583,6 +583,7 @@ def run_fit(options: FitOptions) -> Manifest:
         # The alternatives must share the artifact's feature spec: their CV rows come from the base run.
         winner = replace(winner, best={**result.best, **winner.best})
         result = winner
+        texts = result.texts  # the objects its folds hold (out_of_fold_confidences finds texts by identity)
     spec, data, table, best, chosen_row, baselines = (
         result.spec,
         result.data,

@@ -24,6 +24,7 @@ def test_the_compared_artifacts_score_and_the_paired_difference_are_reported(
     run_fit(FitOptions(runs=[tiny_runs["train"]], out=other, alphas=(100.0,), extra_feature_sets=(), combiner=False))
     report = run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 50, other)
     assert report["compared_artifact"] == str(other)
+    assert "mean_default_minus_compared_informative_ci95" in report
     for entry in report["datasets"].values():
         methods = entry["methods"]
         versus = entry["default_vs_compared"]
