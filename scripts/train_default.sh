@@ -29,6 +29,10 @@ DEV_LIMIT=${DEV_LIMIT:-100}
 # the evaluation's intervals there are narrower: records DEV_LIMIT .. DEV_LIMIT + DEV_EXTRA of each.
 DEV_EXTRA=${DEV_EXTRA:-400}
 INFORMATIVE=(squad mmlu truthfulqa)
+# Likewise for the chat-style dev answers (records DEV_LIMIT .. DEV_LIMIT + BARE_EXTRA), where the
+# model is informative asked bare; they are evaluated, not calibrated on.
+BARE_EXTRA=${BARE_EXTRA:-200}
+INFORMATIVE_BARE=(squad mmlu truthfulqa triviaqa)
 NARROW_GRID="--conventions generating --variants leak-free authors --alphas 100 10 1 0.1 0.01 --stage1-alphas 10 1 0.1"
 FIT_ARGS=${FIT_ARGS-"$NARROW_GRID --extra-feature-sets entropy top2_margin"}
 DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
@@ -56,6 +60,14 @@ if [ "$DEV_EXTRA" -gt 0 ]; then
         --out "$RUNS/smollm2-dev-task-extra" --batch-size 16 --shard-size 50
     DEV_TASK_RUNS+=("$RUNS/smollm2-dev-task-extra")
 fi
+DEV_BARE_RUNS=("$RUNS/smollm2-dev-bare")
+if [ "$BARE_EXTRA" -gt 0 ]; then
+    extra=()
+    for name in "${INFORMATIVE_BARE[@]}"; do extra+=("$DATA/${name}_dev.jsonl"); done
+    $PY -m training generate --data "${extra[@]}" --skip "$DEV_LIMIT" --limit "$BARE_EXTRA" --prompt-style bare \
+        --out "$RUNS/smollm2-dev-bare-extra" --batch-size 16 --shard-size 50
+    DEV_BARE_RUNS+=("$RUNS/smollm2-dev-bare-extra")
+fi
 # shellcheck disable=SC2086
 $PY -m training fit "${TRAIN_RUNS[@]}" --out "$OUT" $FIT_ARGS
 # Calibrate on the chat-style dev answers (what users send), evaluate on both styles. The default
@@ -63,7 +75,7 @@ $PY -m training fit "${TRAIN_RUNS[@]}" --out "$OUT" $FIT_ARGS
 $PY -m training calibrate --artifact "$OUT" --run "$RUNS/smollm2-dev-bare" \
     --coverage 0.1 0.2 0.5 0.8 0.9 --error 0.3 0.4 0.5 0.6 0.7 --delta 0.05 --default-target error@0.7
 $PY -m training evaluate --artifact "$OUT" --run "${DEV_TASK_RUNS[@]}" --out "$OUT/report/task"
-$PY -m training evaluate --artifact "$OUT" --run "$RUNS/smollm2-dev-bare" --out "$OUT/report/bare"
+$PY -m training evaluate --artifact "$OUT" --run "${DEV_BARE_RUNS[@]}" --out "$OUT/report/bare"
 $PY -m training lodo "${TRAIN_RUNS[@]}" \
     --test "$RUNS/smollm2-dev-task" --artifact "$OUT" --out "$OUT/report/lodo"
 $PY -m benchmarks.false_premises --artifact "$OUT" | tee "$OUT/report/false_premises.txt"
