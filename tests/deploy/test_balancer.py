@@ -32,7 +32,7 @@ def _haproxy() -> str:
     found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
     if found is None:
         if os.environ.get("CI"):
-            pytest.fail("haproxy is not installed (.ci/run installs Debian's haproxy package)")
+            pytest.fail("haproxy is not installed (`make test` installs it: scripts/install_test_packages.sh)")
         pytest.skip("haproxy is not installed")
     return found
 

@@ -22,7 +22,7 @@ def _require(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail(f"{binary} is not installed (.ci/run installs Debian's prometheus package)")
+            pytest.fail(f"{binary} is not installed (`make test` installs it: scripts/install_test_packages.sh)")
         pytest.skip(f"{binary} is not installed (apt-get install prometheus)")
     return path
 

@@ -22,7 +22,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-INSTALL_HINT = "apt-get install chromium chromium-driver (Debian; .ci/run does it)"
+INSTALL_HINT = "apt-get install chromium chromium-driver (`make test` does it)"
 
 
 @dataclass(frozen=True)
