@@ -52,22 +52,23 @@ for style in task bare; do
     $PY -m training generate --data $(files dev) --limit "$DEV_LIMIT" --prompt-style "$style" \
         --out "$RUNS/smollm2-dev-$style" --batch-size 16 --shard-size 50
 done
+# extra_dev RUNS STYLE COUNT DATASET...: COUNT more dev answers of STYLE (records DEV_LIMIT ..
+# DEV_LIMIT + COUNT of each dataset), their run appended to the array named RUNS; none for COUNT 0.
+extra_dev() {
+    local -n runs=$1
+    local style=$2 count=$3
+    shift 3
+    [ "$count" -gt 0 ] || return 0
+    local extra=()
+    for name in "$@"; do extra+=("$DATA/${name}_dev.jsonl"); done
+    $PY -m training generate --data "${extra[@]}" --skip "$DEV_LIMIT" --limit "$count" --prompt-style "$style" \
+        --out "$RUNS/smollm2-dev-$style-extra" --batch-size 16 --shard-size 50
+    runs+=("$RUNS/smollm2-dev-$style-extra")
+}
 DEV_TASK_RUNS=("$RUNS/smollm2-dev-task")
-if [ "$DEV_EXTRA" -gt 0 ]; then
-    extra=()
-    for name in "${INFORMATIVE[@]}"; do extra+=("$DATA/${name}_dev.jsonl"); done
-    $PY -m training generate --data "${extra[@]}" --skip "$DEV_LIMIT" --limit "$DEV_EXTRA" --prompt-style task \
-        --out "$RUNS/smollm2-dev-task-extra" --batch-size 16 --shard-size 50
-    DEV_TASK_RUNS+=("$RUNS/smollm2-dev-task-extra")
-fi
+extra_dev DEV_TASK_RUNS task "$DEV_EXTRA" "${INFORMATIVE[@]}"
 DEV_BARE_RUNS=("$RUNS/smollm2-dev-bare")
-if [ "$BARE_EXTRA" -gt 0 ]; then
-    extra=()
-    for name in "${INFORMATIVE_BARE[@]}"; do extra+=("$DATA/${name}_dev.jsonl"); done
-    $PY -m training generate --data "${extra[@]}" --skip "$DEV_LIMIT" --limit "$BARE_EXTRA" --prompt-style bare \
-        --out "$RUNS/smollm2-dev-bare-extra" --batch-size 16 --shard-size 50
-    DEV_BARE_RUNS+=("$RUNS/smollm2-dev-bare-extra")
-fi
+extra_dev DEV_BARE_RUNS bare "$BARE_EXTRA" "${INFORMATIVE_BARE[@]}"
 # shellcheck disable=SC2086
 $PY -m training fit "${TRAIN_RUNS[@]}" --out "$OUT" $FIT_ARGS
 # Calibrate on the chat-style dev answers (what users send), evaluate on both styles. The default

@@ -51,7 +51,7 @@ def informative_groups(texts: Sequence[FitText]) -> frozenset[str]:
 def centred(texts: Sequence[FitText], centring: TargetCentring) -> list[FitText]:
     """The texts with offsets that make each group's mean training target the overall mean."""
     if centring is TargetCentring.NONE or not texts:
-        return [replace(t, offset=0.0) for t in texts]
+        return [t if t.offset == 0.0 else replace(t, offset=0.0) for t in texts]
     overall = float(np.mean([t.target for t in texts]))
     sums: dict[str, list[float]] = {}
     for text in texts:

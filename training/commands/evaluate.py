@@ -86,6 +86,13 @@ def _entry(
     return entry, drawn
 
 
+def _mean_interval(samples: dict[str, dict[str, np.ndarray]], chosen: list[str], key: str) -> list[float] | None:
+    """95% interval of a difference's mean over the `chosen` datasets. Datasets are resampled
+    independently, so the mean's samples are the per-dataset samples averaged resample by resample."""
+    drawn = [samples[name][key] for name in chosen if key in samples[name]]
+    return interval(np.mean(np.stack(drawn), axis=0)) if drawn and len(drawn) == len(chosen) else None
+
+
 def build_report(
     artifact: TadArtifact,
     texts: Sequence[TextTrace],
@@ -121,12 +128,7 @@ def build_report(
     ]
     differences = [report["datasets"][name]["default_vs_best_baseline"]["difference"] for name in chosen]
     report["mean_default_minus_best_baseline_informative"] = float(np.mean(differences)) if differences else None
-    # Datasets are resampled independently, so the mean's samples are the per-dataset samples averaged
-    # resample by resample.
-    drawn = [samples[name]["best"] for name in chosen if "best" in samples[name]]
-    report["mean_default_minus_best_baseline_informative_ci95"] = (
-        interval(np.mean(np.stack(drawn), axis=0)) if drawn and len(drawn) == len(chosen) else None
-    )
+    report["mean_default_minus_best_baseline_informative_ci95"] = _mean_interval(samples, chosen, "best")
     report["informative_datasets"] = chosen
     if compared is not None:
         report["compared_artifact"] = str(compared.path)
@@ -134,12 +136,7 @@ def build_report(
         report["mean_default_minus_compared_informative"] = (
             float(np.mean(versus)) if versus and None not in versus else None
         )
-        compared_drawn = [samples[name]["compared"] for name in chosen if "compared" in samples[name]]
-        report["mean_default_minus_compared_informative_ci95"] = (
-            interval(np.mean(np.stack(compared_drawn), axis=0))
-            if compared_drawn and len(compared_drawn) == len(chosen)
-            else None
-        )
+        report["mean_default_minus_compared_informative_ci95"] = _mean_interval(samples, chosen, "compared")
     report["artifact"] = {
         "path": str(artifact.path),
         "variant": artifact.manifest.variant,
@@ -178,40 +175,49 @@ def report_markdown(report: dict[str, Any]) -> str:
             ]
             lines.append(f"| {name} | {entry['n']} | {_fmt(entry['accuracy'])} | {' | '.join(cells)} |")
         sections.append("\n".join(lines))
+    names = ", ".join(report.get("informative_datasets", []))
+    sections.append(
+        _difference_section(
+            report,
+            rows,
+            "best_baseline",
+            f"Default score ({DEFAULT_SCORE}) minus the best baseline (chosen per dataset)",
+            f"Mean over the datasets with accuracy in [0.1, 0.9] ({names})",
+        )
+    )
+    if "compared_artifact" in report:
+        title = f"Default score minus the compared artifact's ({report['compared_artifact']})"
+        sections.append(_difference_section(report, rows, "compared", title, "Mean over the informative datasets"))
+    return "\n\n".join(sections) + "\n"
+
+
+def _difference_section(
+    report: dict[str, Any], rows: list[tuple[str, dict[str, Any]]], against: str, title: str, mean_label: str
+) -> str:
+    """A table of the default score minus `against` ("best_baseline" or "compared") per dataset, and its mean."""
+    named = against == "best_baseline"  # which baseline was best differs per dataset
     lines = [
-        f"Default score ({DEFAULT_SCORE}) minus the best baseline (chosen per dataset), PRR, paired bootstrap 95%:",
+        f"{title}, PRR, paired bootstrap 95%:",
         "",
-        "| dataset | best baseline | difference |",
-        "|---|---|---|",
+        "| dataset | best baseline | difference |" if named else "| dataset | difference |",
+        "|---|---|---|" if named else "|---|---|",
     ]
     for name, entry in rows:
-        versus = entry.get("default_vs_best_baseline")
+        versus = entry.get(f"default_vs_{against}")
         if versus is not None:
-            lines.append(
-                f"| {name} | {versus['best_baseline']} | {_with_interval(versus['difference'], versus['ci95'])} |"
-            )
-    mean = report.get("mean_default_minus_best_baseline_informative")
+            cells = [
+                name,
+                *([versus["best_baseline"]] if named else []),
+                _with_interval(versus["difference"], versus["ci95"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    mean = report.get(f"mean_default_minus_{against}_informative")
     if mean is not None:
-        names = ", ".join(report.get("informative_datasets", []))
-        ci = report.get("mean_default_minus_best_baseline_informative_ci95")
-        lines += ["", f"Mean over the datasets with accuracy in [0.1, 0.9] ({names}): {_with_interval(mean, ci)}"]
-    sections.append("\n".join(lines))
-    if "compared_artifact" in report:
-        lines = [
-            f"Default score minus the compared artifact's ({report['compared_artifact']}), PRR, paired bootstrap 95%:",
+        lines += [
             "",
-            "| dataset | difference |",
-            "|---|---|",
+            f"{mean_label}: {_with_interval(mean, report.get(f'mean_default_minus_{against}_informative_ci95'))}",
         ]
-        for name, entry in rows:
-            versus = entry.get("default_vs_compared")
-            if versus is not None:
-                lines.append(f"| {name} | {_with_interval(versus['difference'], versus['ci95'])} |")
-        mean = report.get("mean_default_minus_compared_informative")
-        ci = report.get("mean_default_minus_compared_informative_ci95")
-        lines += ["", f"Mean over the informative datasets: {_with_interval(mean, ci)}"]
-        sections.append("\n".join(lines))
-    return "\n\n".join(sections) + "\n"
+    return "\n".join(lines)
 
 
 def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:

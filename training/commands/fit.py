@@ -164,10 +164,9 @@ def held_out_prr(
     """Both selection metrics of the scorer on held-out texts, for each aggregation."""
     confidences = [scorer.confidences_of(t.token_trace()) if len(t) else np.zeros(0) for t in texts]
     scores = {a: np.array([ranked(aggregate(c, a)) for c in confidences]) for a in Aggregation}
+    targets = np.array([t.target for t in texts])
     return {
-        Selection.POOLED: {
-            a: prediction_rejection_ratio(v, np.array([t.target for t in texts])) for a, v in scores.items()
-        },
+        Selection.POOLED: {a: prediction_rejection_ratio(v, targets) for a, v in scores.items()},
         Selection.WITHIN_GROUP: {a: within_group_prr(v, texts, groups) for a, v in scores.items()},
     }
 
