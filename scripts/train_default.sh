@@ -2,10 +2,10 @@
 # Rebuilds a default artifact for SmolLM2-135M-Instruct and its reports from the shared data:
 # all seven datasets, asked both ways (the task's instruction, and the bare question as users
 # ask), up to TRAIN_LIMIT training records per dataset and style; dev answers for calibration
-# and evaluation; then fit (conventions x variants x alphas, feature ablations), calibrate,
-# evaluate, leave-one-dataset-out and the made-up-premise benchmark. The defaults rebuild the
-# committed artifact (300 training records per dataset and style, 4,200 texts; about 1 h of
-# generation and 15 min of fit on 2 cores). FIT_ARGS narrows the CV grid: the consuming
+# and evaluation; then fit (conventions x variants x alphas, target centring, row weighting,
+# feature ablations), calibrate, evaluate, leave-one-dataset-out and the made-up-premise
+# benchmark. The defaults rebuild the committed artifact (300 training records per dataset and
+# style, 4,200 texts; about 1 h of generation and 17 min of fit on 2 cores). FIT_ARGS narrows the CV grid: the consuming
 # convention and algorithm1-literal never won in earlier full-grid fits, nor did alphas below
 # 0.01; 100 is added because within-group selection may want a stronger stage 2 penalty.
 # FIT_ARGS="" runs the full grid.

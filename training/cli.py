@@ -134,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="target centrings to cross-validate in order; a later one replaces the earlier only on a "
         "significant fold-paired gain (training/groups.py)",
     )
+    fit.add_argument(
+        "--weightings",
+        nargs="+",
+        choices=("token", "text"),
+        default=["token", "text"],
+        help="row weightings to cross-validate in order after the centring (token: every token row weighs 1; "
+        "text: every text weighs the same); a later one replaces the earlier only on a significant "
+        "fold-paired gain (training/weighting.py)",
+    )
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -242,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         from training.commands.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
         from training.groups import Selection, TargetCentring
         from training.two_stage import Variant
+        from training.weighting import RowWeighting
 
         manifest = run_fit(
             FitOptions(
@@ -262,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
                 combiner=args.combiner,
                 selection=Selection(args.selection),
                 centrings=tuple(TargetCentring(c) for c in args.centrings),
+                weightings=tuple(RowWeighting(w) for w in args.weightings),
             )
         )
         chosen = manifest.metrics["cv"]["chosen"]

@@ -24,7 +24,7 @@ class GramStats:
     xty: np.ndarray
     sum_x: np.ndarray
     sum_y: float = 0.0
-    count: int = 0
+    count: float = 0.0  # total row weight (the number of rows when every weight is 1)
 
     @classmethod
     def zeros(cls, n_features: int) -> GramStats:
@@ -38,16 +38,26 @@ class GramStats:
     def n_features(self) -> int:
         return len(self.xty)
 
-    def add(self, features: np.ndarray, targets: np.ndarray) -> None:
+    def add(self, features: np.ndarray, targets: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Rows with optional weights, as `Ridge.fit(sample_weight=...)` weighs them."""
         if len(features) == 0:
             return
         x = np.asarray(features, dtype=np.float64)
         y = np.asarray(targets, dtype=np.float64)
-        self.xtx += x.T @ x
-        self.xty += x.T @ y
-        self.sum_x += x.sum(axis=0)
-        self.sum_y += float(y.sum())
-        self.count += len(y)
+        if weights is None:
+            self.xtx += x.T @ x
+            self.xty += x.T @ y
+            self.sum_x += x.sum(axis=0)
+            self.sum_y += float(y.sum())
+            self.count += len(y)
+            return
+        w = np.asarray(weights, dtype=np.float64)
+        weighted = x * w[:, None]
+        self.xtx += weighted.T @ x
+        self.xty += weighted.T @ y
+        self.sum_x += weighted.sum(axis=0)
+        self.sum_y += float(w @ y)
+        self.count += float(w.sum())
 
     def __add__(self, other: GramStats) -> GramStats:
         return GramStats(
@@ -69,7 +79,8 @@ class GramStats:
 
 
 def solve_ridge(stats: GramStats, alpha: float) -> tuple[np.ndarray, float]:
-    """(coef, intercept) minimising ||y - Xw - b||^2 + alpha ||w||^2, as Ridge(fit_intercept=True)."""
+    """(coef, intercept) minimising sum_i s_i (y_i - x_i w - b)^2 + alpha ||w||^2 (s: row weights), as
+    Ridge(fit_intercept=True)."""
     if stats.count == 0:
         raise ValueError("no training rows")
     mean_x = stats.sum_x / stats.count

@@ -53,6 +53,7 @@ class FitText:
     attention: np.ndarray  # step rows [n, layers, heads, lags + 1], possibly a memory map
     group: str = ""  # dataset/prompt style (training/groups.py)
     offset: float = 0.0  # subtracted from the target the regressors learn (within-group centring)
+    row_weight: float = 1.0  # weight of each of its rows in both stages' least squares (training/weighting.py)
 
     @classmethod
     def from_trace(cls, trace: TextTrace, n_lags: int) -> FitText:
@@ -84,11 +85,23 @@ class FitText:
     def rows_target(self) -> np.ndarray:
         return np.full(max(len(self) - 1, 0), self.training_target)
 
+    def rows_weight(self) -> np.ndarray | None:
+        """Per-row weights, or None when every row weighs 1 (the unweighted, faster Gram update)."""
+        return None if self.row_weight == 1.0 else np.full(max(len(self) - 1, 0), self.row_weight)
+
+
+def _chunk_weights(chunk: Sequence[FitText]) -> np.ndarray | None:
+    if all(t.row_weight == 1.0 for t in chunk):
+        return None
+    return np.concatenate([np.full(max(len(t) - 1, 0), t.row_weight) for t in chunk])
+
 
 def stage1_stats(texts: Iterable[FitText], spec: FeatureSpec) -> GramStats:
     stats = GramStats.zeros(spec.stage1_size)
     for text in texts:
-        stats.add(stage1_features(text.probs, spec.n_lags, spec.extras(text.stats)), text.rows_target())
+        stats.add(
+            stage1_features(text.probs, spec.n_lags, spec.extras(text.stats)), text.rows_target(), text.rows_weight()
+        )
     return stats
 
 
@@ -142,6 +155,7 @@ def static_stats(texts: Sequence[FitText], spec: FeatureSpec) -> GramStats:
         stats.add(
             np.concatenate([static_features(t, spec) for t in chunk]),
             np.concatenate([t.rows_target() for t in chunk]),
+            _chunk_weights(chunk),
         )
     return stats
 
@@ -178,15 +192,19 @@ def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndar
     for chunk in _chunks(texts):
         static = np.concatenate([static_features(t, spec) for t in chunk]).astype(np.float64)
         targets = np.concatenate([t.rows_target() for t in chunk])
+        weights = _chunk_weights(chunk)
+        if weights is not None:
+            static *= weights[:, None]  # only ever multiplied by the unweighted confidence columns below
         columns = []
         for k in range(n_candidates):
             lags = np.concatenate(
                 [confidence_lags(confidences[k][position + j], n_lags) for j in range(len(chunk))]
             ).astype(np.float64)
             columns.append(lags)
-            result.conf_x_conf[k] += lags.T @ lags
-            result.conf_x_y[k] += lags.T @ targets
-            result.conf_sum[k] += lags.sum(axis=0)
+            weighted = lags if weights is None else lags * weights[:, None]
+            result.conf_x_conf[k] += weighted.T @ lags
+            result.conf_x_y[k] += weighted.T @ targets
+            result.conf_sum[k] += weighted.sum(axis=0)
         result.static_x_conf += static.T @ np.concatenate(columns, axis=1)
         position += len(chunk)
     return result
@@ -210,11 +228,11 @@ def stage2_stats(static: GramStats, cross: CrossStats, candidate: int, spec: Fea
 
 def stage2_matrix(
     texts: Sequence[FitText], confidences: Sequence[np.ndarray], spec: FeatureSpec
-) -> tuple[np.ndarray, np.ndarray]:
-    """The full stage-2 design matrix and targets in memory (for the optional MLP)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The full stage-2 design matrix, targets and row weights (None: all 1) in memory (for the optional MLP)."""
     features = [
         stage2_features(t.probs, c, np.asarray(t.attention), spec, spec.extras(t.stats))
         for t, c in zip(texts, confidences, strict=True)
     ]
     targets = [t.rows_target() for t in texts]
-    return np.concatenate(features), np.concatenate(targets)
+    return np.concatenate(features), np.concatenate(targets), _chunk_weights(texts)

@@ -108,3 +108,25 @@ def test_returns_fitted_sklearn_ridge():
 def test_no_rows_is_an_error():
     with pytest.raises(ValueError):
         solve_ridge(GramStats.zeros(3), 1.0)
+
+
+@pytest.mark.parametrize("alpha", [1e-3, 1.0, 100.0])
+def test_weighted_rows_match_sklearn_ridge_with_sample_weight(alpha):
+    x, y = _problem(seed=4)
+    weights = np.random.default_rng(5).uniform(0.05, 4.0, size=len(y))
+    stats = GramStats.zeros(x.shape[1])
+    for rows in np.array_split(np.arange(len(y)), 3):
+        stats.add(x[rows], y[rows], weights[rows])
+    assert stats.count == pytest.approx(weights.sum())
+    reference = Ridge(alpha=alpha).fit(x, y, sample_weight=weights)
+    model = fit_ridge(stats, alpha)
+    np.testing.assert_allclose(model.coef_, reference.coef_, rtol=1e-6)
+    assert model.intercept_ == pytest.approx(reference.intercept_, rel=1e-6)
+
+
+def test_an_integer_weight_counts_as_that_many_copies_of_the_row():
+    x, y = _problem(seed=6, rows=40)
+    copies = np.random.default_rng(7).integers(1, 4, size=len(y))
+    weighted = GramStats.zeros(x.shape[1])
+    weighted.add(x, y, copies.astype(float))
+    _assert_stats_close(weighted, _stats(np.repeat(x, copies, axis=0), np.repeat(y, copies)))

@@ -2,7 +2,8 @@
 
 5-fold cross-validation split by text; grid: attention convention x variant (leak-free,
 algorithm1-literal, authors; training/two_stage.py) x stage-1 ridge alpha x stage-2 ridge
-alpha x aggregation, then target centring within groups (training/groups.py), selected by
+alpha x aggregation, then target centring within groups (training/groups.py), then row
+weighting (training/weighting.py), selected by
 PRR at 50% rejection of the held-out folds (by default the mean within each informative
 dataset/prompt-style group; pooled on request), scored with the very scorer the server
 runs (recurrent, c_1 = p_1). Stage-1 predictions that
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 import warnings
 from collections.abc import Sequence
@@ -60,6 +62,7 @@ from training.two_stage import (
     static_stats,
     teacher_forced_stats,
 )
+from training.weighting import RowWeighting, weighted
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ class FitOptions:
     selection: Selection = Selection.WITHIN_GROUP
     # Tried in this order; a later one replaces the earlier only on a significant fold-paired gain.
     centrings: Sequence[TargetCentring] = (TargetCentring.NONE, TargetCentring.GROUP)
+    # Likewise, tried after the centring is settled (training/weighting.py).
+    weightings: Sequence[RowWeighting] = (RowWeighting.TOKEN, RowWeighting.TEXT)
 
 
 @dataclass
@@ -358,12 +363,12 @@ def mlp_search(
         train, train_folds = data.texts_without(f, texts)
         available = [g for g in range(data.count) if g != f]
         confidences = stage1_for_stage2(train, train_folds, data, available, alpha, variant, spec, options.epsilon)
-        features, targets = stage2_matrix(train, confidences, spec)
+        features, targets, weights = stage2_matrix(train, confidences, spec)
         for config, score in zip(configs, scores, strict=True):
             model = _mlp(config, options, MLPRegressor)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
-                model.fit(features, targets)
+                model.fit(features, targets, sample_weight=weights)
             scored = held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f], data.informative)
             for aggregation, value in scored[selection].items():
                 score[aggregation].append(value)
@@ -400,11 +405,11 @@ def _fit_final_mlp(
 
     available = list(range(data.count))
     confidences = stage1_for_stage2(texts, data.fold_of, data, available, alpha, variant, spec, options.epsilon)
-    features, targets = stage2_matrix(texts, confidences, spec)
+    features, targets, weights = stage2_matrix(texts, confidences, spec)
     model = _mlp(config, options, MLPRegressor)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(features, targets)
+        model.fit(features, targets, sample_weight=weights)
     return model
 
 
@@ -482,6 +487,7 @@ class ConventionResult:
     baselines: dict[Selection, dict[str, list[float]]]
     selection: Selection
     centring: TargetCentring = TargetCentring.NONE
+    weighting: RowWeighting = RowWeighting.TOKEN
     texts: Sequence[FitText] = ()
 
     @property
@@ -490,7 +496,12 @@ class ConventionResult:
         return -math.inf if math.isnan(value) else float(value)
 
     def summary(self) -> dict[str, Any]:
-        return {"chosen": self.chosen_row, "best_per_variant": self.best, "target_centring": self.centring.value}
+        return {
+            "chosen": self.chosen_row,
+            "best_per_variant": self.best,
+            "target_centring": self.centring.value,
+            "row_weighting": self.weighting.value,
+        }
 
 
 def cross_validate_convention(
@@ -499,10 +510,11 @@ def cross_validate_convention(
     options: FitOptions,
     only: Choice | None = None,
     centring: TargetCentring = TargetCentring.NONE,
+    weighting: RowWeighting = RowWeighting.TOKEN,
 ) -> ConventionResult:
-    """Cross-validation under one feature spec and target centring; `only`: just that variant and
-    stage-1 alpha (ablations)."""
-    texts = centred(texts, centring)
+    """Cross-validation under one feature spec, target centring and row weighting; `only`: just that
+    variant and stage-1 alpha (ablations)."""
+    texts = weighted(centred(texts, centring), weighting)
     data = prepare_folds(texts, spec, options)
     grid = options if only is None else replace(options, variants=(only.variant,), stage1_alphas=(only.alpha_stage1,))
     candidates, baselines = cross_validate(texts, spec, data, grid)
@@ -510,7 +522,7 @@ def cross_validate_convention(
     table = cv_table(candidates, selection)
     best = best_per_variant(table)
     ranked = sorted(best.values(), key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"])
-    return ConventionResult(spec, data, table, best, ranked[-1], baselines, selection, centring, texts)
+    return ConventionResult(spec, data, table, best, ranked[-1], baselines, selection, centring, weighting, texts)
 
 
 def paired_gain(trial: Sequence[float], base: Sequence[float]) -> dict[str, float | bool]:
@@ -550,14 +562,24 @@ def run_fit(options: FitOptions) -> Manifest:
             sum(len(t) for t in texts),
             spec.stage2_size,
         )
-        results[convention] = cross_validate_convention(texts, spec, options, centring=options.centrings[0])
+        results[convention] = cross_validate_convention(
+            texts, spec, options, centring=options.centrings[0], weighting=options.weightings[0]
+        )
     result = results[choose_convention(results)]
     centrings: dict[str, Any] = {result.centring.value: {"prr_mean": result.prr, "chosen": result.chosen_row}}
     for centring in options.centrings[1:]:
         logger.info("target centring: %s", centring.value)
-        trial = cross_validate_convention(texts, result.spec, options, centring=centring)
+        trial = cross_validate_convention(texts, result.spec, options, centring=centring, weighting=result.weighting)
         gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
         centrings[centring.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, "gain": gain}
+        if gain["significant"] and trial.prr > result.prr:
+            result = trial
+    weightings: dict[str, Any] = {result.weighting.value: {"prr_mean": result.prr, "chosen": result.chosen_row}}
+    for weighting in options.weightings[1:]:
+        logger.info("row weighting: %s", weighting.value)
+        trial = cross_validate_convention(texts, result.spec, options, centring=result.centring, weighting=weighting)
+        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
+        weightings[weighting.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, "gain": gain}
         if gain["significant"] and trial.prr > result.prr:
             result = trial
     texts = result.texts
@@ -568,7 +590,9 @@ def run_fit(options: FitOptions) -> Manifest:
     for extra in options.extra_feature_sets:
         trial_spec = replace(result.spec, extra_stats=tuple(extra))
         logger.info("ablation: extra per-token features %s", ", ".join(extra))
-        trial = cross_validate_convention(texts, trial_spec, options, only=base_choice, centring=result.centring)
+        trial = cross_validate_convention(
+            texts, trial_spec, options, only=base_choice, centring=result.centring, weighting=result.weighting
+        )
         gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
         ablations["+".join(extra)] = {
             "extra_stats": list(extra),
@@ -603,6 +627,7 @@ def run_fit(options: FitOptions) -> Manifest:
         "alpha": chosen.alpha,
         "alpha_stage1": chosen.alpha_stage1,
         "target_centring": result.centring.value,
+        "row_weighting": result.weighting.value,
     }
     mlp_summary: dict[str, Any] | None = None
     if options.mlp:
@@ -614,13 +639,19 @@ def run_fit(options: FitOptions) -> Manifest:
             regressor_kind = "mlp"
             regressor_params = {k: best_mlp[k] for k in ("layers", "epochs", "learning_rate", "batch_size")}
             regressor_params.update(
-                width=options.mlp_width, alpha_stage1=chosen.alpha_stage1, target_centring=result.centring.value
+                width=options.mlp_width,
+                alpha_stage1=chosen.alpha_stage1,
+                target_centring=result.centring.value,
+                row_weighting=result.weighting.value,
             )
 
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     joblib.dump(stage2_main, out / "regressor.joblib")
     joblib.dump(stage1_main, out / "stage1.joblib")
+    # A refit into the same folder may choose another variant: an earlier fit's alternatives would
+    # otherwise stay beside the new ones and be hashed into the manifest as if they belonged to it.
+    shutil.rmtree(out / "alternatives", ignore_errors=True)
     for choice, (stage1_other, stage2_other) in zip(others, alternatives, strict=True):
         alternative_dir = out / "alternatives" / choice.variant.value
         alternative_dir.mkdir(parents=True, exist_ok=True)
@@ -656,6 +687,8 @@ def run_fit(options: FitOptions) -> Manifest:
                 "informative_groups": sorted(data.informative),
                 "target_centring": result.centring.value,
                 "centrings": centrings,
+                "row_weighting": result.weighting.value,
+                "weightings": weightings,
                 "chosen": chosen_row,
                 "best_per_variant": best,
                 "convention": spec.convention.value,

@@ -1,8 +1,9 @@
 """`lodo`: leave one dataset out, the paper's generalization table.
 
 For every dataset, TAD is fitted (with the artifact's configuration: convention, variant,
-both alphas, aggregation, target centring) on the training texts of all *other* datasets and scored on that
-dataset's test texts, beside the baselines, with paired bootstrap 95% intervals.
+both alphas, aggregation, target centring, row weighting) on the training texts of all
+*other* datasets and scored on that dataset's test texts, beside the baselines, with paired
+bootstrap 95% intervals.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from training.rejection import (
 from training.runs import iter_texts
 from training.scoring import baseline_table, ranked
 from training.two_stage import Variant
+from training.weighting import RowWeighting, weighted
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ def run_lodo(
     variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
     choice = Choice(variant, float(params.get("alpha_stage1", params["alpha"])), float(params["alpha"]))
     centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
+    weighting = RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value))
     texts, _, _ = load_runs(train_runs, spec.n_lags)
     tests = list(iter_texts(test_runs))
     datasets = sorted({t.dataset for t in tests} & {t.dataset for t in texts})
@@ -64,12 +67,13 @@ def run_lodo(
             "alpha_stage1": choice.alpha_stage1,
             "aggregation": aggregation.value,
             "target_centring": centring.value,
+            "row_weighting": weighting.value,
         },
         "datasets": {},
     }
     options = FitOptions(runs=train_runs, out=out, variants=(variant,), seed=seed)
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
-        train = centred([t for t in texts if t.dataset != dataset], centring)
+        train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
         data = prepare_folds(train, spec, options)
         ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
         scorer = TadScorer(stage2, spec, epsilon)

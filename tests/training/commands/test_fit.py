@@ -130,3 +130,24 @@ def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, 
     assert len(combiner["prr_folds"]) == 5
     assert set(combiner["per_dataset"]) == {t for t in manifest.training["datasets"]}
     assert {"tad", "combined", "msp"} <= set(combiner["informative_mean"])
+
+
+def test_a_refit_into_the_same_folder_keeps_only_its_own_alternatives(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "a"
+    from training.groups import TargetCentring
+    from training.weighting import RowWeighting
+
+    quick = {
+        "alphas": (1.0,),
+        "extra_feature_sets": (),
+        "combiner": False,
+        "centrings": (TargetCentring.NONE,),
+        "weightings": (RowWeighting.TOKEN,),
+    }
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **quick))
+    assert len(list((out / "alternatives").iterdir())) == 2
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, variants=(Variant.LEAK_FREE,), **quick))
+    assert not (out / "alternatives").exists() or not any((out / "alternatives").iterdir())
+    assert set(manifest.files) == {"regressor.joblib", "stage1.joblib"}

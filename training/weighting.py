@@ -1,0 +1,35 @@
+"""How much each training text weighs in the regressors' least squares (`fit` chooses by CV).
+
+TAD's regressors are fitted on token rows, every row with its text's target, while every
+decision and every PRR is per text. Unweighted, a 64-token chat answer counts 20 times as
+much as a 3-token task answer, so the fit is mostly about long answers and about which
+tokens of them are typical. Text weighting gives every row of text k the weight
+`mean_rows / rows_k`: each text then counts equally, and the total weight stays the number
+of rows, so the ridge penalty keeps its scale and one alpha grid serves both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from enum import StrEnum
+
+import numpy as np
+
+from training.two_stage import FitText
+
+
+class RowWeighting(StrEnum):
+    TOKEN = "token"  # every token row weighs 1 (the paper)
+    TEXT = "text"  # every text weighs the same, spread over its rows
+
+
+def weighted(texts: Sequence[FitText], weighting: RowWeighting) -> list[FitText]:
+    """The texts with the row weights of `weighting` (texts without a row weigh nothing anyway)."""
+    if weighting is RowWeighting.TOKEN or not texts:
+        return [t if t.row_weight == 1.0 else replace(t, row_weight=1.0) for t in texts]
+    rows = np.array([max(len(t) - 1, 0) for t in texts], dtype=np.float64)
+    if not rows.any():
+        return list(texts)
+    mean_rows = float(rows[rows > 0].mean())
+    return [replace(t, row_weight=mean_rows / n if n else 1.0) for t, n in zip(texts, rows, strict=True)]
