@@ -53,7 +53,53 @@ def test_weighted_stage2_gram_from_blocks_equals_the_direct_weighted_gram(tiny_r
     np.testing.assert_allclose(combined.xtx, direct.xtx, rtol=1e-9, atol=1e-6)
     np.testing.assert_allclose(combined.xty, direct.xty, rtol=1e-9, atol=1e-6)
     np.testing.assert_allclose(combined.sum_x, direct.sum_x, rtol=1e-9, atol=1e-6)
+    assert combined.sum_y == pytest.approx(direct.sum_y)
     assert combined.count == pytest.approx(direct.count)
+
+
+def test_every_stage_fits_what_sklearn_ridge_fits_with_the_row_weights(
+    tiny_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 1, the authors' teacher-forced stage 1 and stage 2, streamed in chunks that split the texts,
+    against `Ridge(sample_weight=...)` on the whole design matrix."""
+    from sklearn.linear_model import Ridge
+
+    import training.two_stage as two_stage
+    from app.uncertainty.features import stage1_features
+    from training.ridge import fit_ridge
+
+    monkeypatch.setattr(two_stage, "CHUNK_ROWS", 7)
+    texts, _, lags = load_runs([tiny_runs["train"]], None)
+    texts = [t for t in weighted(_varied_lengths(texts), RowWeighting.TEXT) if len(t) > 1]
+    spec = FeatureSpec(lags, 3, 4)
+    weights = np.concatenate([t.rows_weight() for t in texts])
+    targets = np.concatenate([t.rows_target() for t in texts])
+    static = two_stage.static_stats(texts, spec)
+    rng = np.random.default_rng(1)
+    confidences = [rng.uniform(0.1, 1.0, size=len(t)) for t in texts]
+    forced = [np.full(len(t), t.training_target) for t in texts]
+    cases = {
+        "stage 1": (
+            two_stage.stage1_stats(texts, spec),
+            np.concatenate([stage1_features(t.probs, lags) for t in texts]),
+        ),
+        "teacher-forced stage 1": (
+            two_stage.teacher_forced_stats(texts, static, spec),
+            np.concatenate(
+                [stage2_features(t.probs, c, np.asarray(t.attention), spec) for t, c in zip(texts, forced, strict=True)]
+            ),
+        ),
+        "stage 2": (
+            stage2_stats(static, cross_stats(texts, [confidences], spec), 0, spec),
+            two_stage.stage2_matrix(texts, confidences, spec)[0],
+        ),
+    }
+    for name, (stats, design) in cases.items():
+        reference = Ridge(alpha=0.1).fit(design.astype(np.float64), targets, sample_weight=weights)
+        model = fit_ridge(stats, 0.1)
+        np.testing.assert_allclose(model.coef_, reference.coef_, rtol=1e-5, atol=1e-8, err_msg=name)
+        assert model.intercept_ == pytest.approx(reference.intercept_, rel=1e-5, abs=1e-8), name
+        assert stats.count == pytest.approx(weights.sum()), name
 
 
 def test_fit_cross_validates_row_weighting_and_records_its_choice(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
