@@ -4,10 +4,11 @@
 # ask), up to TRAIN_LIMIT training records per dataset and style; dev answers for calibration
 # and evaluation; then fit (conventions x variants x alphas, target centring, row weighting,
 # feature ablations), calibrate, evaluate, leave-one-dataset-out and the made-up-premise
-# benchmark. The defaults rebuild the committed artifact (300 training records per dataset and
-# style, 4,200 texts; about 1 h of generation and 17 min of fit on 2 cores). FIT_ARGS narrows the CV grid: the consuming
-# convention and algorithm1-literal never won in earlier full-grid fits, nor did alphas below
-# 0.01; 100 is added because within-group selection may want a stronger stage 2 penalty.
+# benchmark. The defaults rebuild the committed artifact (450 training records per dataset and
+# style, 6,218 texts; about 2 h of generation and 23 min of fit on 2 cores). FIT_ARGS narrows
+# the CV grid: the consuming convention and algorithm1-literal never won in earlier full-grid
+# fits, nor did alphas below 0.01; 100 is added because within-group selection may want a
+# stronger stage 2 penalty.
 # FIT_ARGS="" runs the full grid.
 #
 # Training answers are generated in chunks of CHUNK records per dataset and style (run folders
@@ -22,7 +23,7 @@ PY=${PYTHON:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 RUNS=${RUNS:-runs}
 OUT=${OUT:-models/smollm2-135m-instruct-tad}
-TRAIN_LIMIT=${TRAIN_LIMIT:-300}
+TRAIN_LIMIT=${TRAIN_LIMIT:-450}
 CHUNK=${CHUNK:-150}
 DEV_LIMIT=${DEV_LIMIT:-100}
 # More task-style dev answers where the model is informative (accuracy in [0.1, 0.9]), so that
