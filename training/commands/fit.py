@@ -3,10 +3,9 @@
 5-fold cross-validation split by text; grid: attention convention x variant (leak-free,
 algorithm1-literal, authors; training/two_stage.py) x stage-1 ridge alpha x stage-2 ridge
 alpha x aggregation, then target centring within groups (training/groups.py), then row
-weighting (training/weighting.py), selected by
-PRR at 50% rejection of the held-out folds (by default the mean within each informative
-dataset/prompt-style group; pooled on request), scored with the very scorer the server
-runs (recurrent, c_1 = p_1). Stage-1 predictions that
+weighting (training/weighting.py), selected by PRR at 50% rejection of the held-out folds (by
+default the mean within each informative dataset/prompt-style group; pooled on request),
+scored with the very scorer the server runs (recurrent, c_1 = p_1). Stage-1 predictions that
 stage 2 trains on come from inner folds of each outer training set (nested by text). The
 best variant becomes the artifact's regressor; the others are kept beside it for
 comparison, and every number goes into the manifest. Memory: Gram matrices only (about
