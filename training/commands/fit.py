@@ -20,11 +20,12 @@ import math
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import joblib
 import numpy as np
@@ -64,6 +65,7 @@ from training.two_stage import (
 from training.weighting import RowWeighting, weighted
 
 logger = logging.getLogger(__name__)
+Alternative = TypeVar("Alternative", bound=StrEnum)  # a target centring or a row weighting
 
 ALPHAS = (10.0, 1.0, 0.1, 0.01, 0.001, 0.0001)
 MLP_GRIDS = {
@@ -536,6 +538,25 @@ def paired_gain(trial: Sequence[float], base: Sequence[float]) -> dict[str, floa
     return {"mean": mean, "standard_error": error, "significant": bool(mean > 2 * error)}
 
 
+def keep_on_significant_gain(
+    result: ConventionResult,
+    current: str,
+    alternatives: Sequence[Alternative],
+    cross_validate_with: Callable[[Alternative], ConventionResult],
+) -> tuple[ConventionResult, dict[str, Any]]:
+    """Each alternative cross-validated in turn on the same folds; one replaces the result only on a
+    significant fold-paired gain. Returns the result kept and every alternative's numbers by name."""
+    record: dict[str, Any] = {current: {"prr_mean": result.prr, "chosen": result.chosen_row}}
+    for alternative in alternatives:
+        logger.info("trying %s: %s", type(alternative).__name__, alternative.value)
+        trial = cross_validate_with(alternative)
+        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
+        record[alternative.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, "gain": gain}
+        if gain["significant"] and trial.prr > result.prr:
+            result = trial
+    return result, record
+
+
 def choose_convention(results: dict[Convention, ConventionResult]) -> Convention:
     """The authors' (generating) convention, unless the consuming one beats it by more than its CV std."""
     if len(results) == 1:
@@ -565,22 +586,22 @@ def run_fit(options: FitOptions) -> Manifest:
             texts, spec, options, centring=options.centrings[0], weighting=options.weightings[0]
         )
     result = results[choose_convention(results)]
-    centrings: dict[str, Any] = {result.centring.value: {"prr_mean": result.prr, "chosen": result.chosen_row}}
-    for centring in options.centrings[1:]:
-        logger.info("target centring: %s", centring.value)
-        trial = cross_validate_convention(texts, result.spec, options, centring=centring, weighting=result.weighting)
-        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
-        centrings[centring.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, "gain": gain}
-        if gain["significant"] and trial.prr > result.prr:
-            result = trial
-    weightings: dict[str, Any] = {result.weighting.value: {"prr_mean": result.prr, "chosen": result.chosen_row}}
-    for weighting in options.weightings[1:]:
-        logger.info("row weighting: %s", weighting.value)
-        trial = cross_validate_convention(texts, result.spec, options, centring=result.centring, weighting=weighting)
-        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
-        weightings[weighting.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, "gain": gain}
-        if gain["significant"] and trial.prr > result.prr:
-            result = trial
+    result, centrings = keep_on_significant_gain(
+        result,
+        result.centring.value,
+        options.centrings[1:],
+        lambda c, base=result: cross_validate_convention(
+            texts, base.spec, options, centring=c, weighting=base.weighting
+        ),
+    )
+    result, weightings = keep_on_significant_gain(
+        result,
+        result.weighting.value,
+        options.weightings[1:],
+        lambda w, base=result: cross_validate_convention(
+            texts, base.spec, options, centring=base.centring, weighting=w
+        ),
+    )
     texts = result.texts
     ablations: dict[str, Any] = {
         "base": {"extra_stats": [], "prr_mean": result.prr, "prr_std": result.chosen_row["prr_std"]}
