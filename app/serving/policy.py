@@ -39,8 +39,8 @@ class Policy:
     def stops_early(self, running: float | None, scored_tokens: int) -> bool:
         """Whether an answer still being generated should be cut off now (it will be rejected).
 
-        For sums (MSP, sum-log TAD) the running score only grows, so the answer would have been
-        rejected anyway; for means this is a heuristic.
+        For sums and minima (MSP, sum-log and min TAD) the running score only grows, so the answer
+        would have been rejected anyway; for means this is a heuristic.
         """
         if self.threshold is None or running is None or scored_tokens < EARLY_STOP_MIN_TOKENS:
             return False

@@ -1,4 +1,11 @@
-"""Token confidences to one sequence uncertainty (higher = less trustworthy)."""
+"""Token confidences to one sequence uncertainty (higher = less trustworthy).
+
+`mean` and `sum-log` are the paper's two. The other two are candidates beyond the paper that
+`fit` cross-validates beside them: `mean-log` is sum-log without its length penalty (what
+perplexity is to MSP), which matters once answers run from 1 to 64 tokens; `min` scores an
+answer by its least trusted token (what the max-token-uncertainty baseline does with p_i),
+because a long answer is often wrong in one entity while its other tokens are safe.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +18,20 @@ import numpy as np
 class Aggregation(StrEnum):
     MEAN = "mean"  # U = 1 - mean_i c_i
     SUM_LOG = "sum-log"  # U = -sum_i log c_i
+    MEAN_LOG = "mean-log"  # U = -mean_i log c_i
+    MIN = "min"  # U = 1 - min_i c_i
 
 
 def aggregate(confidences: np.ndarray, aggregation: Aggregation) -> float:
     """Sequence uncertainty from token confidences (NaN for an empty sequence)."""
     if len(confidences) == 0:
         return math.nan
-    if aggregation is Aggregation.MEAN:
-        return float(1.0 - np.mean(confidences))
-    return float(-np.sum(np.log(confidences)))
+    match aggregation:
+        case Aggregation.MEAN:
+            return float(1.0 - np.mean(confidences))
+        case Aggregation.SUM_LOG:
+            return float(-np.sum(np.log(confidences)))
+        case Aggregation.MEAN_LOG:
+            return float(-np.mean(np.log(confidences)))
+        case Aggregation.MIN:
+            return float(1.0 - np.min(confidences))

@@ -32,7 +32,22 @@ def test_aggregations() -> None:
     c = np.array([0.9, 0.5, 0.8])
     assert aggregate(c, Aggregation.MEAN) == pytest.approx(1 - (0.9 + 0.5 + 0.8) / 3)
     assert aggregate(c, Aggregation.SUM_LOG) == pytest.approx(-(math.log(0.9) + math.log(0.5) + math.log(0.8)))
-    assert math.isnan(aggregate(np.zeros(0), Aggregation.MEAN))
+    assert aggregate(c, Aggregation.MEAN_LOG) == pytest.approx(-(math.log(0.9) + math.log(0.5) + math.log(0.8)) / 3)
+    assert aggregate(c, Aggregation.MIN) == pytest.approx(0.5)
+    for aggregation in Aggregation:
+        assert math.isnan(aggregate(np.zeros(0), aggregation))
+
+
+def test_aggregations_rank_as_documented() -> None:
+    # mean-log drops sum-log's length penalty: a long answer of safe tokens no longer ranks
+    # behind a short one of doubtful tokens; min ranks by the weakest token alone.
+    long_safe, short_doubtful = np.full(40, 0.9), np.array([0.6, 0.6])
+    assert aggregate(long_safe, Aggregation.SUM_LOG) > aggregate(short_doubtful, Aggregation.SUM_LOG)
+    assert aggregate(long_safe, Aggregation.MEAN_LOG) < aggregate(short_doubtful, Aggregation.MEAN_LOG)
+    one_weak = np.array([0.95, 0.95, 0.95, 0.2])
+    evenly_unsure = np.array([0.6, 0.6, 0.6, 0.6])
+    assert aggregate(one_weak, Aggregation.MEAN) < aggregate(evenly_unsure, Aggregation.MEAN)
+    assert aggregate(one_weak, Aggregation.MIN) > aggregate(evenly_unsure, Aggregation.MIN)
 
 
 def test_baselines() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.artifact import load_artifact
 from training.cli import main
 
@@ -42,7 +43,7 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
     grid = manifest.metrics["cv"]["grid"]
     variants = ("leak-free", "algorithm1-literal", "authors")
     assert {(row["variant"], row["alpha_stage1"], row["alpha"], row["aggregation"]) for row in grid} == {
-        (v, a1, a2, g) for v in variants for a1 in (1.0, 0.01) for a2 in (1.0, 0.01) for g in ("mean", "sum-log")
+        (v, a1, a2, g) for v in variants for a1 in (1.0, 0.01) for a2 in (1.0, 0.01) for g in Aggregation
     }
     assert all(len(row["prr_folds"]) == 5 for row in grid)
     best = manifest.metrics["cv"]["best_per_variant"]
