@@ -79,5 +79,5 @@ $PY -m training calibrate --artifact "$OUT" --run "$RUNS/smollm2-dev-bare" \
 $PY -m training evaluate --artifact "$OUT" --run "${DEV_TASK_RUNS[@]}" --out "$OUT/report/task"
 $PY -m training evaluate --artifact "$OUT" --run "${DEV_BARE_RUNS[@]}" --out "$OUT/report/bare"
 $PY -m training lodo "${TRAIN_RUNS[@]}" \
-    --test "$RUNS/smollm2-dev-task" --artifact "$OUT" --out "$OUT/report/lodo"
+    --test "${DEV_TASK_RUNS[@]}" --artifact "$OUT" --out "$OUT/report/lodo"
 $PY -m benchmarks.false_premises --artifact "$OUT" | tee "$OUT/report/false_premises.txt"

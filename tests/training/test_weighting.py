@@ -118,6 +118,6 @@ def test_fit_cross_validates_row_weighting_and_records_its_choice(tiny_runs: dic
     cv = manifest.metrics["cv"]
     assert set(cv["weightings"]) == {"token", "text"}
     trial = cv["weightings"]["text"]
-    kept = trial["gain"]["significant"] and trial["prr_mean"] > cv["weightings"]["token"]["prr_mean"]
+    kept = trial["kept"]
     assert manifest.regressor.params["row_weighting"] == cv["row_weighting"] == ("text" if kept else "token")
     assert load_artifact(tmp_path / "a").manifest.regressor.params["row_weighting"] == cv["row_weighting"]

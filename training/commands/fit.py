@@ -288,6 +288,8 @@ def cv_table(candidates: Sequence[Candidate], selection: Selection) -> list[dict
                     "prr_folds": values,
                     "pooled_prr_mean": _mean(c.prr[Selection.POOLED][aggregation]),
                     "within_group_prr_mean": _mean(c.prr[Selection.WITHIN_GROUP][aggregation]),
+                    "pooled_prr_folds": c.prr[Selection.POOLED][aggregation],
+                    "within_group_prr_folds": c.prr[Selection.WITHIN_GROUP][aggregation],
                 }
             )
     return rows
@@ -538,21 +540,36 @@ def paired_gain(trial: Sequence[float], base: Sequence[float]) -> dict[str, floa
     return {"mean": mean, "standard_error": error, "significant": bool(mean > 2 * error)}
 
 
+def trial_verdict(trial_row: dict[str, Any], base_row: dict[str, Any], selection: Selection) -> dict[str, Any]:
+    """Whether a trial (centring, weighting, extra features) replaces the base, from their CV rows on the
+    same folds: on a significant gain in the selection metric, and only if the other metric does not lose
+    significantly. The artifact serves both kinds of traffic (one kind of question per deployment, and the
+    mixed traffic its thresholds are calibrated on), so a gain in one ranking must not be bought with the other.
+    """
+    other = Selection.POOLED if selection is Selection.WITHIN_GROUP else Selection.WITHIN_GROUP
+    folds = f"{other.value.replace('-', '_')}_prr_folds"
+    gain = paired_gain(trial_row["prr_folds"], base_row["prr_folds"])
+    other_change = paired_gain(trial_row[folds], base_row[folds])
+    other_loss = paired_gain(base_row[folds], trial_row[folds])
+    kept = bool(gain["significant"] and trial_row["prr_mean"] > base_row["prr_mean"] and not other_loss["significant"])
+    return {"gain": gain, "other_metric": other.value, "other_change": other_change, "kept": kept}
+
+
 def keep_on_significant_gain(
     result: ConventionResult,
     current: str,
     alternatives: Sequence[Alternative],
     cross_validate_with: Callable[[Alternative], ConventionResult],
 ) -> tuple[ConventionResult, dict[str, Any]]:
-    """Each alternative cross-validated in turn on the same folds; one replaces the result only on a
-    significant fold-paired gain. Returns the result kept and every alternative's numbers by name."""
+    """Each alternative cross-validated in turn on the same folds; one replaces the result only when
+    `trial_verdict` keeps it. Returns the result kept and every alternative's numbers by name."""
     record: dict[str, Any] = {current: {"prr_mean": result.prr, "chosen": result.chosen_row}}
     for alternative in alternatives:
         logger.info("trying %s: %s", type(alternative).__name__, alternative.value)
         trial = cross_validate_with(alternative)
-        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
-        record[alternative.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, "gain": gain}
-        if gain["significant"] and trial.prr > result.prr:
+        verdict = trial_verdict(trial.chosen_row, result.chosen_row, result.selection)
+        record[alternative.value] = {"prr_mean": trial.prr, "chosen": trial.chosen_row, **verdict}
+        if verdict["kept"]:
             result = trial
     return result, record
 
@@ -613,14 +630,14 @@ def run_fit(options: FitOptions) -> Manifest:
         trial = cross_validate_convention(
             texts, trial_spec, options, only=base_choice, centring=result.centring, weighting=result.weighting
         )
-        gain = paired_gain(trial.chosen_row["prr_folds"], result.chosen_row["prr_folds"])
+        verdict = trial_verdict(trial.chosen_row, result.chosen_row, result.selection)
         ablations["+".join(extra)] = {
             "extra_stats": list(extra),
             "prr_mean": trial.prr,
             "prr_std": trial.chosen_row["prr_std"],
-            "gain": gain,
+            **verdict,
         }
-        if gain["significant"] and trial.prr > winner.prr:
+        if verdict["kept"] and trial.prr > winner.prr:
             winner = trial
     if winner is not result:
         # The alternatives must share the artifact's feature spec: their CV rows come from the base run.

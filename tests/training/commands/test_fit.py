@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features
 from training.commands.fit import FitOptions, load_runs, run_fit
 from training.ridge import GramStats, fit_ridge
@@ -93,9 +94,7 @@ def test_extra_feature_ablations_are_recorded_and_a_kept_one_is_served(
     manifest = run_fit(options)
     ablations = manifest.metrics["cv"]["feature_ablations"]
     assert set(ablations) == {"base", "entropy"}
-    kept = (
-        ablations["entropy"]["gain"]["significant"] and ablations["entropy"]["prr_mean"] > ablations["base"]["prr_mean"]
-    )
+    kept = ablations["entropy"]["kept"]
     assert manifest.features.extra_stats == (["entropy"] if kept else [])
     artifact = load_artifact(tmp_path / "a")
     assert artifact.scorer.spec.extra_stats == tuple(manifest.features.extra_stats)
@@ -116,7 +115,7 @@ def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
         FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), mlp=True, mlp_width=16, mlp_grid=grid)
     )
     mlp = manifest.metrics["cv"]["mlp"]
-    assert mlp["width"] == 16 and len(mlp["grid"]) == 2  # one configuration x two aggregations
+    assert mlp["width"] == 16 and len(mlp["grid"]) == len(Aggregation)  # one configuration x every aggregation
     assert all(len(row["prr_folds"]) == 5 for row in mlp["grid"])
     assert manifest.regressor.kind in ("ridge", "mlp")
 
@@ -151,3 +150,35 @@ def test_a_refit_into_the_same_folder_keeps_only_its_own_alternatives(
     manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, variants=(Variant.LEAK_FREE,), **quick))
     assert not (out / "alternatives").exists() or not any((out / "alternatives").iterdir())
     assert set(manifest.files) == {"regressor.joblib", "stage1.joblib"}
+
+
+def _row(within_group: list[float], pooled: list[float], selection: str = "within-group") -> dict[str, object]:
+    selected = within_group if selection == "within-group" else pooled
+    return {
+        "prr_mean": sum(selected) / len(selected),
+        "prr_folds": selected,
+        "within_group_prr_folds": within_group,
+        "pooled_prr_folds": pooled,
+    }
+
+
+def test_a_trial_is_kept_on_a_significant_gain_that_costs_the_other_ranking_nothing_significant() -> None:
+    from training.commands.fit import trial_verdict
+    from training.groups import Selection
+
+    base = _row([0.20, 0.25, 0.22, 0.18, 0.24], [0.60, 0.66, 0.62, 0.64, 0.61])
+    better = _row([0.28, 0.31, 0.27, 0.25, 0.30], [0.61, 0.64, 0.63, 0.62, 0.62])
+    verdict = trial_verdict(better, base, Selection.WITHIN_GROUP)
+    assert verdict["kept"] and verdict["gain"]["significant"] and verdict["other_metric"] == "pooled"
+    # The same within-group gain bought with the pooled ranking (what target centring does): refused.
+    bought = _row([0.28, 0.31, 0.27, 0.25, 0.30], [0.20, 0.22, 0.18, 0.21, 0.19])
+    verdict = trial_verdict(bought, base, Selection.WITHIN_GROUP)
+    assert verdict["gain"]["significant"] and not verdict["kept"]
+    assert verdict["other_change"]["mean"] < 0
+    # Selecting by pooled PRR, the guard looks at the within-group ranking instead.
+    pooled_base = _row([0.28, 0.31, 0.27, 0.25, 0.30], [0.60, 0.66, 0.62, 0.64, 0.61], "pooled")
+    pooled_better = _row([0.20, 0.25, 0.22, 0.18, 0.24], [0.68, 0.72, 0.69, 0.71, 0.68], "pooled")
+    verdict = trial_verdict(pooled_better, pooled_base, Selection.POOLED)
+    assert verdict["gain"]["significant"] and verdict["other_metric"] == "within-group" and not verdict["kept"]
+    # No significant gain: not kept, whatever the other metric does.
+    assert not trial_verdict(base, base, Selection.WITHIN_GROUP)["kept"]
