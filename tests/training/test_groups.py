@@ -96,7 +96,7 @@ def test_fit_cross_validates_centring_and_records_its_choice(tiny_runs: dict[str
     cv = manifest.metrics["cv"]
     assert set(cv["centrings"]) == {"none", "group"}
     trial = cv["centrings"]["group"]
-    assert {"gain", "other_metric", "other_change", "kept"} <= set(trial)
+    assert {"gain", "other_metric", "other_change", "other_loss_significant", "kept"} <= set(trial)
     assert trial["other_metric"] != cv["selection_metric"]
     kept = trial["kept"]
     assert not kept or trial["gain"]["significant"]

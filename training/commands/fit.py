@@ -549,10 +549,15 @@ def trial_verdict(trial_row: dict[str, Any], base_row: dict[str, Any], selection
     other = Selection.POOLED if selection is Selection.WITHIN_GROUP else Selection.WITHIN_GROUP
     folds = f"{other.value.replace('-', '_')}_prr_folds"
     gain = paired_gain(trial_row["prr_folds"], base_row["prr_folds"])
-    other_change = paired_gain(trial_row[folds], base_row[folds])
     other_loss = paired_gain(base_row[folds], trial_row[folds])
     kept = bool(gain["significant"] and trial_row["prr_mean"] > base_row["prr_mean"] and not other_loss["significant"])
-    return {"gain": gain, "other_metric": other.value, "other_change": other_change, "kept": kept}
+    return {
+        "gain": gain,
+        "other_metric": other.value,
+        "other_change": {"mean": -other_loss["mean"], "standard_error": other_loss["standard_error"]},
+        "other_loss_significant": other_loss["significant"],
+        "kept": kept,
+    }
 
 
 def keep_on_significant_gain(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features
@@ -174,7 +175,7 @@ def test_a_trial_is_kept_on_a_significant_gain_that_costs_the_other_ranking_noth
     bought = _row([0.28, 0.31, 0.27, 0.25, 0.30], [0.20, 0.22, 0.18, 0.21, 0.19])
     verdict = trial_verdict(bought, base, Selection.WITHIN_GROUP)
     assert verdict["gain"]["significant"] and not verdict["kept"]
-    assert verdict["other_change"]["mean"] < 0
+    assert verdict["other_loss_significant"] and verdict["other_change"]["mean"] == pytest.approx(-0.426)
     # Selecting by pooled PRR, the guard looks at the within-group ranking instead.
     pooled_base = _row([0.28, 0.31, 0.27, 0.25, 0.30], [0.60, 0.66, 0.62, 0.64, 0.61], "pooled")
     pooled_better = _row([0.20, 0.25, 0.22, 0.18, 0.24], [0.68, 0.72, 0.69, 0.71, 0.68], "pooled")
