@@ -5,7 +5,7 @@
 # and evaluation; then fit (conventions x variants x alphas, target centring, row weighting,
 # feature ablations), calibrate, evaluate, leave-one-dataset-out and the made-up-premise
 # benchmark. The defaults rebuild the committed artifact (450 training records per dataset and
-# style, 6,218 texts; about 2 h of generation and 23 min of fit on 2 cores). FIT_ARGS narrows
+# style, 6,218 texts; about 2 h of generation and 25 min of fit on 2 cores). FIT_ARGS narrows
 # the CV grid: the consuming convention and algorithm1-literal never won in earlier full-grid
 # fits, nor did alphas below 0.01; 100 is added because within-group selection may want a
 # stronger stage 2 penalty.
