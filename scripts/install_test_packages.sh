@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Debian packages some tests drive for real, installed when missing: Prometheus (scrapes the
-# service, checks the alert rules), HAProxy (replicas behind a balancer) and headless Chromium
-# (the playground's browser test). Needs root or sudo and apt-get; without them it says what to
+# service, checks the alert rules), HAProxy (replicas behind a balancer), headless Chromium
+# (the playground's browser test) and Node.js (the playground's modules run outside a browser). Needs root or sudo and apt-get; without them it says what to
 # install and leaves the tests to fail with the same advice.
 set -euo pipefail
-PACKAGES=(prometheus haproxy chromium chromium-driver)
+PACKAGES=(prometheus haproxy chromium chromium-driver nodejs)
 missing=()
 for package in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -35,3 +35,5 @@ def aggregate(confidences: np.ndarray, aggregation: Aggregation) -> float:
             return float(-np.mean(np.log(confidences)))
         case Aggregation.MIN:
             return float(1.0 - np.min(confidences))
+        case _:
+            raise ValueError(f"unknown aggregation {aggregation!r}")

@@ -99,7 +99,11 @@ def test_fit_cross_validates_centring_and_records_its_choice(tiny_runs: dict[str
     assert {"gain", "other_metric", "other_change", "other_loss_significant", "kept"} <= set(trial)
     assert trial["other_metric"] != cv["selection_metric"]
     kept = trial["kept"]
-    assert not kept or trial["gain"]["significant"]
+    assert kept == (
+        trial["gain"]["significant"]
+        and trial["prr_mean"] > cv["centrings"]["none"]["prr_mean"]
+        and not trial["other_loss_significant"]
+    )
     assert manifest.regressor.params["target_centring"] == cv["target_centring"] == ("group" if kept else "none")
     row = cv["chosen"]
     assert {"pooled_prr_mean", "within_group_prr_mean"} <= set(row)

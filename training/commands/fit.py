@@ -227,7 +227,7 @@ def prepare_folds(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptio
 def cross_validate(
     texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, options: FitOptions
 ) -> tuple[list[Candidate], dict[Selection, dict[str, list[float]]]]:
-    """Every (variant, stage-1 alpha, stage-2 alpha) candidate on every held-out fold, for both aggregations."""
+    """Every (variant, stage-1 alpha, stage-2 alpha) candidate on every held-out fold, for every aggregation."""
     stage1_keys = [(v, a1) for v in options.variants for a1 in options.stage1_alphas or options.alphas]
     candidates = [Candidate(v, a1, a2) for v, a1 in stage1_keys for a2 in options.alphas]
     baselines: dict[Selection, dict[str, list[float]]] = {s: {m.value: [] for m in BASELINES} for s in Selection}

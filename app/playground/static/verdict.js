@@ -95,8 +95,18 @@ export function runningScore(method, tokens, aggregation) {
     case "tad": {
       const confidences = tokens.map((t) => t.confidence);
       if (confidences.some((c) => c === null)) return null;
-      if (aggregation === "sum-log") return -sum(confidences.map(Math.log));
-      return 1 - sum(confidences) / confidences.length;
+      switch (aggregation) {
+        case "mean":
+          return 1 - sum(confidences) / confidences.length;
+        case "sum-log":
+          return -sum(confidences.map(Math.log));
+        case "mean-log":
+          return -sum(confidences.map(Math.log)) / confidences.length;
+        case "min":
+          return 1 - Math.min(...confidences);
+        default:
+          return null; // an aggregation this page does not know: no running score rather than a wrong one
+      }
     }
     case "msp":
       return -sum(logprobs);
