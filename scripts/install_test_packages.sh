@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Debian packages some tests drive for real, installed when missing: Prometheus (scrapes the
 # service, checks the alert rules), HAProxy (replicas behind a balancer), headless Chromium
-# (the playground's browser test) and Node.js (the playground's modules run outside a browser). Needs root or sudo and apt-get; without them it says what to
-# install and leaves the tests to fail with the same advice.
+# (the playground's browser test) and Node.js (the playground's modules run outside a browser).
+# Needs root or sudo and apt-get; without them it says what to install and leaves the tests to
+# fail with the same advice.
 set -euo pipefail
 PACKAGES=(prometheus haproxy chromium chromium-driver nodejs)
 missing=()

@@ -271,6 +271,10 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
+FOLDS_KEY = {Selection.POOLED: "pooled_prr_folds", Selection.WITHIN_GROUP: "within_group_prr_folds"}
+"""Where a CV row keeps each metric's per-fold PRR (the trial rule compares them fold by fold)."""
+
+
 def cv_table(candidates: Sequence[Candidate], selection: Selection) -> list[dict[str, Any]]:
     """One row per candidate and aggregation; `prr_*` hold the selection metric, the other is beside it."""
     rows = []
@@ -288,8 +292,7 @@ def cv_table(candidates: Sequence[Candidate], selection: Selection) -> list[dict
                     "prr_folds": values,
                     "pooled_prr_mean": _mean(c.prr[Selection.POOLED][aggregation]),
                     "within_group_prr_mean": _mean(c.prr[Selection.WITHIN_GROUP][aggregation]),
-                    "pooled_prr_folds": c.prr[Selection.POOLED][aggregation],
-                    "within_group_prr_folds": c.prr[Selection.WITHIN_GROUP][aggregation],
+                    **{FOLDS_KEY[s]: c.prr[s][aggregation] for s in Selection},
                 }
             )
     return rows
@@ -547,9 +550,8 @@ def trial_verdict(trial_row: dict[str, Any], base_row: dict[str, Any], selection
     mixed traffic its thresholds are calibrated on), so a gain in one ranking must not be bought with the other.
     """
     other = Selection.POOLED if selection is Selection.WITHIN_GROUP else Selection.WITHIN_GROUP
-    folds = f"{other.value.replace('-', '_')}_prr_folds"
     gain = paired_gain(trial_row["prr_folds"], base_row["prr_folds"])
-    other_loss = paired_gain(base_row[folds], trial_row[folds])
+    other_loss = paired_gain(base_row[FOLDS_KEY[other]], trial_row[FOLDS_KEY[other]])
     kept = bool(gain["significant"] and trial_row["prr_mean"] > base_row["prr_mean"] and not other_loss["significant"])
     return {
         "gain": gain,
@@ -560,7 +562,7 @@ def trial_verdict(trial_row: dict[str, Any], base_row: dict[str, Any], selection
     }
 
 
-def keep_on_significant_gain(
+def keep_by_trial_rule(
     result: ConventionResult,
     current: str,
     alternatives: Sequence[Alternative],
@@ -608,7 +610,7 @@ def run_fit(options: FitOptions) -> Manifest:
             texts, spec, options, centring=options.centrings[0], weighting=options.weightings[0]
         )
     result = results[choose_convention(results)]
-    result, centrings = keep_on_significant_gain(
+    result, centrings = keep_by_trial_rule(
         result,
         result.centring.value,
         options.centrings[1:],
@@ -616,7 +618,7 @@ def run_fit(options: FitOptions) -> Manifest:
             texts, base.spec, options, centring=c, weighting=base.weighting
         ),
     )
-    result, weightings = keep_on_significant_gain(
+    result, weightings = keep_by_trial_rule(
         result,
         result.weighting.value,
         options.weightings[1:],

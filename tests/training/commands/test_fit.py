@@ -9,7 +9,8 @@ import pytest
 
 from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features
-from training.commands.fit import FitOptions, load_runs, run_fit
+from training.commands.fit import FitOptions, load_runs, run_fit, trial_verdict
+from training.groups import Selection
 from training.ridge import GramStats, fit_ridge
 from training.two_stage import (
     Variant,
@@ -164,9 +165,6 @@ def _row(within_group: list[float], pooled: list[float], selection: str = "withi
 
 
 def test_a_trial_is_kept_on_a_significant_gain_that_costs_the_other_ranking_nothing_significant() -> None:
-    from training.commands.fit import trial_verdict
-    from training.groups import Selection
-
     base = _row([0.20, 0.25, 0.22, 0.18, 0.24], [0.60, 0.66, 0.62, 0.64, 0.61])
     better = _row([0.28, 0.31, 0.27, 0.25, 0.30], [0.61, 0.64, 0.63, 0.62, 0.62])
     verdict = trial_verdict(better, base, Selection.WITHIN_GROUP)
