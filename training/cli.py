@@ -77,13 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
     fit = commands.add_parser(
         "fit",
         help="two-stage cross-validated TAD fit; writes an artifact folder",
-        description="5-fold CV split by text over ridge alpha x aggregation x variant "
+        description="5-fold CV split by record (both prompt styles of a question in one fold) over "
+        "ridge alpha x aggregation x variant "
         "(leak-free, algorithm1-literal, authors) x convention, selected by mean PRR@50%%; writes ARTIFACT_DIR.",
     )
     fit.add_argument("runs", type=Path, nargs="+", help="run folders from `generate` (shards are merged)")
     fit.add_argument("--out", type=Path, required=True, help="artifact folder to write")
     fit.add_argument("--n-lags", type=int, default=None, help="use fewer lags than the runs store")
     fit.add_argument("--folds", type=int, default=5)
+    fit.add_argument(
+        "--fold-unit",
+        choices=("record", "text"),
+        default="record",
+        help="what a fold holds out: whole records (every prompt style of a question together) or single texts",
+    )
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--epsilon", type=float, default=1e-4, help="confidences are clipped to [epsilon, 1]")
     fit.add_argument("--alphas", type=float, nargs="+", default=None, help="stage-2 ridge L2 grid")
@@ -193,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     lodo.add_argument("--artifact", type=Path, required=True, help="whose configuration to fit")
     lodo.add_argument("--out", type=Path, required=True)
     lodo.add_argument("--bootstrap", type=int, default=1000)
+    lodo.add_argument("--alpha-stage1", type=float, help="fit with this stage-1 alpha instead of the artifact's")
+    lodo.add_argument("--alpha", type=float, help="fit with this stage-2 alpha instead of the artifact's")
+    lodo.add_argument(
+        "--datasets", nargs="+", help="train and test on these datasets alone (default: every dataset in the runs)"
+    )
     summary = commands.add_parser(
         "summary",
         help="per-dataset accuracy and answer length of generation runs (no artifact needed)",
@@ -249,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "fit":
         from app.uncertainty.features import Convention
         from training.commands.fit import ALPHAS, MLP_GRIDS, FitOptions, run_fit
+        from training.folds import FoldUnit
         from training.groups import Selection, TargetCentring
         from training.two_stage import Variant
         from training.weighting import RowWeighting
@@ -260,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
                 n_lags=args.n_lags,
                 alphas=tuple(args.alphas or ALPHAS),
                 folds=args.folds,
+                fold_unit=FoldUnit(args.fold_unit),
                 seed=args.seed,
                 epsilon=args.epsilon,
                 mlp=args.mlp,
@@ -291,7 +305,17 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "lodo":
         from training.commands.lodo import lodo_markdown, run_lodo
 
-        print(lodo_markdown(run_lodo(args.runs, args.test, args.artifact, args.out, args.bootstrap)), end="")
+        report = run_lodo(
+            args.runs,
+            args.test,
+            args.artifact,
+            args.out,
+            args.bootstrap,
+            alpha_stage1=args.alpha_stage1,
+            alpha=args.alpha,
+            only_datasets=args.datasets,
+        )
+        print(lodo_markdown(report), end="")
     elif args.command == "summary":
         from training.commands.summary import summarise
 

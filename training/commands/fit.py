@@ -1,12 +1,13 @@
 """`fit`: cross-validated two-stage training of TAD and the artifact the server loads.
 
-5-fold cross-validation split by text; grid: attention convention x variant (leak-free,
+5-fold cross-validation split by record (a question's answers in both prompt styles share a
+fold; training/folds.py); grid: attention convention x variant (leak-free,
 algorithm1-literal, authors; training/two_stage.py) x stage-1 ridge alpha x stage-2 ridge
 alpha x aggregation, then target centring within groups (training/groups.py), then row
 weighting (training/weighting.py), selected by PRR at 50% rejection of the held-out folds (by
 default the mean within each informative dataset/prompt-style group; pooled on request),
 scored with the very scorer the server runs (recurrent, c_1 = p_1). Stage-1 predictions that
-stage 2 trains on come from inner folds of each outer training set (nested by text). The
+stage 2 trains on come from inner folds of each outer training set (nested by the same unit). The
 best variant becomes the artifact's regressor; the others are kept beside it for
 comparison, and every number goes into the manifest. Memory: Gram matrices only (about
 (2 x folds + 6) x F^2 x 8 bytes at peak), never a fold's feature matrix; attention rows
@@ -29,7 +30,6 @@ from typing import Any, TypeVar
 
 import joblib
 import numpy as np
-from sklearn.model_selection import KFold
 from tqdm import tqdm
 
 from app.identity import ModelIdentity
@@ -39,6 +39,7 @@ from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES
 from app.uncertainty.tad import Regressor, TadScorer
 from training.combiner import combiner_inputs, cross_validate_combiner, informative_mean, per_dataset_prr
+from training.folds import FoldUnit, assign_folds
 from training.groups import (
     Selection,
     TargetCentring,
@@ -83,6 +84,7 @@ class FitOptions:
     n_lags: int | None = None
     alphas: Sequence[float] = ALPHAS
     folds: int = 5
+    fold_unit: FoldUnit = FoldUnit.RECORD  # training/folds.py
     seed: int = 0
     epsilon: float = 1e-4
     mlp: bool = False
@@ -202,10 +204,7 @@ class FoldData:
 
 
 def prepare_folds(texts: Sequence[FitText], spec: FeatureSpec, options: FitOptions) -> FoldData:
-    splitter = KFold(n_splits=options.folds, shuffle=True, random_state=options.seed)
-    fold_of = np.zeros(len(texts), dtype=int)
-    for g, (_, held) in enumerate(splitter.split(np.arange(len(texts)))):
-        fold_of[held] = g
+    fold_of = assign_folds(texts, options.folds, options.seed, options.fold_unit)
     groups = [[t for t, f in zip(texts, fold_of, strict=True) if f == g] for g in range(options.folds)]
     stage1 = [stage1_stats(group, spec) for group in groups]
     static = [static_stats(group, spec) for group in tqdm(groups, desc="fit: static Gram per fold", unit="fold")]
@@ -724,7 +723,7 @@ def run_fit(options: FitOptions) -> Manifest:
         metrics={
             "cv": {
                 "folds": options.folds,
-                "split": "by text",
+                "split": f"by {options.fold_unit.value}",
                 "seed": options.seed,
                 "selection": f"mean PRR at 50% rejection over held-out folds ({SELECTION_WORDS[result.selection]})",
                 "selection_metric": result.selection.value,

@@ -4,13 +4,17 @@ For every dataset, TAD is fitted (with the artifact's configuration: convention,
 both alphas, aggregation, target centring, row weighting) on the training texts of all
 *other* datasets and scored on that dataset's test texts, beside the baselines, with paired
 bootstrap 95% intervals.
+
+The same fitted model is also scored under every other aggregation (a second table), and
+either alpha can be overridden: aggregation and alphas are what a generalization failure
+would be tuned on first, so the table shows whether any of them would have changed it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from app.numeric import finite_or_none
-from app.uncertainty.aggregation import aggregate
+from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
@@ -47,17 +51,35 @@ def run_lodo(
     out: Path,
     resamples: int = 1000,
     seed: int = 0,
+    alpha_stage1: float | None = None,
+    alpha: float | None = None,
+    only_datasets: Sequence[str] | None = None,
 ) -> dict[str, Any]:
+    """`alpha_stage1` / `alpha`: fit with these instead of the artifact's (None keeps the artifact's).
+    `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold)."""
     artifact = load_artifact(artifact_dir)
     manifest = artifact.manifest
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
     params = manifest.regressor.params
     variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
-    choice = Choice(variant, float(params.get("alpha_stage1", params["alpha"])), float(params["alpha"]))
+    artifact_alpha = float(params["alpha"])
+    choice = Choice(
+        variant,
+        float(params.get("alpha_stage1", artifact_alpha)) if alpha_stage1 is None else alpha_stage1,
+        artifact_alpha if alpha is None else alpha,
+    )
     centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
     weighting = RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value))
     texts, _, _ = load_runs(train_runs, spec.n_lags)
     tests = list(iter_texts(test_runs))
+    if only_datasets is not None:
+        if len(set(only_datasets)) < 2:
+            raise SystemExit("--datasets: name at least two (each is fitted on the others)")
+        unknown = sorted(set(only_datasets) - {t.dataset for t in texts})
+        if unknown:
+            raise SystemExit(f"--datasets: the training runs hold no {', '.join(unknown)}")
+        texts = [t for t in texts if t.dataset in only_datasets]
+        tests = [t for t in tests if t.dataset in only_datasets]
     datasets = sorted({t.dataset for t in tests} & {t.dataset for t in texts})
     report: dict[str, Any] = {
         "configuration": {
@@ -68,6 +90,7 @@ def run_lodo(
             "aggregation": aggregation.value,
             "target_centring": centring.value,
             "row_weighting": weighting.value,
+            "datasets": sorted({t.dataset for t in texts}),
         },
         "datasets": {},
     }
@@ -81,11 +104,20 @@ def run_lodo(
         traces = [t.token_trace(spec.n_lags) for t in held]
         quality = np.array([t.target for t in held])
         scores = baseline_table(traces)
-        scores[Method.TAD.value] = np.array(
-            [ranked(aggregate(scorer.confidences_of(t), aggregation)) if len(t) else np.inf for t in traces]
-        )
+        confidences = [scorer.confidences_of(t) if len(t) else np.zeros(0) for t in traces]
+        for other in Aggregation:
+            scores[aggregation_column(other, aggregation)] = np.array(
+                [ranked(aggregate(c, other)) if len(c) else np.inf for c in confidences]
+            )
         boot = paired_bootstrap_prr(scores, quality, resamples, seed)
         prr = {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()}
+        by_aggregation = {
+            other.value: {
+                "tad_minus_msp": finite_or_none(prr[aggregation_column(other, aggregation)] - prr["msp"]),
+                "tad_minus_msp_ci95": interval(boot[aggregation_column(other, aggregation)] - boot["msp"]),
+            }
+            for other in Aggregation
+        }
         report["datasets"][dataset] = {
             "n": len(held),
             "train_texts": len(train),
@@ -94,17 +126,31 @@ def run_lodo(
             "prr_ci95": {name: interval(values) for name, values in boot.items()},
             "tad_minus_msp": finite_or_none(prr["tad"] - prr["msp"]),
             "tad_minus_msp_ci95": interval(boot["tad"] - boot["msp"]),
+            "by_aggregation": by_aggregation,
         }
-    differences = [
-        e["tad_minus_msp"]
-        for e in report["datasets"].values()
-        if e["tad_minus_msp"] is not None and informative(e["accuracy"])
-    ]
-    report["mean_tad_minus_msp_informative"] = float(np.mean(differences)) if differences else None
+    report["mean_tad_minus_msp_informative"] = _informative_mean(report, lambda e: e["tad_minus_msp"])
+    report["mean_tad_minus_msp_informative_by_aggregation"] = {
+        other.value: _informative_mean(report, lambda e, o=other.value: e["by_aggregation"][o]["tad_minus_msp"])
+        for other in Aggregation
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "lodo.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "lodo.md").write_text(lodo_markdown(report))
     return report
+
+
+def aggregation_column(other: Aggregation, served: Aggregation) -> str:
+    """The score's column: `tad` under the artifact's aggregation, `tad_<aggregation>` under the others."""
+    return Method.TAD.value if other is served else f"{Method.TAD.value}_{other.value}"
+
+
+def _informative_mean(report: dict[str, Any], difference: Callable[[dict[str, Any]], float | None]) -> float | None:
+    values = [
+        value
+        for entry in report["datasets"].values()
+        if (value := difference(entry)) is not None and informative(entry["accuracy"])
+    ]
+    return float(np.mean(values)) if values else None
 
 
 def lodo_markdown(report: dict[str, Any]) -> str:
@@ -130,5 +176,23 @@ def lodo_markdown(report: dict[str, Any]) -> str:
         "",
         f"Mean TAD − MSP over the held-out datasets with accuracy in [{low}, {high}]: "
         + ("n/a" if mean is None else f"{mean:+.3f}"),
+        "",
+        f"TAD − MSP with the same fitted model under each aggregation (the artifact's: "
+        f"{report['configuration']['aggregation']}):",
+        "",
+        "| held-out dataset | " + " | ".join(a.value for a in Aggregation) + " |",
+        "|---|" + "---|" * len(Aggregation),
     ]
+    for name, entry in report["datasets"].items():
+        cells = []
+        for other in Aggregation:
+            diff, ci = (entry["by_aggregation"][other.value][k] for k in ("tad_minus_msp", "tad_minus_msp_ci95"))
+            cells.append("n/a" if diff is None else f"{diff:+.3f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    means = report["mean_tad_minus_msp_informative_by_aggregation"]
+    lines.append(
+        f"| *mean, accuracy in [{low}, {high}]* | "
+        + " | ".join("n/a" if means[a.value] is None else f"{means[a.value]:+.3f}" for a in Aggregation)
+        + " |"
+    )
     return "\n".join(lines) + "\n"

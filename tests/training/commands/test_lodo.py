@@ -3,29 +3,107 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from app.uncertainty.aggregation import Aggregation
+from tests.conftest import N_LAGS
 from training.cli import main
+from training.commands import lodo
+from training.commands.fit import Choice, fit_final
+from training.commands.generate import GenerateOptions, run_generate
+
+
+def _lodo(runs: dict[str, Path], artifact: Path, out: Path, *extra: str, more_train: Sequence[Path] = ()) -> dict:
+    train = [str(path) for path in (runs["train"], *more_train)]
+    test = ["--test", str(runs["dev"]), "--artifact", str(artifact), "--out", str(out), "--bootstrap", "50"]
+    main(["lodo", *train, *test, *extra])
+    return json.loads((out / "lodo.json").read_text())
 
 
 def test_every_dataset_is_held_out_once(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
-    main(
-        [
-            "lodo",
-            str(tiny_runs["train"]),
-            "--test",
-            str(tiny_runs["dev"]),
-            "--artifact",
-            str(tiny_artifact),
-            "--out",
-            str(tmp_path),
-            "--bootstrap",
-            "50",
-        ]
-    )
-    report = json.loads((tmp_path / "lodo.json").read_text())
+    report = _lodo(tiny_runs, tiny_artifact, tmp_path)
     assert set(report["datasets"]) == {"squad", "mmlu"}
     for entry in report["datasets"].values():
         assert entry["n"] == 16 and entry["train_texts"] == 24  # fitted on the other dataset only
         assert {"tad", "msp", "perplexity"} <= set(entry["prr"])
     assert (tmp_path / "lodo.md").read_text().startswith("Leave one dataset out")
+
+
+def test_every_aggregation_is_scored_and_the_served_one_is_the_headline(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    report = _lodo(tiny_runs, tiny_artifact, tmp_path)
+    served = report["configuration"]["aggregation"]
+    for entry in report["datasets"].values():
+        assert set(entry["by_aggregation"]) == {a.value for a in Aggregation}
+        headline = entry["by_aggregation"][served]
+        assert headline["tad_minus_msp"] == pytest.approx(entry["tad_minus_msp"])
+        assert headline["tad_minus_msp_ci95"] == pytest.approx(entry["tad_minus_msp_ci95"])
+        msp = entry["prr"]["msp"]
+        for other in Aggregation:
+            if other.value != served:
+                tad, difference = entry["prr"][f"tad_{other.value}"], entry["by_aggregation"][other.value]
+                if tad is None or msp is None:  # PRR is undefined on a dataset the tiny model gets all wrong
+                    assert difference["tad_minus_msp"] is None
+                else:
+                    assert difference["tad_minus_msp"] == pytest.approx(tad - msp)
+    means = report["mean_tad_minus_msp_informative_by_aggregation"]
+    assert means[served] == report["mean_tad_minus_msp_informative"]
+    assert "under each aggregation" in (tmp_path / "lodo.md").read_text()
+
+
+def test_alphas_can_be_overridden(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fitted: list[Choice] = []
+
+    def recording_fit_final(*args: Any) -> Any:
+        fitted.extend(args[3])
+        return fit_final(*args)
+
+    monkeypatch.setattr(lodo, "fit_final", recording_fit_final)
+    default = _lodo(tiny_runs, tiny_artifact, tmp_path / "default")["configuration"]
+    overridden = _lodo(tiny_runs, tiny_artifact, tmp_path / "override", "--alpha-stage1", "1000", "--alpha", "1e6")
+    assert (overridden["configuration"]["alpha_stage1"], overridden["configuration"]["alpha"]) == (1000.0, 1e6)
+    # Both datasets' fits used the artifact's alphas, then both used the overrides.
+    assert [(c.alpha_stage1, c.alpha) for c in fitted] == [(default["alpha_stage1"], default["alpha"])] * 2 + [
+        (1000.0, 1e6)
+    ] * 2
+
+
+def test_datasets_restricts_training_and_testing(
+    tiny_runs: dict[str, Path],
+    tiny_artifact: Path,
+    tiny_data: dict[str, list[Path]],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    # A third dataset: the squad records under another file stem (the stem names the dataset).
+    source = next(path for path in tiny_data["train"] if path.name.startswith("squad"))
+    copy = tmp_path / "triviaqa_train.jsonl"
+    shutil.copy(source, copy)
+    third = run_generate(
+        GenerateOptions(
+            data=[copy], out=tmp_path / "third", model=str(tiny_model_dir), n_lags=N_LAGS, max_new_tokens=10
+        )
+    )
+    everything = _lodo(tiny_runs, tiny_artifact, tmp_path / "all", more_train=[third])
+    assert {e["train_texts"] for e in everything["datasets"].values()} == {48}  # the other two datasets
+    restricted = _lodo(tiny_runs, tiny_artifact, tmp_path / "two", "--datasets", "squad", "mmlu", more_train=[third])
+    assert restricted["configuration"]["datasets"] == ["mmlu", "squad"]
+    assert {e["train_texts"] for e in restricted["datasets"].values()} == {24}  # the third one left out
+
+
+def test_an_unknown_dataset_is_refused_by_name(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--datasets: the training runs hold no nq_open"):
+        _lodo(tiny_runs, tiny_artifact, tmp_path, "--datasets", "squad", "nq_open")
+
+
+def test_one_dataset_is_refused(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--datasets: name at least two"):
+        _lodo(tiny_runs, tiny_artifact, tmp_path, "--datasets", "squad")

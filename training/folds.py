@@ -1,0 +1,38 @@
+"""Which fold each training text is held out in.
+
+Every record is generated in two prompt styles (task and bare), and both texts carry the
+record's key. Folds by record keep a question's two answers in the same fold: with folds by
+text, a held-out answer's twin (same question, same knowledge the model has or lacks) is in
+the training folds about four times in five, so cross-validation would measure, and select
+for, questions already seen rather than the unseen questions the server gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+import numpy as np
+from sklearn.model_selection import GroupKFold, KFold
+
+from training.two_stage import FitText
+
+
+class FoldUnit(StrEnum):
+    RECORD = "record"  # all texts of one record (its prompt styles) in one fold
+    TEXT = "text"  # each text on its own
+
+
+def assign_folds(texts: Sequence[FitText], count: int, seed: int, unit: FoldUnit) -> np.ndarray:
+    """`[len(texts)]` fold indices in 0..count-1, shuffled by `seed`."""
+    fold_of = np.zeros(len(texts), dtype=int)
+    positions = np.arange(len(texts))
+    if unit is FoldUnit.RECORD:
+        splits = GroupKFold(n_splits=count, shuffle=True, random_state=seed).split(
+            positions, groups=[t.key for t in texts]
+        )
+    else:
+        splits = KFold(n_splits=count, shuffle=True, random_state=seed).split(positions)
+    for fold, (_, held) in enumerate(splits):
+        fold_of[held] = fold
+    return fold_of
