@@ -124,8 +124,7 @@ def run_lodo(
             "accuracy": finite_or_none(accuracy(quality)),
             "prr": {name: finite_or_none(value) for name, value in prr.items()},
             "prr_ci95": {name: interval(values) for name, values in boot.items()},
-            "tad_minus_msp": finite_or_none(prr["tad"] - prr["msp"]),
-            "tad_minus_msp_ci95": interval(boot["tad"] - boot["msp"]),
+            **by_aggregation[aggregation.value],  # the headline: the artifact's own aggregation
             "by_aggregation": by_aggregation,
         }
     report["mean_tad_minus_msp_informative"] = _informative_mean(report, lambda e: e["tad_minus_msp"])
