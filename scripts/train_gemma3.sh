@@ -39,8 +39,8 @@ done
 "${GEN[@]}" --data "${dev[@]}" --skip "$SURVEY_LIMIT" --limit $((DEV_LIMIT - SURVEY_LIMIT)) --out "$RUNS/gemma3-dev-more"
 DEV_RUNS=("$RUNS/gemma3-dev-survey" "$RUNS/gemma3-dev-more")
 
-# One few-shot text per record, so folds by text hold out whole records; the committed artifact
-# was fitted with this split.
+# The committed artifact was fitted with folds by text; this reproduces its split (one few-shot
+# text per record, so both units hold out whole records, but they partition differently).
 $PY -m training fit "$RUNS/gemma3-train" --out "$OUT" --fold-unit text
 $PY -m training calibrate --artifact "$OUT" --run "${DEV_RUNS[@]}" \
     --coverage 0.1 0.2 0.5 0.8 0.9 --error 0.3 0.4 0.5 0.6 0.7 --delta 0.05

@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--fold-unit",
         choices=("record", "text"),
         default="record",
-        help="what a fold holds out: whole records (every prompt style of a question together) or single texts",
+        help="what a fold holds out: whole records (every prompt style of a question together; the default) "
+        "or single texts",
     )
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--epsilon", type=float, default=1e-4, help="confidences are clipped to [epsilon, 1]")

@@ -4,7 +4,7 @@ Inputs per answer: the paper's two aggregations (mean, sum-log) of TAD's out-of-
 confidences, the baselines MSP, perplexity, mean token entropy, RAUQ, and log(1 + length). A
 ridge model on standardised inputs predicts the quality target; its negation is the candidate
 score.
-It is fitted and scored on the same outer folds as TAD (split by record), so the fold-by-fold
+It is fitted and scored on the same outer folds as TAD (fit's `--fold-unit`), so the fold-by-fold
 comparison with TAD alone is paired.
 """
 

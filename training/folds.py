@@ -1,7 +1,7 @@
 """Which fold each training text is held out in.
 
-Every record is generated in two prompt styles (task and bare), and both texts carry the
-record's key. Folds by record keep a question's two answers in the same fold: with folds by
+A record is typically generated in two prompt styles (task and bare), and both texts carry
+the record's key. Folds by record keep a question's two answers in the same fold: with folds by
 text, a held-out answer's twin (same question, same knowledge the model has or lacks) is in
 the training folds about four times in five, so cross-validation would measure, and select
 for, questions already seen rather than the unseen questions the server gets.
@@ -23,11 +23,17 @@ class FoldUnit(StrEnum):
     TEXT = "text"  # each text on its own
 
 
+def fold_unit_of_split(split: str | None) -> FoldUnit:
+    """The unit a manifest's `metrics.cv.split` names ("by record", "by text"); artifacts from before
+    the unit was recorded were all split by text."""
+    return FoldUnit((split or "by text").removeprefix("by "))
+
+
 def assign_folds(texts: Sequence[FitText], count: int, seed: int, unit: FoldUnit) -> np.ndarray:
     """`[len(texts)]` fold indices in 0..count-1, shuffled by `seed`."""
     fold_of = np.zeros(len(texts), dtype=int)
     positions = np.arange(len(texts))
-    if unit is FoldUnit.RECORD:
+    if FoldUnit(unit) is FoldUnit.RECORD:
         splits = GroupKFold(n_splits=count, shuffle=True, random_state=seed).split(
             positions, groups=[t.key for t in texts]
         )

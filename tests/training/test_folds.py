@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
-from training.folds import FoldUnit, assign_folds
+from app.uncertainty.artifact import load_artifact
+from tests.conftest import N_LAGS
+from training.commands.fit import FitOptions, load_runs, prepare_folds
+from training.commands.generate import GenerateOptions, run_generate
+from training.folds import FoldUnit, assign_folds, fold_unit_of_split
+from training.tasks import PromptStyle
 from training.two_stage import FitText
 
 
@@ -54,3 +60,34 @@ def test_the_seed_changes_the_assignment_reproducibly() -> None:
     first = assign_folds(texts, 5, seed=0, unit=FoldUnit.RECORD)
     assert np.array_equal(first, assign_folds(texts, 5, seed=0, unit=FoldUnit.RECORD))
     assert not np.array_equal(first, assign_folds(texts, 5, seed=1, unit=FoldUnit.RECORD))
+
+
+def test_a_manifest_split_names_its_unit() -> None:
+    assert fold_unit_of_split("by record") is FoldUnit.RECORD
+    assert fold_unit_of_split("by text") is FoldUnit.TEXT
+    assert fold_unit_of_split(None) is FoldUnit.TEXT  # artifacts from before the unit was recorded
+
+
+def test_fit_keeps_a_records_task_and_bare_answers_in_one_fold(
+    tiny_runs: dict[str, Path],
+    tiny_data: dict[str, list[Path]],
+    tiny_model_dir: Path,
+    tiny_artifact: Path,
+    tmp_path: Path,
+) -> None:
+    bare = run_generate(
+        GenerateOptions(
+            data=tiny_data["train"],
+            out=tmp_path / "bare",
+            model=str(tiny_model_dir),
+            n_lags=N_LAGS,
+            max_new_tokens=10,
+            prompt_style=PromptStyle.BARE,
+        )
+    )
+    texts, _, _ = load_runs([tiny_runs["train"], bare], None)
+    assert {t.group.split("/")[1] for t in texts} == {"task", "bare"}
+    spec = load_artifact(tiny_artifact).scorer.spec
+    data = prepare_folds(texts, spec, FitOptions(runs=[], out=tmp_path, variants=()))
+    folds = _folds_per_record(texts, data.fold_of)
+    assert len(folds) == 48 and all(len(f) == 1 for f in folds)  # 48 records, each asked both ways, one fold

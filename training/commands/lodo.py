@@ -1,7 +1,8 @@
 """`lodo`: leave one dataset out, the paper's generalization table.
 
 For every dataset, TAD is fitted (with the artifact's configuration: convention, variant,
-both alphas, aggregation, target centring, row weighting) on the training texts of all
+both alphas, aggregation, target centring, row weighting, and the fold unit its stage-1
+out-of-fold predictions were made with) on the training texts of all
 *other* datasets and scored on that dataset's test texts, beside the baselines, with paired
 bootstrap 95% intervals.
 
@@ -27,6 +28,7 @@ from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
 from training.commands.fit import Choice, FitOptions, fit_final, load_runs, prepare_folds
+from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.rejection import (
     INFORMATIVE_ACCURACY,
@@ -70,16 +72,21 @@ def run_lodo(
     )
     centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
     weighting = RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value))
+    fold_unit = fold_unit_of_split(manifest.metrics.get("cv", {}).get("split"))
     texts, _, _ = load_runs(train_runs, spec.n_lags)
     tests = list(iter_texts(test_runs))
     if only_datasets is not None:
-        if len(set(only_datasets)) < 2:
+        kept = set(only_datasets)
+        if len(kept) < 2:
             raise SystemExit("--datasets: name at least two (each is fitted on the others)")
-        unknown = sorted(set(only_datasets) - {t.dataset for t in texts})
+        unknown = sorted(kept - {t.dataset for t in texts})
         if unknown:
             raise SystemExit(f"--datasets: the training runs hold no {', '.join(unknown)}")
-        texts = [t for t in texts if t.dataset in only_datasets]
-        tests = [t for t in tests if t.dataset in only_datasets]
+        untested = sorted(kept - {t.dataset for t in tests})
+        if untested:
+            logger.warning("--datasets: the test runs hold no %s; used for training only", ", ".join(untested))
+        texts = [t for t in texts if t.dataset in kept]
+        tests = [t for t in tests if t.dataset in kept]
     datasets = sorted({t.dataset for t in tests} & {t.dataset for t in texts})
     report: dict[str, Any] = {
         "configuration": {
@@ -90,11 +97,12 @@ def run_lodo(
             "aggregation": aggregation.value,
             "target_centring": centring.value,
             "row_weighting": weighting.value,
+            "fold_unit": fold_unit.value,
             "datasets": sorted({t.dataset for t in texts}),
         },
         "datasets": {},
     }
-    options = FitOptions(runs=train_runs, out=out, variants=(variant,), seed=seed)
+    options = FitOptions(runs=train_runs, out=out, variants=(variant,), seed=seed, fold_unit=fold_unit)
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
         train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
         data = prepare_folds(train, spec, options)
@@ -143,6 +151,10 @@ def aggregation_column(other: Aggregation, served: Aggregation) -> str:
     return Method.TAD.value if other is served else f"{Method.TAD.value}_{other.value}"
 
 
+def _configuration_text(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def _informative_mean(report: dict[str, Any], difference: Callable[[dict[str, Any]], float | None]) -> float | None:
     values = [
         value
@@ -156,6 +168,8 @@ def lodo_markdown(report: dict[str, Any]) -> str:
     methods = [m.value for m in Method]
     lines = [
         "Leave one dataset out: TAD fitted on the other datasets, PRR on this one (paired bootstrap 95%):",
+        "",
+        "Fit: " + ", ".join(f"{key} {_configuration_text(value)}" for key, value in report["configuration"].items()),
         "",
         "| held-out dataset | n | accuracy | " + " | ".join(methods) + " | TAD − MSP |",
         "|---|---|---|" + "---|" * (len(methods) + 1),
