@@ -119,12 +119,13 @@ def run_lodo(
             )
         boot = paired_bootstrap_prr(scores, quality, resamples, seed)
         prr = {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()}
+        columns = {other.value: aggregation_column(other, aggregation) for other in Aggregation}
         by_aggregation = {
-            other.value: {
-                "tad_minus_msp": finite_or_none(prr[aggregation_column(other, aggregation)] - prr["msp"]),
-                "tad_minus_msp_ci95": interval(boot[aggregation_column(other, aggregation)] - boot["msp"]),
+            name: {
+                "tad_minus_msp": finite_or_none(prr[column] - prr["msp"]),
+                "tad_minus_msp_ci95": interval(boot[column] - boot["msp"]),
             }
-            for other in Aggregation
+            for name, column in columns.items()
         }
         report["datasets"][dataset] = {
             "n": len(held),
@@ -149,6 +150,12 @@ def run_lodo(
 def aggregation_column(other: Aggregation, served: Aggregation) -> str:
     """The score's column: `tad` under the artifact's aggregation, `tad_<aggregation>` under the others."""
     return Method.TAD.value if other is served else f"{Method.TAD.value}_{other.value}"
+
+
+def _signed_with_interval(difference: float | None, ci: list[float] | None) -> str:
+    if difference is None:
+        return "n/a"
+    return f"{difference:+.3f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
 
 
 def _configuration_text(value: Any) -> str:
@@ -179,8 +186,7 @@ def lodo_markdown(report: dict[str, Any]) -> str:
         for method in methods:
             value, ci = entry["prr"].get(method), entry["prr_ci95"].get(method)
             cells.append("n/a" if value is None else f"{value:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
-        diff, ci = entry["tad_minus_msp"], entry["tad_minus_msp_ci95"]
-        cells.append("n/a" if diff is None else f"{diff:+.3f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""))
+        cells.append(_signed_with_interval(entry["tad_minus_msp"], entry["tad_minus_msp_ci95"]))
         accuracy_text = "n/a" if entry["accuracy"] is None else f"{entry['accuracy']:.3f}"
         lines.append(f"| {name} | {entry['n']} | {accuracy_text} | " + " | ".join(cells) + " |")
     mean = report.get("mean_tad_minus_msp_informative")
@@ -197,10 +203,8 @@ def lodo_markdown(report: dict[str, Any]) -> str:
         "|---|" + "---|" * len(Aggregation),
     ]
     for name, entry in report["datasets"].items():
-        cells = []
-        for other in Aggregation:
-            diff, ci = (entry["by_aggregation"][other.value][k] for k in ("tad_minus_msp", "tad_minus_msp_ci95"))
-            cells.append("n/a" if diff is None else f"{diff:+.3f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""))
+        differences = [entry["by_aggregation"][other.value] for other in Aggregation]
+        cells = [_signed_with_interval(d["tad_minus_msp"], d["tad_minus_msp_ci95"]) for d in differences]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     means = report["mean_tad_minus_msp_informative_by_aggregation"]
     lines.append(
