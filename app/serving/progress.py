@@ -96,5 +96,9 @@ class AnswerProgress:
     def on_finish(self, sequence: SequenceState, timing: Timing) -> list[Event]:
         """The last tokens of a stream, then the scored result."""
         events = self.on_step(sequence)
-        scored = self.scorer.score(self.engine.trace(sequence))
+        trace = self.engine.trace(sequence)
+        # A streamed answer's confidences are already known, bit for bit what scoring it again gives.
+        known = self.tad_stream.confidences if self.tad_stream is not None else []
+        confidences = np.asarray(known[: len(trace)], dtype=np.float64) if len(known) >= len(trace) > 0 else None
+        scored = self.scorer.score(trace, confidences)
         return [*events, GenerationResult(sequence=sequence, scored=scored, timing=timing)]

@@ -87,17 +87,16 @@ def rauq(logprobs: np.ndarray, step_rows: np.ndarray | None, alpha: float = RAUQ
     if n == 1:
         return float(1.0 - np.log(probs[0]))
     previous = np.asarray(step_rows[: n - 1, :, :, 0], dtype=np.float64)  # [n - 1, layers, heads]
-    worst = -math.inf
-    for layer in rauq_layers(previous.shape[1]):
-        head = int(np.argmax(previous[:, layer, :].mean(axis=0)))
-        weights = previous[:, layer, head]
-        confidence = probs[0]
-        log_sum = math.log(confidence)
-        for j in range(1, n):
-            confidence = alpha * probs[j] + (1.0 - alpha) * weights[j - 1] * confidence
-            log_sum += math.log(max(confidence, 1e-300))
-        worst = max(worst, 1.0 - log_sum / n)
-    return float(worst)
+    layers = np.array(rauq_layers(previous.shape[1]))
+    heads = previous[:, layers, :].mean(axis=0).argmax(axis=1)
+    carried = (1.0 - alpha) * previous[:, layers, heads]  # [n - 1, len(layers)]: every layer's recurrence at once
+    fresh = alpha * probs
+    confidences = np.empty((n, len(layers)))
+    confidences[0] = probs[0]
+    for j in range(1, n):
+        confidences[j] = fresh[j] + carried[j - 1] * confidences[j - 1]
+    log_sums = np.log(np.maximum(confidences, 1e-300)).sum(axis=0)
+    return float(np.max(1.0 - log_sums / n))
 
 
 def _tad(answer: MethodInput) -> float:

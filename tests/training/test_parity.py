@@ -13,19 +13,24 @@ from tests.app.service_client import make_client
 from training.runs import iter_texts
 
 
-def test_feature_vectors_are_bit_identical(tiny_runs: dict[str, Path], tiny_artifact: Path) -> None:
+def test_served_confidences_are_the_regressor_on_training_features(
+    tiny_runs: dict[str, Path], tiny_artifact: Path
+) -> None:
+    """What the server computes per token is the trained regressor on the training builder's vectors."""
     artifact = load_artifact(tiny_artifact)
-    spec = artifact.scorer.spec
+    scorer = artifact.scorer
+    assert scorer.linear is not None  # the server's fast path, not the feature-vector one
     checked = 0
     for text in iter_texts([tiny_runs["dev"]]):
         if len(text) < 2:
             continue
-        attention = np.asarray(text.attention)[..., : spec.n_lags]
-        stream = artifact.scorer.stream(keep_features=True)  # exactly what the server runs per token
+        attention = np.asarray(text.attention)[..., : scorer.spec.n_lags]
+        stream = scorer.stream()  # exactly what the server runs per token
         stream.advance(list(text.logprobs), list(attention))
-        served = np.stack(stream.features)
-        trained = stage2_features(token_probabilities(text.logprobs), np.array(stream.confidences), attention, spec)
-        assert served.tobytes() == trained.tobytes()
+        served = np.array(stream.confidences)
+        trained = stage2_features(token_probabilities(text.logprobs), served, attention, scorer.spec)
+        expected = np.clip(scorer.regressor.predict(trained), scorer.epsilon, 1.0)
+        np.testing.assert_allclose(served[1:], expected, rtol=1e-12, atol=1e-15)
         checked += 1
     assert checked > 10
 

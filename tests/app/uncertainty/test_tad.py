@@ -48,14 +48,61 @@ def test_confidences_are_clipped() -> None:
     assert np.all(high.confidences(logprobs, attention)[1:] == 1.0)
 
 
-def test_features_seen_by_the_scorer_are_the_training_builder_s() -> None:
+class _OpaqueRegressor:
+    """A regressor the scorer can only call `predict` on: the feature-vector path."""
+
+    def __init__(self, model: Ridge) -> None:
+        self.model = model
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return self.model.predict(features)
+
+
+@pytest.mark.parametrize(
+    ("convention", "slots", "extra_stats"),
+    [
+        (Convention.GENERATING, 3, ()),  # N + 1 slots, as the capture records
+        (Convention.GENERATING, 2, ()),  # the generating convention never reads slot N
+        (Convention.CONSUMING, 3, ()),
+        (Convention.CONSUMING, 5, ("entropy",)),  # rows captured with more lags than the spec uses
+    ],
+)
+def test_linear_weights_split_equal_the_feature_vector_path(
+    convention: Convention, slots: int, extra_stats: tuple[str, ...]
+) -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
+    rng = np.random.default_rng(5)
+    model = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
+    n = 9
+    logprobs = np.log(rng.uniform(0.05, 1.0, n))
+    attention = rng.uniform(0, 1, (n, 2, 3, slots)).astype(np.float32)
+    extras = rng.uniform(0, 3, (n, len(extra_stats))).astype(np.float32) if extra_stats else None
+    fast = TadScorer(model, spec, epsilon=1e-4)
+    assert fast.linear is not None
+    generic = TadScorer(_OpaqueRegressor(model), spec, epsilon=1e-4)
+    assert generic.linear is None
+    got = fast.confidences(logprobs, attention, extras)
+    expected = generic.confidences(logprobs, attention, extras)
+    assert np.all((expected[1:] > 1e-4) & (expected[1:] < 1.0))  # no clipping hides a difference
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_confidences_are_the_regressor_on_the_training_builder_s_features() -> None:
     rng = np.random.default_rng(1)
-    scorer = TadScorer(_linear(rng.normal(0, 0.1, SPEC.stage2_size), 0.5), SPEC, epsilon=1e-4)
+    model = _linear(rng.normal(0, 0.1, SPEC.stage2_size), 0.5)
+    scorer = TadScorer(model, SPEC, epsilon=1e-4)
     logprobs, attention = _inputs(6, seed=2)
-    stream = scorer.stream(keep_features=True)
-    stream.advance(list(logprobs), list(attention))
-    rebuilt = stage2_features(token_probabilities(logprobs), np.array(stream.confidences), attention, SPEC)
-    assert np.stack(stream.features).tobytes() == rebuilt.tobytes()
+    confidences = scorer.confidences(logprobs, attention)
+    rebuilt = stage2_features(token_probabilities(logprobs), confidences, attention, SPEC)
+    np.testing.assert_allclose(confidences[1:], np.clip(model.predict(rebuilt), 1e-4, 1.0), rtol=1e-12)
+
+
+def test_rows_with_too_few_slots_are_refused() -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=1, num_heads=2, convention=Convention.CONSUMING)
+    scorer = TadScorer(_linear(np.ones(spec.stage2_size), 0.0), spec, epsilon=1e-4)
+    logprobs, attention = _inputs(4)
+    with pytest.raises(ValueError, match="slots"):
+        scorer.confidences(logprobs, attention[:, :, :, :2])
 
 
 @pytest.mark.parametrize("convention", list(Convention))

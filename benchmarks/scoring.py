@@ -1,0 +1,168 @@
+"""What scoring one answer costs on the host: TAD's recurrent scorer and the baselines.
+
+The server scores every answer on its worker thread, between decode steps, so this time is
+taken from generation (on the GPU the loop is host-bound: docs in the README's GPU section).
+For the default model's artifact (its real regressor) and for random linear regressors of
+the real shapes of larger models, it times, interleaved and repeated:
+
+- feature vector: the recurrent scorer building each token's stage-2 vector and taking
+  its dot product with the weights (how every artifact was scored before the split);
+- split weights:  the scorer as it runs now (`LinearStage2`: one dot product over the step
+  row as captured, N products with the earlier p's and c's);
+- whole answer:   everything the server computes when an answer ends (TAD with split
+  weights, then MSP, perplexity, entropy, maximum token uncertainty and RAUQ).
+
+Prints microseconds per token (medians) and the speed-up; the last line is
+`scoring_speedup=<smallest feature-vector / split-weights ratio over the shapes>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.settings import DEFAULT_ARTIFACT
+from app.uncertainty.aggregation import Aggregation
+from app.uncertainty.artifact import load_artifact
+from app.uncertainty.features import Convention, FeatureSpec
+from app.uncertainty.methods import MethodInput, score_all
+from app.uncertainty.tad import TadScorer
+from app.uncertainty.trace import TokenTrace
+
+# (name, layers, query heads) of the real configs the GPU benchmark uses.
+LARGER_SHAPES: tuple[tuple[str, int, int], ...] = (
+    ("Llama-3.1-8B shape", 32, 32),
+    ("Qwen2.5-7B shape", 28, 28),
+    ("Gemma-2-9B shape", 42, 16),
+)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A linear stage-2 model as scikit-learn's ridge shows it (the scorer splits its weights)."""
+
+    coef_: np.ndarray
+    intercept_: float
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return features.astype(np.float64) @ self.coef_ + self.intercept_
+
+
+@dataclass(frozen=True)
+class FeatureVectorLinear:
+    """The same model without `coef_` on view, so the scorer takes the feature-vector path."""
+
+    weights: np.ndarray
+    bias: float
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return features.astype(np.float64) @ self.weights + self.bias
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    split: TadScorer
+    feature_vector: TadScorer
+    aggregation: Aggregation
+
+
+def case_of(name: str, weights: np.ndarray, bias: float, spec: FeatureSpec, aggregation: Aggregation) -> Case:
+    return Case(
+        name=name,
+        split=TadScorer(Linear(weights, bias), spec, 1e-4),
+        feature_vector=TadScorer(FeatureVectorLinear(weights, bias), spec, 1e-4),
+        aggregation=aggregation,
+    )
+
+
+def default_case() -> Case:
+    """The committed artifact's own regressor and spec."""
+    artifact = load_artifact(DEFAULT_ARTIFACT)
+    spec, regressor = artifact.scorer.spec, artifact.scorer.regressor
+    weights = np.asarray(regressor.coef_, dtype=np.float64)
+    name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads)"
+    return case_of(name, weights, float(regressor.intercept_), spec, artifact.manifest.aggregation)
+
+
+def random_case(name: str, layers: int, heads: int, n_lags: int) -> Case:
+    spec = FeatureSpec(n_lags=n_lags, num_layers=layers, num_heads=heads, convention=Convention.GENERATING)
+    weights = np.random.default_rng(0).normal(0.0, 1e-3, spec.stage2_size)
+    return case_of(name, weights, 0.5, spec, Aggregation.MEAN)
+
+
+def answer_inputs(spec: FeatureSpec, tokens: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probabilities and step rows shaped as the capture records them (each row sums to < 1)."""
+    rng = np.random.default_rng(seed)
+    logprobs = np.log(rng.uniform(0.05, 1.0, tokens))
+    rows = rng.dirichlet(np.ones(spec.n_lags + 4), size=(tokens, spec.num_layers, spec.num_heads))
+    return logprobs, rows[..., : spec.n_lags + 1].astype(np.float32)
+
+
+def per_token_us(run: Callable[[], object], tokens: int) -> float:
+    started = time.perf_counter()
+    run()
+    return (time.perf_counter() - started) / tokens * 1e6
+
+
+def measure(case: Case, tokens: int, repeats: int) -> dict[str, float]:
+    logprobs, rows = answer_inputs(case.split.spec, tokens, seed=1)
+    split = case.split.confidences(logprobs, rows)
+    reference = case.feature_vector.confidences(logprobs, rows)
+    worst = float(np.max(np.abs(split - reference)))
+    runs: dict[str, Callable[[], object]] = {
+        "feature vector": lambda: case.feature_vector.confidences(logprobs, rows),
+        "split weights": lambda: case.split.confidences(logprobs, rows),
+    }
+    stats = {"logprob": logprobs, "entropy": -logprobs}
+    trace = TokenTrace(token_ids=tuple(range(tokens)), stats=stats, attention=rows)
+
+    def whole_answer() -> object:  # what `AnswerScorer.score` runs when an answer ends
+        confidences = case.split.confidences_of(trace)
+        return score_all(MethodInput(trace, confidences, case.aggregation), tad_available=True)
+
+    runs["whole answer"] = whole_answer
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for repeat in range(repeats):
+        names = list(runs)
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:  # rotating order
+            times[name].append(per_token_us(runs[name], tokens))
+    result = {name: statistics.median(values) for name, values in times.items()}
+    result["max |difference|"] = worst
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128, help="answer length")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--n-lags", type=int, default=10, help="N for the larger shapes")
+    args = parser.parse_args()
+
+    cases = [default_case()] + [random_case(name, layers, heads, args.n_lags) for name, layers, heads in LARGER_SHAPES]
+    print(f"{args.tokens}-token answers, {args.repeats} interleaved repeats, medians (microseconds per token)\n")
+    print(
+        "| regressor | features | feature vector | split weights | speed-up | whole answer (TAD + baselines) "
+        "| max abs difference |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    speedups = []
+    for case in cases:
+        result = measure(case, args.tokens, args.repeats)
+        speedup = result["feature vector"] / result["split weights"]
+        speedups.append(speedup)
+        print(
+            f"| {case.name} | {case.split.spec.stage2_size:,} | {result['feature vector']:.1f} | "
+            f"{result['split weights']:.1f} | {speedup:.2f}x | {result['whole answer']:.1f} | "
+            f"{result['max |difference|']:.1e} |"
+        )
+    print(f"\nscoring_speedup={min(speedups):.2f}")
+
+
+if __name__ == "__main__":
+    main()
