@@ -36,8 +36,10 @@ DEV_LIMIT=${DEV_LIMIT:-100}
 DEV_EXTRA=${DEV_EXTRA:-400}
 INFORMATIVE=(squad mmlu truthfulqa)
 # Likewise for the chat-style dev answers (records DEV_LIMIT .. DEV_LIMIT + BARE_EXTRA), where the
-# model is informative asked bare; they are evaluated, not calibrated on.
+# model is informative asked bare; they are evaluated, not calibrated on. BARE_MORE adds the next
+# records of those with more than DEV_LIMIT + BARE_EXTRA dev records (TruthfulQA has 204).
 BARE_EXTRA=${BARE_EXTRA:-200}
+BARE_MORE=${BARE_MORE:-300}
 INFORMATIVE_BARE=(squad mmlu truthfulqa triviaqa)
 NARROW_GRID="--conventions generating --variants leak-free authors --alphas 100 10 1 0.1 0.01 --stage1-alphas 10 1 0.1"
 FIT_ARGS=${FIT_ARGS-"$NARROW_GRID --extra-feature-sets entropy top2_margin"}
@@ -58,23 +60,25 @@ for style in task bare; do
     $PY -m training generate --data $(files dev) --limit "$DEV_LIMIT" --prompt-style "$style" \
         --out "$RUNS/smollm2-dev-$style" --batch-size 16 --shard-size 50
 done
-# extra_dev RUNS STYLE COUNT DATASET...: COUNT more dev answers of STYLE (records DEV_LIMIT ..
-# DEV_LIMIT + COUNT of each dataset), their run appended to the array named RUNS; none for COUNT 0.
+# extra_dev RUNS NAME STYLE SKIP COUNT DATASET...: COUNT more dev answers of STYLE (records SKIP ..
+# SKIP + COUNT of each dataset) in the run smollm2-dev-NAME, appended to the array named RUNS; none
+# for COUNT 0.
 extra_dev() {
     local -n runs=$1
-    local style=$2 count=$3
-    shift 3
+    local name=$2 style=$3 skip=$4 count=$5
+    shift 5
     [ "$count" -gt 0 ] || return 0
     local extra=()
-    for name in "$@"; do extra+=("$DATA/${name}_dev.jsonl"); done
-    $PY -m training generate --data "${extra[@]}" --skip "$DEV_LIMIT" --limit "$count" --prompt-style "$style" \
-        --out "$RUNS/smollm2-dev-$style-extra" --batch-size 16 --shard-size 50
-    runs+=("$RUNS/smollm2-dev-$style-extra")
+    for dataset in "$@"; do extra+=("$DATA/${dataset}_dev.jsonl"); done
+    $PY -m training generate --data "${extra[@]}" --skip "$skip" --limit "$count" --prompt-style "$style" \
+        --out "$RUNS/smollm2-dev-$name" --batch-size 16 --shard-size 50
+    runs+=("$RUNS/smollm2-dev-$name")
 }
 DEV_TASK_RUNS=("$RUNS/smollm2-dev-task")
-extra_dev DEV_TASK_RUNS task "$DEV_EXTRA" "${INFORMATIVE[@]}"
+extra_dev DEV_TASK_RUNS task-extra task "$DEV_LIMIT" "$DEV_EXTRA" "${INFORMATIVE[@]}"
 DEV_BARE_RUNS=("$RUNS/smollm2-dev-bare")
-extra_dev DEV_BARE_RUNS bare "$BARE_EXTRA" "${INFORMATIVE_BARE[@]}"
+extra_dev DEV_BARE_RUNS bare-extra bare "$DEV_LIMIT" "$BARE_EXTRA" "${INFORMATIVE_BARE[@]}"
+extra_dev DEV_BARE_RUNS bare-more bare "$((DEV_LIMIT + BARE_EXTRA))" "$BARE_MORE" squad mmlu triviaqa
 # shellcheck disable=SC2086
 $PY -m training fit "${TRAIN_RUNS[@]}" --out "$OUT" --fold-unit "$FOLD_UNIT" $FIT_ARGS
 # Calibrate on the chat-style dev answers (what users send), evaluate on both styles. The default
