@@ -464,12 +464,16 @@ def measure_combiner(
     tad_folds = [fold_metric(tad[data.fold_of == f], data.fold_of == f) for f in range(data.count)]
     scores = {"tad": tad, "combined": result.scores, **baseline_table(traces)}
     table = per_dataset_prr(scores, targets, [t.dataset for t in texts])
+    # Per dataset and prompt style: where, within a group, TAD is ahead of or behind each baseline.
+    by_group = per_dataset_prr(scores, targets, [t.group for t in texts])
     return {
         **result.summary(),
         "tad_prr_folds": tad_folds,
         "gain_over_tad": paired_gain(result.fold_prr, tad_folds),
         "per_dataset": table,
         "informative_mean": {name: informative_mean(table, name) for name in scores},
+        "per_group": by_group,
+        "informative_group_mean": {name: informative_mean(by_group, name) for name in scores},
     }
 
 

@@ -130,6 +130,10 @@ def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, 
     np.testing.assert_allclose(combiner["tad_prr_folds"], cv["chosen"]["prr_folds"], rtol=1e-9, atol=1e-12)
     assert len(combiner["prr_folds"]) == 5
     assert set(combiner["per_dataset"]) == {t for t in manifest.training["datasets"]}
+    assert {group.split("/")[0] for group in combiner["per_group"]} == set(combiner["per_dataset"])
+    assert sum(row["n"] for row in combiner["per_group"].values()) == sum(
+        row["n"] for row in combiner["per_dataset"].values()
+    )
     assert {"tad", "combined", "msp"} <= set(combiner["informative_mean"])
 
 
