@@ -56,6 +56,23 @@ class _DecodeStep:
     softcap: float | None = None  # attention-logit soft-capping (Gemma-2): tanh(s / cap) * cap before the mask
 
 
+def _stacked(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Every layer's tensor of one kind, stacked on `device` (layers may sit on several devices)."""
+    if all(part.device == device for part in parts):
+        return torch.stack(parts)
+    return torch.stack([part.to(device) for part in parts])
+
+
+_REVERSED_SLOTS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _reversed_slots(slots: int, device: torch.device) -> torch.Tensor:
+    key = (slots, device)
+    if key not in _REVERSED_SLOTS:
+        _REVERSED_SLOTS[key] = torch.arange(slots - 1, -1, -1, device=device)
+    return _REVERSED_SLOTS[key]
+
+
 def _window_mask(
     attention_mask: torch.Tensor | None, batch: int, kv_length: int, n_slots: int, device: torch.device
 ) -> torch.Tensor:
@@ -149,21 +166,38 @@ class AttentionCapture:
     def _decode_weights(self) -> torch.Tensor:
         steps: list[_DecodeStep] = self.decode_steps  # type: ignore[assignment]
         device = steps[0].query.device
-        queries = torch.stack([step.query.to(device) for step in steps])  # [L, b, kvh, g, d]
-        keys = torch.stack([step.keys.to(device) for step in steps])  # [L, b, kvh, slots, d]
-        masks = torch.stack([step.mask.to(device) for step in steps])  # [L, b, 1, 1, slots]
-        log_sum_exp = torch.stack([step.log_sum_exp.to(device) for step in steps]).unsqueeze(-1)
-        scales = torch.tensor([step.scale for step in steps], device=device).view(-1, 1, 1, 1, 1)
-        scores = torch.matmul(queries.float(), keys.float().transpose(-1, -2)).mul_(scales)  # [L, b, kvh, g, slots]
-        if any(step.softcap is not None for step in steps):
-            caps = torch.tensor([step.softcap or 1.0 for step in steps], device=device).view(-1, 1, 1, 1, 1)
-            capped = torch.tensor([step.softcap is not None for step in steps], device=device).view(-1, 1, 1, 1, 1)
-            scores = torch.where(capped, torch.tanh(scores / caps) * caps, scores)
-        weights = torch.exp(scores.add_(masks).sub_(log_sum_exp.float())).flip(-1)
-        layers, batch, kv_heads, groups, _ = weights.shape
-        # [L, b, kvh * g = heads, slots] -> [b, 1, L, heads, slots]
-        weights = weights.reshape(layers, batch, kv_heads * groups, self.n_lags + 1).permute(1, 0, 2, 3)
-        return weights.unsqueeze(1).contiguous()
+        queries = _stacked([step.query for step in steps], device).float()  # [L, b, kvh, g, d]
+        keys = _stacked([step.keys for step in steps], device).float()  # [L, b, kvh, slots, d]
+        log_sum_exp = _stacked([step.log_sum_exp for step in steps], device).float().unsqueeze(-1)
+        first_mask = steps[0].mask
+        if all(step.mask is first_mask for step in steps):  # every layer full (or every one sliding)
+            masks = first_mask.to(device).unsqueeze(0)  # [1, b, 1, 1, slots], broadcast over the layers
+        else:
+            masks = _stacked([step.mask for step in steps], device)  # [L, b, 1, 1, slots]
+        layers, batch, kv_heads, groups, dim = queries.shape
+        slots = keys.shape[3]
+        offsets = masks - log_sum_exp  # [L, b, kvh, g, slots]
+        scales = {step.scale for step in steps}
+        if len(scales) == 1 and all(step.softcap is None for step in steps):
+            # The usual case in one kernel: scale x (q . k) + mask - log-sum-exp.
+            scores = torch.baddbmm(
+                offsets.reshape(-1, groups, slots),
+                queries.reshape(-1, groups, dim),
+                keys.reshape(-1, slots, dim).transpose(1, 2),
+                alpha=scales.pop(),
+            )
+        else:
+            per_layer = torch.tensor([step.scale for step in steps], device=device).view(-1, 1, 1, 1, 1)
+            scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(per_layer)  # [L, b, kvh, g, slots]
+            if any(step.softcap is not None for step in steps):
+                caps = torch.tensor([step.softcap or 1.0 for step in steps], device=device).view(-1, 1, 1, 1, 1)
+                capped = torch.tensor([step.softcap is not None for step in steps], device=device).view(-1, 1, 1, 1, 1)
+                scores = torch.where(capped, torch.tanh(scores / caps) * caps, scores)
+            scores = scores.add_(offsets)
+        # [L, b, kvh * g = heads, slots] -> [b, L, heads, slots], slots reversed (slot 0: the query's own key)
+        # in the same copy.
+        weights = scores.exp_().view(layers, batch, kv_heads * groups, slots).permute(1, 0, 2, 3)
+        return weights.index_select(-1, _reversed_slots(slots, device)).unsqueeze(1)
 
     def additive_mask(self, mask: torch.Tensor, dtype: torch.dtype, aligned: bool = False) -> torch.Tensor:
         """The mask as 0/-inf floats of `dtype`, converted once per forward and mask, not once per layer

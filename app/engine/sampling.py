@@ -41,8 +41,7 @@ class RawDistribution:
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor) -> RawDistribution:
-        logits = logits.float()
-        return cls(log_probs=logits - torch.logsumexp(logits, dim=-1, keepdim=True))
+        return cls(log_probs=torch.log_softmax(logits.float(), dim=-1))
 
     def token_stats(self, chosen: torch.Tensor) -> dict[str, list[float]]:
         """Every registered per-token statistic (`app.engine.token_stats`) of the chosen tokens."""
