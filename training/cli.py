@@ -137,10 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--centrings",
         nargs="+",
-        choices=("none", "group"),
-        default=["none", "group"],
-        help="target centrings to cross-validate in order; a later one replaces the earlier only on a "
-        "significant fold-paired gain (training/groups.py)",
+        choices=("none", "group-0.25", "group-0.5", "group"),
+        default=["none", "group-0.25", "group-0.5", "group"],
+        help="target centrings to cross-validate in order (group-S: S of each group's offset from the overall "
+        "mean target removed; group: all of it); a later one replaces the one kept so far only by the "
+        "trial rule (training/groups.py)",
     )
     fit.add_argument(
         "--weightings",

@@ -54,6 +54,26 @@ def test_centring_gives_every_group_the_overall_mean_and_keeps_the_measured_targ
     assert all(t.offset == 0.0 for t in centred(result, TargetCentring.NONE))
 
 
+@pytest.mark.parametrize("centring", [TargetCentring.GROUP_QUARTER, TargetCentring.GROUP_HALF])
+def test_partial_centring_moves_each_group_that_share_of_the_way_to_the_overall_mean(
+    centring: TargetCentring,
+) -> None:
+    texts = _texts()
+    overall = np.mean([t.target for t in texts])
+    full = {t.key: t.offset for t in centred(texts, TargetCentring.GROUP)}
+    result = centred(texts, centring)
+    for text in result:
+        assert text.offset == pytest.approx(centring.strength * full[text.key])
+    for group in {t.group for t in texts}:
+        raw = np.mean([t.target for t in texts if t.group == group])
+        trained = np.mean([t.training_target for t in result if t.group == group])
+        assert trained == pytest.approx(raw + centring.strength * (overall - raw))
+
+
+def test_centrings_are_tried_from_none_to_full() -> None:
+    assert [c.strength for c in TargetCentring] == [0.0, 0.25, 0.5, 1.0]
+
+
 def test_informative_groups_are_those_with_accuracy_between_a_tenth_and_nine_tenths() -> None:
     assert informative_groups(_texts()) == frozenset({"squad/task", "mmlu/bare"})
 
@@ -94,17 +114,20 @@ def test_fit_cross_validates_centring_and_records_its_choice(tiny_runs: dict[str
         FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=(), combiner=False)
     )
     cv = manifest.metrics["cv"]
-    assert set(cv["centrings"]) == {"none", "group"}
-    trial = cv["centrings"]["group"]
-    assert {"gain", "other_metric", "other_change", "other_loss_significant", "kept"} <= set(trial)
-    assert trial["other_metric"] != cv["selection_metric"]
-    kept = trial["kept"]
-    assert kept == (
-        trial["gain"]["significant"]
-        and trial["prr_mean"] > cv["centrings"]["none"]["prr_mean"]
-        and not trial["other_loss_significant"]
-    )
-    assert manifest.regressor.params["target_centring"] == cv["target_centring"] == ("group" if kept else "none")
+    assert list(cv["centrings"]) == [c.value for c in TargetCentring]
+    kept_so_far = "none"
+    for centring in list(TargetCentring)[1:]:  # each tried against the one kept before it
+        trial = cv["centrings"][centring.value]
+        assert {"gain", "other_metric", "other_change", "other_loss_significant", "kept"} <= set(trial)
+        assert trial["other_metric"] != cv["selection_metric"]
+        assert trial["kept"] == (
+            trial["gain"]["significant"]
+            and trial["prr_mean"] > cv["centrings"][kept_so_far]["prr_mean"]
+            and not trial["other_loss_significant"]
+        )
+        if trial["kept"]:
+            kept_so_far = centring.value
+    assert manifest.regressor.params["target_centring"] == cv["target_centring"] == kept_so_far
     row = cv["chosen"]
     assert {"pooled_prr_mean", "within_group_prr_mean"} <= set(row)
     metric = "within_group_prr_mean" if cv["selection_metric"] == "within-group" else "pooled_prr_mean"

@@ -99,7 +99,7 @@ class FitOptions:
     combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) out of fold
     selection: Selection = Selection.WITHIN_GROUP
     # Tried in this order; a later one replaces the earlier only on a significant fold-paired gain.
-    centrings: Sequence[TargetCentring] = (TargetCentring.NONE, TargetCentring.GROUP)
+    centrings: Sequence[TargetCentring] = tuple(TargetCentring)
     # Likewise, tried after the centring is settled (training/weighting.py).
     weightings: Sequence[RowWeighting] = (RowWeighting.TOKEN, RowWeighting.TEXT)
 
