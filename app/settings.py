@@ -58,7 +58,9 @@ class Settings(BaseSettings):
 
     # Reject policy (overridable per request): a fixed threshold on a method's sequence
     # uncertainty, or a threshold the artifact calibrated for a named target.
-    reject_method: Method = Method.TAD
+    reject_method: Method | None = Field(
+        None, description="default: the artifact's decision method (tad_blend where it has a blend, else tad)"
+    )
     reject_threshold: float | None = None
     reject_target: str | None = Field("default", description="'default' = the artifact's default target")
     fallback_method: Method = Field(Method.PERPLEXITY, description="used when TAD is unavailable")

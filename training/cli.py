@@ -1,4 +1,4 @@
-"""`python -m training <command>`: generate, fit, evaluate, calibrate (each has --help)."""
+"""`python -m training <command>`: generate, fit, blend, calibrate, evaluate, lodo (each has --help)."""
 
 from __future__ import annotations
 
@@ -196,6 +196,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
     )
     _add_artifact_and_run_options(calibrate)
+    blend = commands.add_parser(
+        "blend",
+        help="choose the decision blend (TAD with baselines) on answers TAD was not fitted on; calibrate next",
+        description="Standardised TAD blended with each baseline (and with the unsupervised mean) at each weight; "
+        "the best mean PRR within the informative dataset/prompt-style groups (pooled PRR at most 0.02 below "
+        "TAD's) is cross-validated by record and installed in the artifact when the trial rule keeps it.",
+    )
+    blend.add_argument("runs", type=Path, nargs="+", help="runs of answers the regressor was not fitted on")
+    blend.add_argument("--artifact", type=Path, required=True)
+    blend.add_argument("--weights", type=float, nargs="+", default=None, help="blend weights to try (default 0.1-0.6)")
+    blend.add_argument("--folds", type=int, default=5)
+    blend.add_argument("--seed", type=int, default=0)
+    blend.add_argument("--force", action="store_true", help="install the chosen blend even if the rule does not")
+    blend.add_argument(
+        "--candidate", default=None, help="take this candidate (e.g. 'tad + 0.3 perplexity') instead of the grid's best"
+    )
     lodo = commands.add_parser(
         "lodo",
         help="leave one dataset out: fit on the others, PRR on the held-out one (the generalization table)",
@@ -239,8 +255,13 @@ def _run_source(args: argparse.Namespace, default_run_dir: Path) -> RunSource:
     )
 
 
+def _interval_text(ci: list[float] | tuple[float, float] | None) -> str:
+    return "[n/a]" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     if args.command == "generate":
         from training.commands.generate import GenerateOptions, run_generate
@@ -309,6 +330,23 @@ def main(argv: list[str] | None = None) -> None:
         source = _run_source(args, args.out / "run")
         report = run_evaluate(args.artifact, source, args.out, args.bootstrap, args.compare_artifact)
         print(report_markdown(report), end="")
+    elif args.command == "blend":
+        from training.commands.blend import WEIGHTS, run_blend
+
+        weights = tuple(args.weights or WEIGHTS)
+        if any(not 0.0 < w < 1.0 for w in weights):
+            parser.error("--weights: each must be between 0 and 1")
+        manifest = run_blend(
+            args.artifact, args.runs, weights, args.folds, args.seed, args.force, candidate=args.candidate
+        )
+        result = manifest.metrics["blend"]
+        cv = result["cv"]
+        print(
+            f"chose {result['chosen']}; cross-validated within-group gain over TAD {cv['gain']['mean']:+.3f} "
+            f"{_interval_text(cv['gain']['ci95'])}, pooled change {cv['pooled_change']['mean']:+.3f} "
+            f"{_interval_text(cv['pooled_change']['ci95'])}: "
+            + ("installed (run calibrate next)" if manifest.blend is not None else "not installed")
+        )
     elif args.command == "lodo":
         from training.commands.lodo import lodo_markdown, run_lodo
 
@@ -334,8 +372,10 @@ def main(argv: list[str] | None = None) -> None:
         manifest = run_calibrate(
             args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target, args.order
         )
-        for name, entry in manifest.thresholds.get("tad", {}).items():  # type: ignore[call-overload]
+        decision = manifest.metrics["calibration"]["decision_method"]
+        for name, entry in manifest.thresholds.get(decision, {}).items():  # type: ignore[call-overload]
             print(
-                f"tad {name}: threshold {entry.threshold:.4f}, coverage {entry.coverage:.3f}, error {entry.error:.3f}"
+                f"{decision} {name}: threshold {entry.threshold:.4f}, coverage {entry.coverage:.3f}, "
+                f"error {entry.error:.3f}"
             )
         print(f"default target: {manifest.default_target}")

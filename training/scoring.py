@@ -48,12 +48,19 @@ def baseline_table(traces: Sequence[TokenTrace]) -> dict[str, np.ndarray]:
     }
 
 
+def artifact_methods(artifact: TadArtifact) -> list[str]:
+    """The registered methods the artifact can score (the blend only where it has one)."""
+    return [m.name for m in METHODS if not m.needs_blend or artifact.manifest.blend is not None]
+
+
 def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict[str, np.ndarray]:
-    """Per method (and per stored TAD variant, `tad_<variant>`), the sequence uncertainty of each text."""
+    """Per method the artifact can score (and per stored TAD variant, `tad_<variant>`), each text's uncertainty."""
     n_lags = artifact.n_lags
     scorers = alternative_scorers(artifact)
     main = f"tad_{artifact.manifest.variant}"
-    table: dict[str, list[float]] = {name: [] for name in [*(m.name for m in METHODS), *scorers]}
+    methods = artifact_methods(artifact)
+    blend = artifact.blend
+    table: dict[str, list[float]] = {name: [] for name in [*methods, *scorers]}
     for text in texts:
         trace = text.token_trace(n_lags)
         confidences = {
@@ -62,8 +69,8 @@ def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict
         for name, (_, aggregation) in scorers.items():
             table[name].append(ranked(aggregate(confidences[name], aggregation)))
         answer = MethodInput(
-            trace=trace, tad_confidences=confidences[main], tad_aggregation=artifact.manifest.aggregation
+            trace=trace, tad_confidences=confidences[main], tad_aggregation=artifact.manifest.aggregation, blend=blend
         )
-        for method in METHODS:
-            table[method.name].append(ranked(REGISTRY[method.name](answer)))
+        for name in methods:
+            table[name].append(ranked(REGISTRY[name](answer)))
     return {name: np.array(values, dtype=np.float64) for name, values in table.items()}

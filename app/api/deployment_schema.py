@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from app.serving.policy import default_method
 from app.serving.runtime import Runtime, ServingArtifact, State
 from app.uncertainty.methods import REGISTRY, Method
 
@@ -48,7 +49,7 @@ def _targets_by_method(runtime: Runtime) -> dict[str, list[str]]:
 def _policy_choices(runtime: Runtime) -> list[dict[str, Any]]:
     """Which (method, target) pairs resolve: no target; a target the named (or default) method calibrated."""
     targets = _targets_by_method(runtime)
-    default_method = runtime.settings.reject_method.value
+    default_name = default_method(runtime.settings, runtime.artifact).value
     choices: list[dict[str, Any]] = [{"properties": {"target": {"type": "null"}}}]
     for method, names in targets.items():
         choices.append(
@@ -57,9 +58,9 @@ def _policy_choices(runtime: Runtime) -> list[dict[str, Any]]:
                 "properties": {"method": {"const": method}, "target": {"enum": names}},
             }
         )
-    if targets.get(default_method):
+    if targets.get(default_name):
         choices.append(
-            {"properties": {"method": {"type": "null"}, "target": {"enum": targets[default_method]}}},
+            {"properties": {"method": {"type": "null"}, "target": {"enum": targets[default_name]}}},
         )
     return choices
 

@@ -68,6 +68,13 @@ def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Po
     return Policy(method=method, threshold=entry.threshold, name=f"calibrated:{name}")
 
 
+def default_method(settings: Settings, artifact: TadArtifact | None) -> Method:
+    """The method decisions use unless a request names one: the settings', else the artifact's decision method."""
+    if settings.reject_method is not None:
+        return settings.reject_method
+    return artifact.decision_method if artifact is not None else Method.TAD
+
+
 def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: PolicyRequest | None) -> Policy:
     """The effective policy for one request: its override if any, else the service's settings.
 
@@ -76,7 +83,8 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
     asks for TAD explicitly while no artifact is loaded is refused rather than silently
     answered with another method.
     """
-    method = override.method if override and override.method else settings.reject_method
+    configured = default_method(settings, artifact)
+    method = override.method if override and override.method else configured
     if REGISTRY[method.value].needs_artifact and artifact is None:
         if override is not None and (
             override.method is method or override.threshold is not None or override.target is not None
@@ -98,7 +106,7 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
                 param="policy.target",
             )
         return resolved
-    if settings.reject_threshold is not None and method is settings.reject_method:
+    if settings.reject_threshold is not None and method is configured:
         return Policy(method=method, threshold=settings.reject_threshold, name="fixed")
     if settings.reject_target is not None:
         resolved = _calibrated(artifact, method, settings.reject_target)

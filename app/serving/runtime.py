@@ -23,7 +23,7 @@ from app.engine.loading import ModelLoadError, load_model
 from app.engine.token_stats import TOKEN_STATISTICS
 from app.errors import NotReady
 from app.hashing import file_sha256
-from app.serving.policy import Policy, resolve_policy
+from app.serving.policy import Policy, default_method, resolve_policy
 from app.serving.scheduler import Scheduler
 from app.settings import Settings
 from app.telemetry import ServiceMetrics
@@ -168,13 +168,27 @@ class Runtime:
         return None
 
     def _check_policy(self) -> None:
-        """A configured target the artifact does not have is a configuration error."""
+        problem = self._policy_problem(self.artifact)
+        if problem is not None:
+            raise StartupError(problem)
+
+    def _policy_problem(self, artifact: TadArtifact | None) -> str | None:
+        """A configured target the artifact does not have is a configuration error, and so is a blend
+        installed without its thresholds (`blend` was run, `calibrate` not yet)."""
         target = self.settings.reject_target
-        if self.artifact is None or target in (None, "default") or self.settings.reject_threshold is not None:
-            return
-        if target not in self.artifact.manifest.thresholds.get(self.settings.reject_method, {}):
-            method = self.settings.reject_method.value
-            raise StartupError(f"TAD_REJECT_TARGET={target} is not calibrated in {self.artifact.path} for {method}")
+        if artifact is None or target is None or self.settings.reject_threshold is not None:
+            return None
+        manifest = artifact.manifest
+        method = default_method(self.settings, artifact)
+        name = manifest.default_target if target == "default" else target
+        if name is None or name in manifest.thresholds.get(method, {}):
+            return None
+        if target == "default":
+            return (
+                f"{artifact.path}: the default target {name} is not calibrated for {method.value}; "
+                "run `python -m training calibrate` on the artifact"
+            )
+        return f"TAD_REJECT_TARGET={target} is not calibrated in {artifact.path} for {method.value}"
 
     # ------------------------------------------------------------------ artifact
     @property
@@ -224,6 +238,9 @@ class Runtime:
                 except ArtifactError as error:
                     raise ArtifactReloadError(str(error)) from error
                 self._check_capture(artifact, engine)
+                problem = self._policy_problem(artifact)
+                if problem is not None:
+                    raise ArtifactReloadError(problem)
             except (ArtifactReloadError, NotReady) as error:
                 self.metrics.artifact_reloads.labels(outcome="refused").inc()
                 logger.error("artifact reload refused, %s keeps serving: %s", self.serving.name, error)

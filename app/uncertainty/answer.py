@@ -25,6 +25,7 @@ class AnswerScorer:
 
     def __init__(self, artifact: TadArtifact | None) -> None:
         self.artifact = artifact
+        self.blend = artifact.blend if artifact is not None else None
 
     @property
     def tad_available(self) -> bool:
@@ -44,7 +45,9 @@ class AnswerScorer:
                 confidences = self.artifact.scorer.confidences_of(trace)
             else:
                 confidences = np.zeros(0)
-        answer = MethodInput(trace=trace, tad_confidences=confidences, tad_aggregation=self.aggregation)
+        answer = MethodInput(
+            trace=trace, tad_confidences=confidences, tad_aggregation=self.aggregation, blend=self.blend
+        )
         return ScoredAnswer(
             trace=trace, confidences=confidences, sequence=score_all(answer, tad_available=self.tad_available)
         )

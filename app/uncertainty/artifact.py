@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import joblib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation
+from app.uncertainty.blend import Blend, BlendTerm
 from app.uncertainty.features import FEATURE_ORDER, Convention, FeatureSpec
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
@@ -78,6 +79,33 @@ class Threshold(BaseModel):
     guarantee: str | None = None
 
 
+class BlendTermInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: Method
+    weight: float = Field(allow_inf_nan=False)
+    mean: float = Field(allow_inf_nan=False)
+    scale: float = Field(gt=0.0, allow_inf_nan=False)
+
+
+class BlendInfo(BaseModel):
+    """The decision blend (`app/uncertainty/blend.py`), as `python -m training blend` chose it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    terms: list[BlendTermInfo] = Field(min_length=1)
+
+    @field_validator("terms")
+    @classmethod
+    def _not_itself(cls, terms: list[BlendTermInfo]) -> list[BlendTermInfo]:
+        if any(term.method is Method.TAD_BLEND for term in terms):
+            raise ValueError("a blend cannot contain tad_blend itself")
+        return terms
+
+    def blend(self) -> Blend:
+        return Blend(tuple(BlendTerm(t.method.value, t.weight, t.mean, t.scale) for t in self.terms))
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -92,6 +120,8 @@ class Manifest(BaseModel):
     regressor: RegressorInfo
     thresholds: dict[Method, dict[str, Threshold]] = Field(default_factory=dict)
     default_target: str | None = None
+    # The score the service decides with by default: TAD's, or TAD blended with baselines.
+    blend: BlendInfo | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
@@ -114,6 +144,15 @@ class TadArtifact:
     @property
     def convention(self) -> Convention:
         return self.manifest.features.convention
+
+    @property
+    def blend(self) -> Blend | None:
+        return self.manifest.blend.blend() if self.manifest.blend is not None else None
+
+    @property
+    def decision_method(self) -> Method:
+        """What the service decides with unless told otherwise: the blend where the artifact has one."""
+        return Method.TAD_BLEND if self.manifest.blend is not None else Method.TAD
 
     def check_model(self, identity: ModelIdentity) -> None:
         """Refuse a model other than the one the regressor was trained on."""

@@ -18,6 +18,7 @@ from enum import StrEnum
 import numpy as np
 
 from app.uncertainty.aggregation import Aggregation, aggregate
+from app.uncertainty.blend import Blend
 from app.uncertainty.trace import TokenTrace
 
 
@@ -28,6 +29,7 @@ class MethodInput:
     trace: TokenTrace
     tad_confidences: np.ndarray | None = None  # c_i per token, when a TAD artifact is loaded
     tad_aggregation: Aggregation | None = None
+    blend: Blend | None = None  # the artifact's decision blend, when it has one
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,12 @@ class UncertaintyMethod:
     name: str
     description: str
     token_stats: tuple[str, ...]
-    compute: Callable[[MethodInput], float]
+    # NaN when undefined for this answer (e.g. empty); None when unavailable (what it needs is not loaded).
+    compute: Callable[[MethodInput], float | None]
     needs_artifact: bool = False
+    needs_blend: bool = False  # only an artifact with a decision blend has it
 
-    def __call__(self, answer: MethodInput) -> float:
+    def __call__(self, answer: MethodInput) -> float | None:
         return self.compute(answer)
 
 
@@ -128,6 +132,12 @@ def _tad(answer: MethodInput) -> float:
     return aggregate(answer.tad_confidences, answer.tad_aggregation)
 
 
+def _tad_blend(answer: MethodInput) -> float | None:
+    if answer.blend is None:
+        return None  # an artifact without a blend
+    return answer.blend.score({name: REGISTRY[name](answer) for name in answer.blend.methods})
+
+
 METHODS: tuple[UncertaintyMethod, ...] = (
     UncertaintyMethod(
         "tad",
@@ -135,6 +145,15 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         ("logprob",),
         _tad,
         needs_artifact=True,
+    ),
+    UncertaintyMethod(
+        "tad_blend",
+        "TAD blended with baselines: sum_k w_k (u_k - mean_k) / scale_k over standardised scores "
+        "(the artifact chooses the terms; null for an artifact without a blend)",
+        ("logprob", "entropy"),
+        _tad_blend,
+        needs_artifact=True,
+        needs_blend=True,
     ),
     UncertaintyMethod(
         "msp",

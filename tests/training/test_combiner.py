@@ -6,22 +6,13 @@ import math
 
 import numpy as np
 
-from app.uncertainty.trace import TokenTrace
+from tests.fixtures.traces import uniform_trace
 from training.combiner import INPUTS, combiner_inputs, cross_validate_combiner, informative_mean, per_dataset_prr
 from training.rejection import prediction_rejection_ratio
 
 
-def _trace(logprobs: list[float]) -> TokenTrace:
-    n = len(logprobs)
-    return TokenTrace(
-        token_ids=tuple(range(n)),
-        stats={"logprob": np.array(logprobs), "entropy": np.full(n, 0.5)},
-        attention=np.full((n, 3, 2, 4), 0.25, dtype=np.float32),
-    )
-
-
 def test_inputs_are_tad_aggregations_baselines_and_length() -> None:
-    trace = _trace([math.log(0.5), math.log(0.25)])
+    trace = uniform_trace([math.log(0.5), math.log(0.25)])
     values = dict(zip(INPUTS, combiner_inputs(trace, np.array([0.8, 0.4])), strict=True))
     assert math.isclose(values["tad_mean"], 0.4)
     assert math.isclose(values["tad_sum_log"], -math.log(0.8) - math.log(0.4))

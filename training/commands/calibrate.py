@@ -14,7 +14,7 @@ from app.uncertainty.methods import Method
 from training.rejection import accuracy
 from training.run_source import RunSource, obtain_runs
 from training.runs import iter_texts
-from training.scoring import uncertainty_table
+from training.scoring import artifact_methods, uncertainty_table
 from training.thresholds import (
     coverage_name,
     coverage_threshold,
@@ -42,6 +42,9 @@ def run_calibrate(
     texts = list(iter_texts(runs))
     table = uncertainty_table(artifact, texts)
     quality = np.array([t.target for t in texts])
+    methods = [Method(name) for name in artifact_methods(artifact)]
+    # The default target is certified for what the service decides with (the blend, where there is one).
+    decision = artifact.decision_method
 
     def choose(values: np.ndarray, labels: np.ndarray, chosen_order: str) -> dict[str, Threshold]:
         entries = {coverage_name(c): coverage_threshold(values, labels, c) for c in coverages}
@@ -55,7 +58,7 @@ def run_calibrate(
         return entries
 
     thresholds: dict[Method, dict[str, Any]] = {}
-    for method in Method:
+    for method in methods:
         thresholds[method] = choose(table[method.value], quality, order)
         for error in errors:
             if error_name(error) not in thresholds[method]:
@@ -63,34 +66,36 @@ def run_calibrate(
     # What the thresholds do on data they were not chosen on: choose on one half, measure on the other.
     halves = np.array_split(np.random.default_rng(seed).permutation(len(texts)), 2)
     held_out: dict[str, dict[str, Any]] = {}
-    for method in Method:
+    for method in methods:
         values = table[method.value]
         chosen_a = choose(values[halves[0]], quality[halves[0]], order)
         held_out[method.value] = {
             name: {"threshold": entry.threshold, **out_of_sample(entry, values[halves[1]], quality[halves[1]])}
             for name, entry in chosen_a.items()
         }
-    # The natural order against the split order, on the same data and delta (TAD).
-    split_tad = choose(table[Method.TAD.value], quality, "split" if order == "natural" else "natural")
+    # The natural order against the split order, on the same data and delta (the decision method).
+    split_order = choose(table[decision.value], quality, "split" if order == "natural" else "natural")
     orders = {
         name: {
             order: entry.coverage,
-            ("split" if order == "natural" else "natural"): split_tad[name].coverage if name in split_tad else None,
+            ("split" if order == "natural" else "natural"): split_order[name].coverage if name in split_order else None,
         }
-        for name, entry in thresholds[Method.TAD].items()
+        for name, entry in thresholds[decision].items()
         if entry.kind == "error"
     }
-    tad = thresholds[Method.TAD]
-    if default_target is not None and default_target not in tad:
-        raise SystemExit(f"--default-target {default_target} was not calibrated (have: {', '.join(tad)})")
-    feasible_errors = [error_name(e) for e in errors if error_name(e) in tad]
+    decided = thresholds[decision]
+    if default_target is not None and default_target not in decided:
+        raise SystemExit(
+            f"--default-target {default_target} was not calibrated for {decision.value} (have: {', '.join(decided)})"
+        )
+    feasible_errors = [error_name(e) for e in errors if error_name(e) in decided]
     default = default_target or (feasible_errors[0] if feasible_errors else None)
     if default is None and coverages:
         default = coverage_name(coverages[0])
     if default is not None:
         # Every method at the coverage the default policy achieves: comparisons at equal coverage.
-        matched = round(tad[default].coverage, 2)
-        for method in Method:
+        matched = round(decided[default].coverage, 2)
+        for method in methods:
             thresholds[method].setdefault(
                 coverage_name(matched), coverage_threshold(table[method.value], quality, matched)
             )
@@ -105,6 +110,7 @@ def run_calibrate(
                     "n": len(texts),
                     "delta": delta,
                     "order": order,
+                    "decision_method": decision.value,
                     "accuracy": float(accuracy(quality)),
                     "out_of_sample": {"split": "random halves", "seed": seed, "by_method": held_out},
                     "coverage_by_order": orders,

@@ -42,15 +42,15 @@ def group_by_dataset(texts: Sequence[TextTrace]) -> dict[str, list[int]]:
 OVERALL = "overall"
 
 
-DEFAULT_SCORE = "tad"  # what the service decides with by default
 COMPARED_SCORE = "tad_compared"  # another artifact's default score on the same answers (--compare-artifact)
 
 
 def _entry(
-    table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int], resamples: int, seed: int
+    table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int], resamples: int, seed: int, default: str
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """One dataset's report entry, and the bootstrap samples of the default score minus the best
-    baseline ("best") and minus the compared artifact's score ("compared"), where there are any."""
+    """One dataset's report entry, and the bootstrap samples of the default score (`default`: the method
+    the artifact decides with) minus the best baseline ("best") and minus the compared artifact's
+    score ("compared"), where there are any."""
     scores = {method: values[indices] for method, values in table.items()}
     prr = {method: prediction_rejection_ratio(values, quality) for method, values in scores.items()}
     boot = paired_bootstrap_prr(scores, quality, resamples, seed) if resamples else {}
@@ -70,19 +70,19 @@ def _entry(
     baselines = [m.value for m in BASELINES if m.value in prr]
     best = max(baselines, key=lambda name: prr[name] if np.isfinite(prr[name]) else -np.inf)
     entry["default_vs_best_baseline"] = {
-        "default": DEFAULT_SCORE,
+        "default": default,
         "best_baseline": best,
-        "difference": finite_or_none(prr[DEFAULT_SCORE] - prr[best]),
-        "ci95": interval(boot[DEFAULT_SCORE] - boot[best]) if boot else None,
+        "difference": finite_or_none(prr[default] - prr[best]),
+        "ci95": interval(boot[default] - boot[best]) if boot else None,
     }
     if COMPARED_SCORE in prr:
         entry["default_vs_compared"] = {
-            "difference": finite_or_none(prr[DEFAULT_SCORE] - prr[COMPARED_SCORE]),
-            "ci95": interval(boot[DEFAULT_SCORE] - boot[COMPARED_SCORE]) if boot else None,
+            "difference": finite_or_none(prr[default] - prr[COMPARED_SCORE]),
+            "ci95": interval(boot[default] - boot[COMPARED_SCORE]) if boot else None,
         }
-    drawn = {"best": boot[DEFAULT_SCORE] - boot[best]} if boot else {}
+    drawn = {"best": boot[default] - boot[best]} if boot else {}
     if boot and COMPARED_SCORE in boot:
-        drawn["compared"] = boot[DEFAULT_SCORE] - boot[COMPARED_SCORE]
+        drawn["compared"] = boot[default] - boot[COMPARED_SCORE]
     return entry, drawn
 
 
@@ -107,19 +107,20 @@ def build_report(
     one's (`tad_compared`) with the paired difference per dataset.
     """
     table = uncertainty_table(artifact, texts)
+    default = artifact.decision_method.value
     if compared is not None:
-        table[COMPARED_SCORE] = uncertainty_table(compared, texts)[DEFAULT_SCORE]
+        table[COMPARED_SCORE] = uncertainty_table(compared, texts)[compared.decision_method.value]
     targets = np.array([t.target for t in texts])
     report: dict[str, Any] = {"datasets": {}}
     arrays: dict[str, Any] = {}
     groups = group_by_dataset(texts)
     samples: dict[str, dict[str, np.ndarray]] = {}
     for name, indices in groups.items():
-        report["datasets"][name], samples[name] = _entry(table, targets[indices], indices, resamples, seed)
+        report["datasets"][name], samples[name] = _entry(table, targets[indices], indices, resamples, seed, default)
         arrays[name] = {"quality": targets[indices], "uncertainty": {m: v[indices] for m, v in table.items()}}
     if len(groups) > 1:
         everything = list(range(len(texts)))
-        report[OVERALL], _ = _entry(table, targets, everything, resamples, seed)
+        report[OVERALL], _ = _entry(table, targets, everything, resamples, seed, default)
         arrays[OVERALL] = {"quality": targets, "uncertainty": table}
     chosen = [
         name
@@ -141,6 +142,7 @@ def build_report(
         "path": str(artifact.path),
         "variant": artifact.manifest.variant,
         "aggregation": artifact.manifest.aggregation.value,
+        "decision_method": default,
     }
     return report, arrays
 
@@ -155,8 +157,8 @@ def _with_interval(value: float | None, ci: list[float] | tuple[float, float] | 
 
 def report_markdown(report: dict[str, Any]) -> str:
     """PRR (with 95% intervals), then ROC-AUC, then the default score against the best baseline."""
-    extra = sorted({m for d in report["datasets"].values() for m in d["methods"] if m not in REPORT_METHODS})
-    methods = [*REPORT_METHODS, *extra]
+    present = {m for d in report["datasets"].values() for m in d["methods"]}
+    methods = [*(m for m in REPORT_METHODS if m in present), *sorted(present - set(REPORT_METHODS))]
     rows = list(report["datasets"].items()) + ([(f"*{OVERALL}*", report[OVERALL])] if OVERALL in report else [])
     sections = []
     for metric, title in (
@@ -176,12 +178,13 @@ def report_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | {entry['n']} | {_fmt(entry['accuracy'])} | {' | '.join(cells)} |")
         sections.append("\n".join(lines))
     names = ", ".join(report.get("informative_datasets", []))
+    default = report["artifact"].get("decision_method", "tad")
     sections.append(
         _difference_section(
             report,
             rows,
             "best_baseline",
-            f"Default score ({DEFAULT_SCORE}) minus the best baseline (chosen per dataset)",
+            f"Default score ({default}) minus the best baseline (chosen per dataset)",
             f"Mean over the datasets with accuracy in [0.1, 0.9] ({names})",
         )
     )
@@ -229,7 +232,7 @@ def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:
     quality = arrays["quality"]
     figure, axes = plt.subplots(figsize=(6, 4))
     grid = None
-    for method in REPORT_METHODS:
+    for method in (m for m in REPORT_METHODS if m in arrays["uncertainty"]):
         grid, curve = rejection_curve(arrays["uncertainty"][method], quality)
         axes.plot(grid, curve, label=method)
     grid, oracle = oracle_curve(quality, grid)

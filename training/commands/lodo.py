@@ -172,7 +172,8 @@ def _informative_mean(report: dict[str, Any], difference: Callable[[dict[str, An
 
 
 def lodo_markdown(report: dict[str, Any]) -> str:
-    methods = [m.value for m in Method]
+    scored = {name for entry in report["datasets"].values() for name in entry["prr"]}
+    methods = [m.value for m in Method if m.value in scored]
     lines = [
         "Leave one dataset out: TAD fitted on the other datasets, PRR on this one (paired bootstrap 95%):",
         "",

@@ -44,7 +44,10 @@ def test_concurrent_requests_equal_sequential_ones(service_settings: Settings) -
             assert [t["id"] for t in together["tokens"]] == [t["id"] for t in alone["tokens"]]
             for key, expected in alone["uncertainty"].items():
                 # float32 log-probabilities: a rare token's -log p near 15 is exact to about 1e-6 relative.
-                assert together["uncertainty"][key] == pytest.approx(expected, rel=1e-6, abs=1e-5)
+                if expected is None:  # a method the artifact does not have
+                    assert together["uncertainty"][key] is None
+                else:
+                    assert together["uncertainty"][key] == pytest.approx(expected, rel=1e-6, abs=1e-5)
             assert together["decision"]["accept"] == alone["decision"]["accept"]
         assert _max_batch(client) > 1  # they really ran together
 

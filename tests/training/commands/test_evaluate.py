@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.commands.evaluate import COMPARED_SCORE, DEFAULT_SCORE, report_markdown, run_evaluate
+from training.commands.evaluate import COMPARED_SCORE, report_markdown, run_evaluate
 from training.commands.fit import FitOptions, run_fit
 from training.run_source import RunSource
 
@@ -25,12 +25,13 @@ def test_the_compared_artifacts_score_and_the_paired_difference_are_reported(
     report = run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 50, other)
     assert report["compared_artifact"] == str(other)
     assert "mean_default_minus_compared_informative_ci95" in report
+    default = report["artifact"]["decision_method"]
     for entry in report["datasets"].values():
         methods = entry["methods"]
         versus = entry["default_vs_compared"]
-        if methods[DEFAULT_SCORE]["prr"] is None or methods[COMPARED_SCORE]["prr"] is None:
+        if methods[default]["prr"] is None or methods[COMPARED_SCORE]["prr"] is None:
             continue
-        assert versus["difference"] == pytest.approx(methods[DEFAULT_SCORE]["prr"] - methods[COMPARED_SCORE]["prr"])
+        assert versus["difference"] == pytest.approx(methods[default]["prr"] - methods[COMPARED_SCORE]["prr"])
     assert "compared artifact" in report_markdown(report)
     assert json.loads((tmp_path / "report" / "report.json").read_text())["compared_artifact"] == str(other)
 
