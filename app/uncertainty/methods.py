@@ -220,5 +220,13 @@ def score_all(answer: MethodInput, tad_available: bool) -> SequenceUncertainty:
     """Every registered method on one answer (methods that need an artifact are None without one)."""
     values: dict[Method, float | None] = {}
     for method in METHODS:
-        values[Method(method.name)] = None if method.needs_artifact and not tad_available else method(answer)
-    return SequenceUncertainty(values)
+        if method.needs_artifact and not tad_available:
+            values[Method(method.name)] = None
+        elif not method.needs_blend:
+            values[Method(method.name)] = method(answer)
+    # The blend reads the scores just computed rather than computing its terms (RAUQ included) again.
+    for method in METHODS:
+        if method.needs_blend and tad_available:
+            scores = {name.value: value for name, value in values.items()}
+            values[Method(method.name)] = None if answer.blend is None else answer.blend.score(scores)
+    return SequenceUncertainty({Method(m.name): values.get(Method(m.name)) for m in METHODS})
