@@ -101,14 +101,22 @@ def _field_path(location: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
+def _error_field(item: dict[str, Any]) -> str:
+    # A body that is not JSON is located at ("body", <character offset>): the field is the body.
+    if item.get("type") == "json_invalid":
+        return "body"
+    return _field_path(item.get("loc", ()))
+
+
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     """('field: problem; ...', first field) from pydantic errors, without echoing input values."""
     described = []
     for item in errors:
-        field = _field_path(item.get("loc", ()))
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
-        described.append(f"{field}: {message}")
-    first = _field_path(errors[0].get("loc", ())) if errors else "body"
+        if item.get("type") == "json_invalid" and len(item.get("loc", ())) > 1:
+            message = f"{message} at character {item['loc'][-1]}"
+        described.append(f"{_error_field(item)}: {message}")
+    first = _error_field(errors[0]) if errors else "body"
     return "; ".join(described), first
 
 

@@ -72,10 +72,31 @@ StopStrings = Annotated[
 ]
 
 
+def _holds_lone_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, list | tuple):
+        return any(_holds_lone_surrogate(item) for item in value)
+    return False
+
+
 class StrictModel(BaseModel):
     """Requests reject unknown fields, so a typo is an error rather than a silent default."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _unicode_text(cls, value: object) -> object:
+        # JSON may escape half of a surrogate pair ("\ud83d", a string cut inside an emoji); Python
+        # parses it, but no tokenizer can encode it. Nested models check their own fields.
+        if _holds_lone_surrogate(value):
+            raise ValueError("text must be valid Unicode: it holds a lone surrogate (half of an emoji)")
+        return value
 
 
 class PolicyOverride(StrictModel):

@@ -30,16 +30,23 @@ def find_stop_string(decode: Decode, ids: Sequence[int], stops: Sequence[str]) -
     """
     text = decode(ids)
     longest = max(len(stop) for stop in stops)
-    previous = len(decode(ids[:-1]))
+    # A character split over byte-level tokens decodes as U+FFFD until complete: counting that
+    # placeholder would start the search past a stop string the last token completed.
+    previous = _settled_length(decode, ids[:-1])
     search_from = max(0, previous - longest + 1)
     hits = [pos for stop in stops if (pos := text.find(stop, search_from)) >= 0]
     if not hits:
         return None
     cut = min(hits)
     n_kept = len(ids)
-    while n_kept > 0 and len(decode(ids[: n_kept - 1])) >= cut:
+    while n_kept > 0 and _settled_length(decode, ids[: n_kept - 1]) >= cut:
         n_kept -= 1
     return StopHit(text_end=cut, n_kept=n_kept)
+
+
+def _settled_length(decode: Decode, ids: Sequence[int]) -> int:
+    """Characters of the tokens' text, not counting an incomplete character at its end."""
+    return len(decode(ids).rstrip("\ufffd"))
 
 
 def final_text(decode: Decode, sequence: SequenceState) -> str:
@@ -101,11 +108,15 @@ class StreamDetokenizer:
 
         A stop string not yet seen must end after the current text, so it starts within its
         last (longest stop - 1) characters; tokens that end before that cannot be part of it.
+        The current text is what has settled: an incomplete character at its end (U+FFFD until
+        its last byte-level token arrives) may yet complete a stop string. A token's own end
+        counts such placeholders, so a token holding part of a character is held with it.
         """
         ids = [token.token_id for token in sequence.tokens]
         while len(self.text_ends) < len(ids):
             self.text_ends.append(len(self.decode(ids[: len(self.text_ends) + 1])))
         if not self.text_ends:
             return 0
-        horizon = self.text_ends[-1] - max(len(stop) for stop in sequence.params.stop) + 1
+        settled = _settled_length(self.decode, ids)
+        horizon = settled - max(len(stop) for stop in sequence.params.stop) + 1
         return sum(1 for end in self.text_ends if end <= horizon)

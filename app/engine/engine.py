@@ -15,6 +15,7 @@ from app.engine.detokenizer import StreamDetokenizer
 from app.engine.loading import LoadedModel, ModelIdentity
 from app.engine.sequence import GenerationRequest, SequenceState, trace_of
 from app.engine.teacher_forcing import score_responses
+from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
 
 
@@ -38,6 +39,7 @@ class Engine:
         if tokenizer.eos_token_id is not None:
             stop_ids.add(tokenizer.eos_token_id)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_ids), 0)
+        self._token_bytes = TokenBytes(tokenizer)
         # The decode loop gets its own tokenizer: a fast tokenizer used from two threads at once
         # (encoding a new request while the loop decodes) fails with "Already borrowed".
         self.context = DecodeContext(
@@ -120,9 +122,13 @@ class Engine:
         """Text pieces of one streamed answer (use it from the decode thread)."""
         return StreamDetokenizer(self.decode)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's exact bytes, with the request-side tokenizer (call it from the request thread)."""
+        return self._token_bytes(token_id)
+
     def token_text(self, token_id: int) -> str:
-        """One token's text, with the request-side tokenizer (call it from the request thread)."""
-        return self.loaded.tokenizer.decode([token_id], skip_special_tokens=False)
+        """One token's text (its bytes as UTF-8; part of a character shows as U+FFFD), from the request thread."""
+        return self._token_bytes.text(token_id)
 
     # ------------------------------------------------------------------ compute
     def prefill(self, requests: Sequence[GenerationRequest]) -> DecodeBatch:

@@ -115,6 +115,9 @@ class GenerationService:
     def token_text(self, token_id: int) -> str:
         return self.engine.token_text(token_id)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.engine.token_bytes(token_id)
+
     def feature_spec(self, serving: ServingArtifact | None = None) -> FeatureSpec | None:
         """How the artifact (`serving`'s, else the one serving now) reads attention rows; None without one."""
         artifact = (serving or self.runtime.serving).artifact

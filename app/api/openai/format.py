@@ -29,7 +29,8 @@ from app.numeric import logprob_or_floor
 from app.serving.events import StreamedToken
 from app.serving.service import GenerationOutcome, ServedModel
 
-TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
+"""A token's exact bytes: the `bytes` field, from which clients rebuild characters split over tokens."""
 
 
 def new_id(prefix: str) -> str:
@@ -40,8 +41,9 @@ def now() -> int:
     return int(time.time())
 
 
-def token_bytes(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
+def token_text(raw: bytes) -> str:
+    """A token's text: its bytes as UTF-8, a byte that is only part of a character shown as U+FFFD."""
+    return raw.decode("utf-8", errors="replace")
 
 
 def openai_finish_reason(reason: FinishReason | None) -> str:
@@ -49,24 +51,28 @@ def openai_finish_reason(reason: FinishReason | None) -> str:
     return "length" if reason is FinishReason.LENGTH else "stop"
 
 
-def _top(token_text: TokenText, alternatives: tuple[tuple[int, float], ...]) -> list[TopLogprob]:
+def _top(token_bytes: TokenBytes, alternatives: tuple[tuple[int, float], ...]) -> list[TopLogprob]:
     result = []
     for token_id, logprob in alternatives:
-        text = token_text(token_id)
-        result.append(TopLogprob(token=text, logprob=logprob_or_floor(logprob), bytes=token_bytes(text)))
+        raw = token_bytes(token_id)
+        result.append(TopLogprob(token=token_text(raw), logprob=logprob_or_floor(logprob), bytes=list(raw)))
     return result
 
 
 def chat_logprob(
-    token_text: TokenText, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
+    token_bytes: TokenBytes, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
 ) -> TokenLogprob:
-    text = token_text(token_id)
+    raw = token_bytes(token_id)
     return TokenLogprob(
-        token=text,
+        token=token_text(raw),
         logprob=logprob_or_floor(logprob),
-        bytes=token_bytes(text),
-        top_logprobs=_top(token_text, alternatives),
+        bytes=list(raw),
+        top_logprobs=_top(token_bytes, alternatives),
     )
+
+
+def _completion_top(token_bytes: TokenBytes, alternatives: tuple[tuple[int, float], ...]) -> dict[str, float]:
+    return {token_text(token_bytes(i)): logprob_or_floor(lp) for i, lp in alternatives}
 
 
 def extension(outcome: GenerationOutcome, served: ServedModel) -> UncertaintyExtension:
@@ -92,11 +98,11 @@ def usage(outcome: GenerationOutcome) -> UsageInfo:
 
 
 def chat_response(
-    outcome: GenerationOutcome, served: ServedModel, token_text: TokenText, logprobs: bool
+    outcome: GenerationOutcome, served: ServedModel, token_bytes: TokenBytes, logprobs: bool
 ) -> ChatCompletionResponse:
     sequence = outcome.result.sequence
     kept = sequence.kept_tokens
-    content = [chat_logprob(token_text, t.token_id, t.logprob, t.top_logprobs) for t in kept] if logprobs else None
+    content = [chat_logprob(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept] if logprobs else None
     return ChatCompletionResponse(
         id=new_id("chatcmpl"),
         created=now(),
@@ -115,13 +121,13 @@ def chat_response(
 
 
 def completion_response(
-    outcome: GenerationOutcome, served: ServedModel, token_text: TokenText, logprobs: int | None
+    outcome: GenerationOutcome, served: ServedModel, token_bytes: TokenBytes, logprobs: int | None
 ) -> CompletionResponse:
     sequence = outcome.result.sequence
     kept = sequence.kept_tokens
     choice_logprobs = None
     if logprobs is not None:
-        texts = [token_text(t.token_id) for t in kept]
+        texts = [token_text(token_bytes(t.token_id)) for t in kept]
         offsets, position = [], 0
         for text in texts:
             offsets.append(position)
@@ -129,9 +135,7 @@ def completion_response(
         choice_logprobs = CompletionLogprobs(
             tokens=texts,
             token_logprobs=[logprob_or_floor(t.logprob) for t in kept],
-            top_logprobs=[{token_text(i): logprob_or_floor(lp) for i, lp in t.top_logprobs} for t in kept]
-            if logprobs > 0
-            else None,
+            top_logprobs=[_completion_top(token_bytes, t.top_logprobs) for t in kept] if logprobs > 0 else None,
             text_offset=offsets,
         )
     return CompletionResponse(
@@ -155,10 +159,12 @@ class OpenAIStreamEncoder:
     """The `data:` chunks of one chat or text completion, ending with `data: [DONE]`."""
 
     def __init__(
-        self, served: ServedModel, token_text: TokenText, chat: bool, logprobs: bool, include_usage: bool
+        self, served: ServedModel, token_bytes: TokenBytes, chat: bool, logprobs: int | None, include_usage: bool
     ) -> None:
+        """`logprobs`: chat, 1 to send them (their alternatives as the request asked); completions, the
+        number of alternatives to send (0: the chosen tokens only), None for none."""
         self.served = served
-        self.token_text = token_text
+        self.token_bytes = token_bytes
         self.chat = chat
         self.logprobs = logprobs
         self.include_usage = include_usage
@@ -194,18 +200,18 @@ class OpenAIStreamEncoder:
         if self.chat:
             logprobs = None
             if self.logprobs:
-                entry = chat_logprob(self.token_text, event.token_id, event.logprob, event.top_logprobs)
+                entry = chat_logprob(self.token_bytes, event.token_id, event.logprob, event.top_logprobs)
                 logprobs = {"content": [entry.model_dump()]}
             choice = {"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
         else:
             logprobs = (
                 {
-                    "tokens": [self.token_text(event.token_id)],
+                    "tokens": [token_text(self.token_bytes(event.token_id))],
                     "token_logprobs": [logprob_or_floor(event.logprob)],
-                    "top_logprobs": None,
+                    "top_logprobs": [_completion_top(self.token_bytes, event.top_logprobs)] if self.logprobs else None,
                     "text_offset": [self.offset],
                 }
-                if self.logprobs
+                if self.logprobs is not None
                 else None
             )
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}

@@ -17,7 +17,7 @@ from app.api.openai.protocol import (
 )
 from app.api.openapi import V1_ERRORS, client_gone, errors, streamed
 from app.api.streaming import stream_response
-from app.errors import ServiceError
+from app.errors import InvalidRequest, ServiceError
 from app.serving.service import GenerationService, PromptInput, Submitted
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
@@ -45,17 +45,26 @@ def _submit(
     top_logprobs: int,
 ) -> Submitted:
     _check_model(service, body.model)
-    prepared = service.prepare(
-        prompt,
-        max_new_tokens=max_tokens,
-        temperature=body.effective_temperature,
-        top_p=body.effective_top_p,
-        seed=body.seed,
-        stop=body.stop,  # type: ignore[arg-type]
-        top_logprobs=top_logprobs,
-        policy=policy_request(body.tad.policy if body.tad else None),
-        max_tokens_field="max_tokens",
-    )
+    chat = isinstance(body, ChatCompletionRequest)
+    try:
+        prepared = service.prepare(
+            prompt,
+            max_new_tokens=max_tokens,
+            temperature=body.effective_temperature,
+            top_p=body.effective_top_p,
+            seed=body.seed,
+            stop=body.stop,  # type: ignore[arg-type]
+            top_logprobs=top_logprobs,
+            policy=policy_request(body.tad.policy if body.tad else None),
+            max_tokens_field="max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens",
+        )
+    except InvalidRequest as error:
+        # The service names its own fields; here the alternatives are `logprobs` and the `tad` extension.
+        if error.param == "top_logprobs" and not chat:
+            error.param, error.message = "logprobs", error.message.replace("top_logprobs", "logprobs", 1)
+        elif error.param is not None and error.param.startswith("policy"):
+            error.param = f"tad.{error.param}"
+        raise
     return service.submit(prepared, stream=body.stream, early_stop=bool(body.tad and body.tad.early_stop))
 
 
@@ -63,9 +72,9 @@ def _encoder(service: GenerationService, body: ChatCompletionRequest | Completio
     chat = isinstance(body, ChatCompletionRequest)
     return OpenAIStreamEncoder(
         service.served,
-        service.token_text,
+        service.token_bytes,
         chat=chat,
-        logprobs=bool(body.logprobs) if chat else body.logprobs is not None,
+        logprobs=int(bool(body.logprobs)) if chat else body.logprobs,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
     )
 
@@ -87,7 +96,7 @@ async def chat_completions(
     outcome = await service.finish(submitted, request)
     if outcome is None:
         return client_gone()
-    return chat_response(outcome, service.served, service.token_text, body.logprobs)
+    return chat_response(outcome, service.served, service.token_bytes, body.logprobs)
 
 
 @router.post(
@@ -103,7 +112,7 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     outcome = await service.finish(submitted, request)
     if outcome is None:
         return client_gone()
-    return completion_response(outcome, service.served, service.token_text, body.logprobs)
+    return completion_response(outcome, service.served, service.token_bytes, body.logprobs)
 
 
 @router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")

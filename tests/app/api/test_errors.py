@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -55,7 +56,8 @@ def test_generate_rejects_bad_input_naming_the_field(client: TestClient, payload
 
 def test_malformed_json_and_wrong_content(client: TestClient) -> None:
     bad_json = client.post("/v1/generate", content=b'{"prompt": ', headers={"content-type": "application/json"})
-    assert_error(bad_json, 422)
+    error = assert_error(bad_json, 422, "body")
+    assert error["message"].startswith("body: JSON decode error at character")
     assert_error(client.post("/v1/generate", json=["prompt"]), 422)
 
 
@@ -172,3 +174,31 @@ def test_internal_errors_do_not_leak(service_settings: Settings, monkeypatch: py
         assert "secret" not in response.text and "weights" not in error["message"]
         monkeypatch.undo()
         assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2}).status_code == 200
+
+
+HALF_EMOJI = "hi \ud83d"  # a string cut inside a surrogate pair, as JSON can carry it
+
+
+@pytest.mark.parametrize(
+    ("route", "payload", "param"),
+    [
+        ("/v1/generate", {"prompt": HALF_EMOJI}, "prompt"),
+        ("/v1/generate", {"messages": [{"role": "user", "content": HALF_EMOJI}]}, "messages.0.content"),
+        ("/v1/generate", {"prompt": "a", "stop": [HALF_EMOJI]}, "stop"),
+        ("/v1/score", {"prompt": "a", "response": HALF_EMOJI}, "response"),
+        ("/v1/completions", {"prompt": HALF_EMOJI}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": HALF_EMOJI}]}, "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": HALF_EMOJI}]}]},
+            "messages.0.content",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_a_422_naming_the_field(client: TestClient, route: str, payload: dict, param: str) -> None:
+    if route.startswith("/v1/c"):
+        payload = {"model": client.get("/v1/models").json()["data"][0]["id"], **payload}
+    body = json.dumps(payload).encode()  # ASCII JSON: the half pair travels as the escape "\ud83d"
+    response = client.post(route, content=body, headers={"content-type": "application/json"})
+    error = assert_error(response, 422, None, "invalid_request_error")
+    assert error["param"].startswith(param), error

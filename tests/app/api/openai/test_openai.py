@@ -74,9 +74,17 @@ def test_text_completion(client: openai.OpenAI) -> None:
     assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
     assert completion.model_extra["uncertainty"]["sequence"]["msp"] > 0
     streamed = list(
-        client.completions.create(model="model", prompt="the capital of", max_tokens=5, temperature=0, stream=True)
+        client.completions.create(
+            model="model", prompt="the capital of", max_tokens=5, temperature=0, stream=True, logprobs=2
+        )
     )
     assert "".join(c.choices[0].text for c in streamed).strip() != ""
+    streamed_logprobs = [c.choices[0].logprobs for c in streamed if c.choices[0].logprobs is not None]
+    # Each token's chunk carries its alternatives, as the whole response does.
+    assert len(streamed_logprobs) == len(choice.logprobs.top_logprobs)
+    for streamed_top, whole_top in zip(streamed_logprobs, choice.logprobs.top_logprobs, strict=True):
+        assert streamed_top.top_logprobs[0] == pytest.approx(whole_top)
+    assert [lp.tokens[0] for lp in streamed_logprobs] == choice.logprobs.tokens
 
 
 def test_seeded_sampling_reproduces(client: openai.OpenAI) -> None:
@@ -96,3 +104,11 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     assert penalty.value.body["param"] == "presence_penalty"
     with pytest.raises(openai.UnprocessableEntityError):
         client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=10_000)
+    with pytest.raises(openai.UnprocessableEntityError) as too_many:
+        client.chat.completions.create(model="model", messages=MESSAGES, max_completion_tokens=10_000)
+    assert too_many.value.body["param"] == "max_completion_tokens"
+    with pytest.raises(openai.UnprocessableEntityError) as target:
+        client.chat.completions.create(
+            model="model", messages=MESSAGES, extra_body={"tad": {"policy": {"target": "error@0.01"}}}
+        )
+    assert target.value.body["param"] == "tad.policy.target"
