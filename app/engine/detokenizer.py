@@ -32,21 +32,25 @@ def find_stop_string(decode: Decode, ids: Sequence[int], stops: Sequence[str]) -
     longest = max(len(stop) for stop in stops)
     # A character split over byte-level tokens decodes as U+FFFD until complete: counting that
     # placeholder would start the search past a stop string the last token completed.
-    previous = _settled_length(decode, ids[:-1])
+    previous = _settled_length(decode, ids[:-1], text)
     search_from = max(0, previous - longest + 1)
     hits = [pos for stop in stops if (pos := text.find(stop, search_from)) >= 0]
     if not hits:
         return None
     cut = min(hits)
     n_kept = len(ids)
-    while n_kept > 0 and _settled_length(decode, ids[: n_kept - 1]) >= cut:
+    while n_kept > 0 and _settled_length(decode, ids[: n_kept - 1], text) >= cut:
         n_kept -= 1
     return StopHit(text_end=cut, n_kept=n_kept)
 
 
-def _settled_length(decode: Decode, ids: Sequence[int]) -> int:
-    """Characters of the tokens' text, not counting an incomplete character at its end."""
-    return len(decode(ids).rstrip("\ufffd"))
+def _settled_length(decode: Decode, ids: Sequence[int], whole: str) -> int:
+    """Characters of the text of `ids` (a prefix of the tokens whose text is `whole`), not counting
+    an incomplete character at its end: U+FFFD that `whole` does not have there (a U+FFFD the model
+    wrote stays; one it spelled as three separate byte tokens reads like a placeholder, which only
+    means its partial tokens may count as complete)."""
+    prefix = decode(ids)
+    return len(prefix) if whole.startswith(prefix) else len(prefix.rstrip("\ufffd"))
 
 
 def final_text(decode: Decode, sequence: SequenceState) -> str:
@@ -63,6 +67,7 @@ class StreamDetokenizer:
     emitted: int = 0  # tokens whose piece was handed out
     emitted_text: str = ""
     text_ends: list[int] = field(default_factory=list)  # decoded length after each token (stop strings only)
+    text: str = ""  # the decoded text of every token so far (stop strings only)
 
     def ready(self, sequence: SequenceState, known: int) -> list[tuple[int, str]]:
         """(token index, text piece) of every token that can be sent now.
@@ -114,9 +119,12 @@ class StreamDetokenizer:
         """
         ids = [token.token_id for token in sequence.tokens]
         while len(self.text_ends) < len(ids):
-            self.text_ends.append(len(self.decode(ids[: len(self.text_ends) + 1])))
+            self.text = self.decode(ids[: len(self.text_ends) + 1])
+            self.text_ends.append(len(self.text))
         if not self.text_ends:
             return 0
-        settled = _settled_length(self.decode, ids)
+        # Whether a trailing U+FFFD is a placeholder or the model's own is not known yet: either
+        # way, holding its tokens back is safe.
+        settled = len(self.text.rstrip("\ufffd"))
         horizon = settled - max(len(stop) for stop in sequence.params.stop) + 1
         return sum(1 for end in self.text_ends if end <= horizon)

@@ -69,3 +69,17 @@ def test_a_stream_holds_back_a_stop_string_ending_in_a_split_character() -> None
             break
     assert sequence.finished and sequence.text == "東京"
     assert sent == "東京"  # "は" was held back until "で" settled whether the stop string is there
+
+
+def test_a_replacement_character_the_model_wrote_does_not_keep_the_stop_strings_token() -> None:
+    """U+FFFD in the answer itself (an invalid byte, or the character as one token) is text, not a
+    character still being completed: the token holding the stop string is not kept."""
+    literal = 256  # one token for the three bytes of U+FFFD, as a byte-level vocabulary has it
+
+    def decode_with_literal(ids: Sequence[int]) -> str:
+        return b"".join("\ufffd".encode() if i == literal else bytes([i]) for i in ids).decode(errors="replace")
+
+    for answer in ([*b"ok", 0x80, *b"\n"], [*b"ok", literal, *b"\n"]):
+        hit = find_stop_string(decode_with_literal, answer, ["\n"])
+        assert hit is not None and hit.text_end == 3
+        assert hit.n_kept == len(answer) - 1, answer
