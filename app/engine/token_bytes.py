@@ -44,6 +44,11 @@ def _replaces_metaspace(part: dict) -> bool:
     )
 
 
+def token_text(raw: bytes) -> str:
+    """A token's text: its bytes as UTF-8, a byte that is only part of a character shown as U+FFFD."""
+    return raw.decode("utf-8", errors="replace")
+
+
 class TokenBytes:
     """`token_bytes(token_id)`: the bytes a token stands for, as the tokenizer would decode them."""
 
@@ -69,5 +74,4 @@ class TokenBytes:
         return self._tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def text(self, token_id: int) -> str:
-        """The token's text: its bytes as UTF-8, a byte that is part of a character shown as U+FFFD."""
-        return self(token_id).decode("utf-8", errors="replace")
+        return token_text(self(token_id))

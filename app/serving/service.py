@@ -166,6 +166,7 @@ class GenerationService:
         top_logprobs: int = 0,
         policy: PolicyRequest | None = None,
         max_tokens_field: str = "max_new_tokens",
+        top_logprobs_field: str = "top_logprobs",
     ) -> PreparedGeneration:
         limit = self.settings.max_new_tokens_limit
         wanted = max_new_tokens if max_new_tokens is not None else min(self.settings.default_max_new_tokens, limit)
@@ -175,7 +176,9 @@ class GenerationService:
         if len(stops) > self.settings.max_stop_strings:
             raise InvalidRequest(f"at most {self.settings.max_stop_strings} stop strings", param="stop")
         if top_logprobs > self.settings.max_top_logprobs:
-            raise InvalidRequest(f"top_logprobs must be at most {self.settings.max_top_logprobs}", param="top_logprobs")
+            raise InvalidRequest(
+                f"{top_logprobs_field} must be at most {self.settings.max_top_logprobs}", param=top_logprobs_field
+            )
         prompt_ids = self.encode(prompt)
         self._check_context(len(prompt_ids), wanted, max_tokens_field)
         if temperature > 0 and seed is None:

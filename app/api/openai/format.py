@@ -24,6 +24,7 @@ from app.api.openai.protocol import (
 )
 from app.api.streaming import sse_data
 from app.engine.sequence import FinishReason
+from app.engine.token_bytes import token_text
 from app.errors import ServiceError, error_body
 from app.numeric import logprob_or_floor
 from app.serving.events import StreamedToken
@@ -39,11 +40,6 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
-
-
-def token_text(raw: bytes) -> str:
-    """A token's text: its bytes as UTF-8, a byte that is only part of a character shown as U+FFFD."""
-    return raw.decode("utf-8", errors="replace")
 
 
 def openai_finish_reason(reason: FinishReason | None) -> str:

@@ -56,13 +56,14 @@ def _submit(
             stop=body.stop,  # type: ignore[arg-type]
             top_logprobs=top_logprobs,
             policy=policy_request(body.tad.policy if body.tad else None),
-            max_tokens_field="max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens",
+            max_tokens_field="max_completion_tokens"
+            if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens
+            else "max_tokens",
+            top_logprobs_field="top_logprobs" if chat else "logprobs",
         )
     except InvalidRequest as error:
-        # The service names its own fields; here the alternatives are `logprobs` and the `tad` extension.
-        if error.param == "top_logprobs" and not chat:
-            error.param, error.message = "logprobs", error.message.replace("top_logprobs", "logprobs", 1)
-        elif error.param is not None and error.param.startswith("policy"):
+        # The policy override sits inside the `tad` extension here.
+        if error.param is not None and error.param.startswith("policy"):
             error.param = f"tad.{error.param}"
         raise
     return service.submit(prepared, stream=body.stream, early_stop=bool(body.tad and body.tad.early_stop))

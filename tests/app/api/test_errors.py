@@ -202,3 +202,13 @@ def test_a_lone_surrogate_is_a_422_naming_the_field(client: TestClient, route: s
     response = client.post(route, content=body, headers={"content-type": "application/json"})
     error = assert_error(response, 422, None, "invalid_request_error")
     assert error["param"].startswith(param), error
+
+
+def test_an_operators_logprob_limit_names_the_field_the_route_takes(service_settings: Settings) -> None:
+    with make_client(service_settings, max_top_logprobs=2) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        completion = client.post("/v1/completions", json={"model": model, "prompt": "a", "logprobs": 3})
+        assert assert_error(completion, 422, "logprobs")["message"].startswith("logprobs must be at most 2")
+        chat = {"model": model, "messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 3}
+        assert_error(client.post("/v1/chat/completions", json=chat), 422, "top_logprobs")
+        assert_error(client.post("/v1/generate", json={"prompt": "a", "top_logprobs": 3}), 422, "top_logprobs")
