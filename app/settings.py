@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(8, ge=1)
     max_queue: int = Field(64, ge=0, description="waiting requests beyond the running batch; more get 429")
     batch_window_ms: float = Field(10.0, ge=0.0, description="how long an idle scheduler waits to fill a batch")
+    prefill_chunk_tokens: int = Field(
+        512,
+        ge=0,
+        description="prompt tokens a prefill runs between two decode steps of running answers (0: whole prompt)",
+    )
     request_timeout_s: float = Field(300.0, gt=0.0, description="per-request deadline")
     graceful_shutdown_s: float = Field(30.0, ge=0.0, description="on SIGTERM, time in-flight requests get")
 

@@ -117,6 +117,71 @@ def _merge_layer(own: object, new: object, mine: int, theirs: int) -> None:
     own.values = torch.cat([_pad_cache_left(own_values, own_pad), _pad_cache_left(new_values, new_pad)])  # type: ignore[attr-defined]
 
 
+class PromptPrefill:
+    """Prompts run through the model a chunk of columns at a time (chunked prefill).
+
+    A server prefilling a long prompt in one forward pauses every running answer for its whole
+    length; in chunks, the running batch steps between them. The prompts are left-padded as one
+    block and each chunk attends to the columns before it through the cache, so the result equals
+    one forward to float rounding. Chunks before the last skip the output head: no token is chosen
+    from them.
+    """
+
+    def __init__(self, context: DecodeContext, requests: Sequence[GenerationRequest]) -> None:
+        if not requests:
+            raise ValueError("nothing to prefill")
+        self.context = context
+        self.requests = list(requests)
+        ids, mask = left_pad([request.prompt_ids for request in self.requests], context.pad_token_id)
+        self.ids, self.mask = ids.to(context.device), mask.to(context.device)
+        self.positions = positions_from_mask(self.mask)
+        self.cache = DynamicCache(config=context.model.config)
+        self.done_columns = 0
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[1])
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Prompt tokens (rows times columns, padding included) still to run."""
+        return (self.width - self.done_columns) * len(self.requests)
+
+    def advance(self, max_tokens: int | None = None) -> DecodeBatch | None:
+        """Run the next chunk of at most `max_tokens` tokens (at least one column; None: all that
+        is left); once the last column has run, the batch with every sequence's first token."""
+        columns = self.width - self.done_columns
+        if max_tokens is not None:
+            columns = min(columns, max(1, max_tokens // len(self.requests)))
+        start, end = self.done_columns, self.done_columns + columns
+        inputs = {
+            "input_ids": self.ids[:, start:end],
+            "attention_mask": self.mask[:, :end],
+            "position_ids": self.positions[:, start:end],
+            "past_key_values": self.cache,
+            "use_cache": True,
+        }
+        last = end == self.width
+        with torch.inference_mode():
+            if last:
+                logits = self.context.model(**inputs, logits_to_keep=1).logits[:, -1, :]
+            else:
+                self.context.decoder(**inputs)
+        self.done_columns = end
+        if not last:
+            return None
+        context = self.context
+        sequences = [
+            SequenceState(
+                request=r, generator=make_generator(r.params), wants_rows=context.capturing, last_row=context.last_row
+            )
+            for r in self.requests
+        ]
+        batch = DecodeBatch(context, sequences, self.cache, self.mask, self.mask.long().sum(-1))
+        batch._choose_next(logits, active=list(range(len(sequences))))
+        return batch
+
+
 class DecodeBatch:
     """Sequences that advance together; see the module docstring."""
 
@@ -137,27 +202,9 @@ class DecodeBatch:
     # ------------------------------------------------------------------ creation
     @classmethod
     def prefill(cls, context: DecodeContext, requests: Sequence[GenerationRequest]) -> DecodeBatch:
-        """Run the prompts and choose every sequence's first token."""
-        ids, mask = left_pad([request.prompt_ids for request in requests], context.pad_token_id)
-        ids, mask = ids.to(context.device), mask.to(context.device)
-        cache = DynamicCache(config=context.model.config)
-        with torch.inference_mode():
-            output = context.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions_from_mask(mask),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        sequences = [
-            SequenceState(
-                request=r, generator=make_generator(r.params), wants_rows=context.capturing, last_row=context.last_row
-            )
-            for r in requests
-        ]
-        batch = cls(context, sequences, cache, mask, mask.long().sum(-1))
-        batch._choose_next(output.logits[:, -1, :], active=list(range(len(sequences))))
+        """Run the prompts in one forward and choose every sequence's first token."""
+        batch = PromptPrefill(context, requests).advance()
+        assert batch is not None
         return batch
 
     # ------------------------------------------------------------------ stepping

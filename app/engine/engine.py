@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from jinja2 import TemplateError
 
-from app.engine.decoding import DecodeBatch, DecodeContext, run_continuously, run_to_completion
+from app.engine.decoding import DecodeContext, PromptPrefill, run_continuously, run_to_completion
 from app.engine.detokenizer import StreamDetokenizer
 from app.engine.loading import LoadedModel, ModelIdentity
 from app.engine.sequence import GenerationRequest, SequenceState, trace_of
@@ -131,8 +131,9 @@ class Engine:
         return self._token_bytes.text(token_id)
 
     # ------------------------------------------------------------------ compute
-    def prefill(self, requests: Sequence[GenerationRequest]) -> DecodeBatch:
-        return DecodeBatch.prefill(self.context, requests)
+    def start_prefill(self, requests: Sequence[GenerationRequest]) -> PromptPrefill:
+        """A prefill to run chunk by chunk (`PromptPrefill.advance`)."""
+        return PromptPrefill(self.context, requests)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[SequenceState]:
         """Generate all requests as one batch, to completion."""

@@ -138,6 +138,7 @@ class Runtime:
             max_queue=settings.max_queue,
             batch_window_s=settings.batch_window_ms / 1000.0,
             on_batch=self.metrics.batch_size.observe,
+            prefill_chunk_tokens=settings.prefill_chunk_tokens,
         )
         self.scheduler.start()
         self.load_seconds = round(time.monotonic() - started, 2)

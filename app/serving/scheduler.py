@@ -3,10 +3,13 @@
 Requests wait in a bounded queue. The worker admits them into the running batch between
 decode steps (an idle worker first waits a short window for more to arrive), prefills
 them together, merges them into the batch, and steps the whole batch one token at a
-time; finished sequences leave at once. Teacher-forced scoring requests are run between
-steps. The scheduler only batches: what a request wants after each step (streamed tokens,
-early stop, the scored result) is its observer's business (`app/serving/progress.py`);
-the events reach the request through an asyncio queue fed thread-safely.
+time; finished sequences leave at once. While other answers are decoding, a prefill runs
+at most `prefill_chunk_tokens` prompt tokens between two of their steps (chunked prefill),
+so a long prompt delays the running answers by a chunk at a time instead of its whole length.
+Teacher-forced scoring requests are run between steps. The scheduler only batches: what a
+request wants after each step (streamed tokens, early stop, the scored result) is its
+observer's business (`app/serving/progress.py`); the events reach the request through an
+asyncio queue fed thread-safely.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.engine.decoding import DecodeBatch
+from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
 from app.errors import DeadlineExceeded, Overloaded, ServiceError
@@ -92,13 +95,17 @@ class Scheduler:
         max_queue: int,
         batch_window_s: float,
         on_batch: Callable[[int], None] | None = None,
+        prefill_chunk_tokens: int = 0,
     ) -> None:
+        """`prefill_chunk_tokens`: prompt tokens a prefill may run between two decode steps of the
+        running batch (0: a prefill runs whole)."""
         self.engine = engine
         self.scorer = scorer
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.stats = SchedulerStats()
         self._waiting: deque[GenerationItem] = deque()
         self._scoring: deque[ScoringItem] = deque()
@@ -107,6 +114,9 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
+        # The prefill under way (chunked) and the items it admits; only the worker touches them.
+        self._prefill: PromptPrefill | None = None
+        self._prefill_items: list[GenerationItem] = []
         self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
 
     # ------------------------------------------------------------------ lifecycle
@@ -174,19 +184,21 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._condition:
-                if self._stopping and not self._items and not self._waiting and not self._scoring:
+                busy = bool(self._items or self._prefill_items)
+                if self._stopping and not busy and not self._waiting and not self._scoring:
                     return
-                if not self._items and not self._waiting and not self._scoring:
+                if not busy and not self._waiting and not self._scoring:
                     self._condition.wait(timeout=0.5)
                     continue
-                if not self._items and self._waiting and self.batch_window_s > 0:
+                if not busy and self._waiting and self.batch_window_s > 0:
                     window_end = time.monotonic() + self.batch_window_s
                     while len(self._waiting) < self.max_batch_size and not self._stopping:
                         remaining = window_end - time.monotonic()
                         if remaining <= 0:
                             break
                         self._condition.wait(timeout=remaining)
-                free = self.max_batch_size - len(self._items)
+                # Requests that arrive during a chunked prefill join the next one.
+                free = 0 if self._prefill is not None else self.max_batch_size - len(self._items)
                 admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 scoring = list(self._scoring)
                 self._scoring.clear()
@@ -203,7 +215,12 @@ class Scheduler:
         now = time.monotonic()
         live = [item for item in admitted if self._still_wanted(item, now)]
         if live:
-            self._prefill(live)
+            self._prefill = self.engine.start_prefill([item.request for item in live if item.request is not None])
+            self._prefill_items = live
+            for item in live:
+                item.admitted_at = now
+        if self._prefill is not None:
+            self._advance_prefill()
         if self._batch is not None and self._batch.sequences:
             self._check_abandoned()
             self._batch.step()
@@ -241,12 +258,25 @@ class Scheduler:
                 for item in chunk:
                     self._answer(item, Failure(ServiceError("scoring failed; see the server log")))
 
-    def _prefill(self, items: list[GenerationItem]) -> None:
-        started = time.monotonic()
-        batch = self.engine.prefill([item.request for item in items if item.request is not None])
+    def _advance_prefill(self) -> None:
+        """Run the prefill's next chunk (all of it when nothing else is decoding); merge it when done."""
+        assert self._prefill is not None
+        items = self._prefill_items
+        now = time.monotonic()
+        if all(item.cancelled or now > item.deadline for item in items):
+            # Nobody waits for this prompt any more: stop spending chunks on it.
+            self._prefill, self._prefill_items = None, []
+            for item in items:
+                self._still_wanted(item, now)
+            return
+        running = self._batch is not None and bool(self._batch.sequences)
+        budget = self.prefill_chunk_tokens if running and self.prefill_chunk_tokens > 0 else None
+        batch = self._prefill.advance(budget)
+        if batch is None:
+            return
+        self._prefill, self._prefill_items = None, []
         for item, sequence in zip(items, batch.sequences, strict=True):
             item.sequence = sequence
-            item.admitted_at = started
             self._items[id(sequence)] = item
         if self._batch is None or not self._batch.sequences:
             self._batch = batch
@@ -315,8 +345,9 @@ class Scheduler:
 
     def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         failure = Failure(ServiceError("generation failed inside the model; see the server log"))
-        unique = {id(item): item for item in [*admitted, *scoring, *self._items.values()]}
+        unique = {id(item): item for item in [*admitted, *scoring, *self._prefill_items, *self._items.values()]}
         for item in unique.values():
             self._answer(item, failure)
         self._items.clear()
         self._batch = None
+        self._prefill, self._prefill_items = None, []

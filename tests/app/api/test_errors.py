@@ -168,7 +168,7 @@ def test_internal_errors_do_not_leak(service_settings: Settings, monkeypatch: py
         raise RuntimeError("secret internal detail /home/user/weights")
 
     with make_client(service_settings) as client:
-        monkeypatch.setattr(Engine, "prefill", broken)
+        monkeypatch.setattr(Engine, "start_prefill", broken)
         response = client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2})
         error = assert_error(response, 500)
         assert "secret" not in response.text and "weights" not in error["message"]

@@ -4,7 +4,8 @@ One row per family (tests/fixtures/architectures.py). For each: generated rows a
 log-probabilities equal eager attention's on the full text (float32, 1e-5), on the fused
 CPU kernel and on the generic path; batched equals one by one; sequences joining and
 leaving a running batch (that model's cache type, sliding-window layers included) equal
-alone; teacher-forced scoring of the answer equals what generation recorded.
+alone; a prefill run in chunks (some shorter than the sliding window) equals one forward;
+teacher-forced scoring of the answer equals what generation recorded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from app.engine.architectures import TESTED_ARCHITECTURES, check_architecture
-from app.engine.decoding import DecodeBatch
+from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.loading import ModelLoadError, load_model
 from app.engine.sampling import SamplingParams
@@ -98,6 +99,23 @@ def test_sequences_joining_and_leaving_a_running_batch_equal_alone(family: tuple
         batch.step()
         batch.pop_done()
     for request, sequence in zip((first, second, third), everything, strict=True):
+        _assert_same(engine, sequence, engine.generate([request])[0])
+
+
+@pytest.mark.parametrize("columns", [1, 3, 7])
+def test_a_prefill_in_chunks_equals_one_forward(family: tuple[Engine, PreTrainedModel], columns: int) -> None:
+    engine, _ = family
+    requests = _requests(engine)
+    prefill = PromptPrefill(engine.context, requests)
+    chunks = 1
+    while (batch := prefill.advance(columns * len(requests))) is None:
+        chunks += 1
+    assert chunks == -(-prefill.width // columns)
+    sequences = list(batch.sequences)
+    while batch.sequences:
+        batch.step()
+        batch.pop_done()
+    for request, sequence in zip(requests, sequences, strict=True):
         _assert_same(engine, sequence, engine.generate([request])[0])
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
 
+from app.engine.decoding import PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
@@ -101,3 +103,98 @@ def test_a_request_past_its_deadline_fails_with_deadline_exceeded(engine: Engine
 
     event = _run(scheduler, body)
     assert isinstance(event, Failure) and isinstance(event.error, DeadlineExceeded)
+
+
+class ChunkRecorder:
+    """Wraps `engine.start_prefill`: after every chunk, how far the prefill is and how many tokens
+    the answer already running has."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.start_prefill = engine.start_prefill
+        self.running: GenerationItem | None = None
+        self.jobs: list[list[tuple[int, int]]] = []  # per prefill: (columns done, running answer's tokens)
+        self.widths: list[int] = []
+
+    def __call__(self, requests: list[GenerationRequest]) -> PromptPrefill:
+        job = self.start_prefill(requests)
+        chunks: list[tuple[int, int]] = []
+        self.jobs.append(chunks)
+        self.widths.append(job.width)
+        advance = job.advance
+
+        def recorded(max_tokens: int | None = None) -> object:
+            batch = advance(max_tokens)
+            sequence = self.running.sequence if self.running is not None else None
+            chunks.append((job.done_columns, len(sequence.tokens) if sequence is not None else 0))
+            return batch
+
+        job.advance = recorded  # type: ignore[method-assign]
+        return job
+
+
+async def _until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+LONG_PROMPT = tuple(5 + i % 30 for i in range(40))
+
+
+def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_its_steps(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = ChunkRecorder(engine)
+    monkeypatch.setattr(engine, "start_prefill", recorder)
+    scheduler = Scheduler(
+        engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0, prefill_chunk_tokens=8
+    )
+
+    async def body() -> list[object]:
+        loop = asyncio.get_running_loop()
+        running, joining = _item(loop, (5, 6), tokens=60), _item(loop, LONG_PROMPT, tokens=6)
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        scheduler.submit_generation(joining)
+        return [await asyncio.wait_for(item.events.get(), 60) for item in (running, joining)]
+
+    answers = _run(scheduler, body)
+    first, second = recorder.jobs
+    assert len(first) == 1  # nothing was decoding: the first prompt ran whole
+    assert [columns for columns, _ in second] == [8, 16, 24, 32, 40]
+    running_tokens = [tokens for _, tokens in second]
+    assert all(later > earlier for earlier, later in itertools.pairwise(running_tokens))
+    for (tag, sequence, _), prompt, tokens in zip(answers, ((5, 6), LONG_PROMPT), (60, 6), strict=True):  # type: ignore[misc]
+        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=tokens))])[0]
+        assert tag == "done"
+        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+    assert scheduler.in_flight == 0
+
+
+def test_a_prompt_cancelled_during_its_chunked_prefill_stops_taking_chunks(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = ChunkRecorder(engine)
+    monkeypatch.setattr(engine, "start_prefill", recorder)
+    scheduler = Scheduler(
+        engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0, prefill_chunk_tokens=1
+    )
+
+    async def body() -> object:
+        loop = asyncio.get_running_loop()
+        running, joining = _item(loop, (5, 6), tokens=80), _item(loop, LONG_PROMPT, tokens=6)
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        scheduler.submit_generation(joining)
+        await _until(lambda: len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 2)
+        scheduler.cancel(joining)
+        return await asyncio.wait_for(running.events.get(), 60)
+
+    tag, sequence, _ = _run(scheduler, body)  # type: ignore[misc]
+    assert tag == "done" and len(sequence.kept_tokens) == 80
+    columns_done = recorder.jobs[1][-1][0]
+    assert columns_done < recorder.widths[1] - 10  # one column per step: it stopped long before the end
+    assert scheduler.in_flight == 0
