@@ -116,6 +116,22 @@ def chat_response(
     )
 
 
+def text_offsets(token_texts: list[str], text: str) -> list[int]:
+    """Where each token starts in the returned `text`.
+
+    The tokens' own texts carry every space, while a SentencePiece decoder that strips the first
+    token's leading space (Llama 2, Mistral, Gemma) returns the text without it: offsets count
+    from the text the client got, as the streamed chunks' offsets do.
+    """
+    joined = "".join(token_texts)
+    stripped = (len(joined) - len(joined.lstrip(" "))) - (len(text) - len(text.lstrip(" ")))
+    offsets, position = [], 0
+    for token in token_texts:
+        offsets.append(max(0, position - max(0, stripped)))
+        position += len(token)
+    return offsets
+
+
 def completion_response(
     outcome: GenerationOutcome, served: ServedModel, token_bytes: TokenBytes, logprobs: int | None
 ) -> CompletionResponse:
@@ -124,15 +140,11 @@ def completion_response(
     choice_logprobs = None
     if logprobs is not None:
         texts = [token_text(token_bytes(t.token_id)) for t in kept]
-        offsets, position = [], 0
-        for text in texts:
-            offsets.append(position)
-            position += len(text)
         choice_logprobs = CompletionLogprobs(
             tokens=texts,
             token_logprobs=[logprob_or_floor(t.logprob) for t in kept],
             top_logprobs=[_completion_top(token_bytes, t.top_logprobs) for t in kept] if logprobs > 0 else None,
-            text_offset=offsets,
+            text_offset=text_offsets(texts, sequence.text),
         )
     return CompletionResponse(
         id=new_id("cmpl"),
