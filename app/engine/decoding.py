@@ -142,15 +142,12 @@ class PromptPrefill:
     def width(self) -> int:
         return int(self.ids.shape[1])
 
-    @property
-    def remaining_tokens(self) -> int:
-        """Prompt tokens (rows times columns, padding included) still to run."""
-        return (self.width - self.done_columns) * len(self.requests)
-
     def advance(self, max_tokens: int | None = None) -> DecodeBatch | None:
         """Run the next chunk of at most `max_tokens` tokens (at least one column; None: all that
         is left); once the last column has run, the batch with every sequence's first token."""
         columns = self.width - self.done_columns
+        if columns == 0:
+            raise RuntimeError("this prefill is already done")
         if max_tokens is not None:
             columns = min(columns, max(1, max_tokens // len(self.requests)))
         start, end = self.done_columns, self.done_columns + columns

@@ -3,10 +3,11 @@
 Requests wait in a bounded queue. The worker admits them into the running batch between
 decode steps (an idle worker first waits a short window for more to arrive), prefills
 them together, merges them into the batch, and steps the whole batch one token at a
-time; finished sequences leave at once. While other answers are decoding, a prefill runs
-at most `prefill_chunk_tokens` prompt tokens between two of their steps (chunked prefill),
-so a long prompt delays the running answers by a chunk at a time instead of its whole length.
-Teacher-forced scoring requests are run between steps. The scheduler only batches: what a
+time; finished sequences leave at once. Admitted prompts that fit in `prefill_chunk_tokens`
+together are prefilled at once; longer ones run that many prompt tokens between two steps of
+the answers already decoding (chunked prefill, one pending prefill a step, oldest first), so a
+long prompt delays running answers a chunk at a time and a short prompt arriving meanwhile is
+not held behind it. Teacher-forced scoring requests are run between steps. The scheduler only batches: what a
 request wants after each step (streamed tokens, early stop, the scored result) is its
 observer's business (`app/serving/progress.py`); the events reach the request through an
 asyncio queue fed thread-safely.
@@ -77,12 +78,20 @@ class ScoringItem(WorkItem):
     scorer: AnswerScorer | None = None  # the artifact the request started with (None: the scheduler's)
 
 
+@dataclass(eq=False)
+class PendingPrefill:
+    """A chunked prefill under way and the items it admits."""
+
+    prefill: PromptPrefill
+    items: list[GenerationItem]
+
+
 @dataclass
 class SchedulerStats:
     """What the metrics read (written by the worker, read by the event loop)."""
 
     queue_depth: int = 0
-    running: int = 0
+    running: int = 0  # admitted: decoding or being prefilled
     average_request_s: float = 1.0
 
 
@@ -114,9 +123,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
-        # The prefill under way (chunked) and the items it admits; only the worker touches them.
-        self._prefill: PromptPrefill | None = None
-        self._prefill_items: list[GenerationItem] = []
+        self._prefills: deque[PendingPrefill] = deque()  # chunked prefills under way; the worker's own
         self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
 
     # ------------------------------------------------------------------ lifecycle
@@ -184,7 +191,8 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._condition:
-                busy = bool(self._items or self._prefill_items)
+                prefilling = self._prefilling()
+                busy = bool(self._items) or prefilling > 0
                 if self._stopping and not busy and not self._waiting and not self._scoring:
                     return
                 if not busy and not self._waiting and not self._scoring:
@@ -197,8 +205,7 @@ class Scheduler:
                         if remaining <= 0:
                             break
                         self._condition.wait(timeout=remaining)
-                # Requests that arrive during a chunked prefill join the next one.
-                free = 0 if self._prefill is not None else self.max_batch_size - len(self._items)
+                free = self.max_batch_size - len(self._items) - prefilling
                 admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 scoring = list(self._scoring)
                 self._scoring.clear()
@@ -215,24 +222,24 @@ class Scheduler:
         now = time.monotonic()
         live = [item for item in admitted if self._still_wanted(item, now)]
         if live:
-            self._prefill = self.engine.start_prefill([item.request for item in live if item.request is not None])
-            self._prefill_items = live
-            for item in live:
-                item.admitted_at = now
-        if self._prefill is not None:
+            self._start_prefills(live, now)
+        if self._prefills:
             self._advance_prefill()
         if self._batch is not None and self._batch.sequences:
             self._check_abandoned()
             self._batch.step()
             self._after_step()
-        self.stats.running = len(self._items)
+        self.stats.running = len(self._items) + self._prefilling()
 
-    def _still_wanted(self, item: WorkItem, now: float) -> bool:
+    def _prefilling(self) -> int:
+        return sum(len(pending.items) for pending in self._prefills)
+
+    def _still_wanted(self, item: WorkItem, now: float, stage: str = "queued") -> bool:
         if item.cancelled:
             self._release(item)
             return False
         if now > item.deadline:
-            self._answer(item, Failure(DeadlineExceeded("the request's deadline passed while it was queued")))
+            self._answer(item, Failure(DeadlineExceeded(f"the request's deadline passed while it was {stage}")))
             return False
         return True
 
@@ -258,23 +265,51 @@ class Scheduler:
                 for item in chunk:
                     self._answer(item, Failure(ServiceError("scoring failed; see the server log")))
 
+    def _start_prefills(self, items: list[GenerationItem], now: float) -> None:
+        """Prefill at once the shortest prompts that fit in one chunk together; queue the rest as one
+        chunked prefill (left-padded together, so similar lengths waste little)."""
+        for item in items:
+            item.admitted_at = now
+        budget = self.prefill_chunk_tokens
+        at_once = items
+        if budget > 0:
+            by_length = sorted(items, key=lambda item: len(item.request.prompt_ids) if item.request else 0)
+            at_once = []
+            for item in by_length:
+                width = len(item.request.prompt_ids) if item.request else 0
+                if (len(at_once) + 1) * width > budget:
+                    break
+                at_once.append(item)
+            rest = by_length[len(at_once) :]
+            if rest:
+                prefill = self.engine.start_prefill([item.request for item in rest if item.request is not None])
+                self._prefills.append(PendingPrefill(prefill, rest))
+        if at_once:
+            prefill = self.engine.start_prefill([item.request for item in at_once if item.request is not None])
+            batch = prefill.advance()
+            assert batch is not None
+            self._join(at_once, batch)
+
     def _advance_prefill(self) -> None:
-        """Run the prefill's next chunk (all of it when nothing else is decoding); merge it when done."""
-        assert self._prefill is not None
-        items = self._prefill_items
+        """The oldest pending prefill's next chunk (all of it when nothing is decoding); merged when done."""
+        pending = self._prefills[0]
         now = time.monotonic()
-        if all(item.cancelled or now > item.deadline for item in items):
-            # Nobody waits for this prompt any more: stop spending chunks on it.
-            self._prefill, self._prefill_items = None, []
-            for item in items:
-                self._still_wanted(item, now)
+        if all(item.cancelled or now > item.deadline for item in pending.items):
+            # Nobody waits for these prompts any more: stop spending chunks on them.
+            self._prefills.popleft()
+            for item in pending.items:
+                self._still_wanted(item, now, stage="prefilled")
             return
         running = self._batch is not None and bool(self._batch.sequences)
         budget = self.prefill_chunk_tokens if running and self.prefill_chunk_tokens > 0 else None
-        batch = self._prefill.advance(budget)
+        batch = pending.prefill.advance(budget)
         if batch is None:
             return
-        self._prefill, self._prefill_items = None, []
+        self._prefills.popleft()
+        self._join(pending.items, batch)
+
+    def _join(self, items: list[GenerationItem], batch: DecodeBatch) -> None:
+        """Prefilled sequences join the running batch; their first tokens go out."""
         for item, sequence in zip(items, batch.sequences, strict=True):
             item.sequence = sequence
             self._items[id(sequence)] = item
@@ -345,9 +380,11 @@ class Scheduler:
 
     def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         failure = Failure(ServiceError("generation failed inside the model; see the server log"))
-        unique = {id(item): item for item in [*admitted, *scoring, *self._prefill_items, *self._items.values()]}
+        prefilling = [item for pending in self._prefills for item in pending.items]
+        unique = {id(item): item for item in [*admitted, *scoring, *prefilling, *self._items.values()]}
         for item in unique.values():
             self._answer(item, failure)
         self._items.clear()
         self._batch = None
-        self._prefill, self._prefill_items = None, []
+        self._prefills.clear()
+        self.stats.running = 0

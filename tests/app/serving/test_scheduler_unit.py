@@ -198,3 +198,144 @@ def test_a_prompt_cancelled_during_its_chunked_prefill_stops_taking_chunks(
     columns_done = recorder.jobs[1][-1][0]
     assert columns_done < recorder.widths[1] - 10  # one column per step: it stopped long before the end
     assert scheduler.in_flight == 0
+
+
+def _chunked_scheduler(engine: Engine, chunk_tokens: int) -> Scheduler:
+    return Scheduler(
+        engine, AnswerScorer(None), max_batch_size=4, max_queue=4, batch_window_s=0.0, prefill_chunk_tokens=chunk_tokens
+    )
+
+
+def test_a_short_prompt_arriving_during_a_long_chunked_prefill_is_not_held_behind_it(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = ChunkRecorder(engine)
+    monkeypatch.setattr(engine, "start_prefill", recorder)
+    scheduler = _chunked_scheduler(engine, chunk_tokens=4)
+    long_prompt, short_prompt = LONG_PROMPT * 3, (7, 8, 9)
+    seen: dict[str, int] = {}
+
+    async def body() -> list[object]:
+        loop = asyncio.get_running_loop()
+        running, joining, short = (
+            _item(loop, (5, 6), tokens=200),
+            _item(loop, long_prompt, tokens=6),
+            _item(loop, short_prompt, tokens=3),
+        )
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        scheduler.submit_generation(joining)
+        await _until(lambda: len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 2)
+        await _until(lambda: scheduler.stats.running == 2)  # the prompt being prefilled counts as admitted
+        scheduler.submit_generation(short)
+        short_answer = await asyncio.wait_for(short.events.get(), 60)
+        seen["long_prompt_columns_then"] = recorder.jobs[1][-1][0]
+        long_answer = await asyncio.wait_for(joining.events.get(), 60)
+        scheduler.cancel(running)
+        return [long_answer, short_answer]
+
+    answers = _run(scheduler, body)
+    assert seen["long_prompt_columns_then"] < len(long_prompt)  # answered while the long prompt was still prefilling
+    for (tag, sequence, _), prompt, tokens in zip(answers, (long_prompt, short_prompt), (6, 3), strict=True):  # type: ignore[misc]
+        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=tokens))])[0]
+        assert tag == "done"
+        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+    _wait_until_idle(scheduler)
+
+
+def _wait_until_idle(scheduler: Scheduler) -> None:
+    deadline = time.monotonic() + 10
+    while scheduler.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduler.in_flight == 0
+
+
+def test_when_the_running_answers_end_a_pending_prefill_runs_whole(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = ChunkRecorder(engine)
+    monkeypatch.setattr(engine, "start_prefill", recorder)
+    scheduler = _chunked_scheduler(engine, chunk_tokens=1)
+
+    async def body() -> object:
+        loop = asyncio.get_running_loop()
+        running, joining = _item(loop, (5, 6), tokens=6), _item(loop, LONG_PROMPT, tokens=6)
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        scheduler.submit_generation(joining)
+        await asyncio.wait_for(running.events.get(), 60)
+        return await asyncio.wait_for(joining.events.get(), 60)
+
+    tag, sequence, _ = _run(scheduler, body)  # type: ignore[misc]
+    alone = engine.generate([GenerationRequest(LONG_PROMPT, SamplingParams(max_new_tokens=6))])[0]
+    assert tag == "done" and [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+    columns = [done for done, _ in recorder.jobs[1]]
+    assert columns[-1] == len(LONG_PROMPT) and columns[-1] - columns[-2] > 1  # the rest in one forward
+    _wait_until_idle(scheduler)
+
+
+def test_a_model_failure_in_a_later_chunk_fails_its_requests_and_the_scheduler_serves_on(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = ChunkRecorder(engine)
+
+    def failing_on_the_third_chunk(requests: list[GenerationRequest]) -> PromptPrefill:
+        job = recorder(requests)
+        advance = job.advance
+
+        def advance_or_fail(max_tokens: int | None = None) -> object:
+            if len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 2:
+                raise RuntimeError("the model failed")
+            return advance(max_tokens)
+
+        job.advance = advance_or_fail  # type: ignore[method-assign]
+        return job
+
+    monkeypatch.setattr(engine, "start_prefill", failing_on_the_third_chunk)
+    scheduler = _chunked_scheduler(engine, chunk_tokens=1)
+
+    async def body() -> list[object]:
+        loop = asyncio.get_running_loop()
+        running, joining = _item(loop, (5, 6), tokens=80), _item(loop, LONG_PROMPT, tokens=6)
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        scheduler.submit_generation(joining)
+        failures = [await asyncio.wait_for(item.events.get(), 60) for item in (running, joining)]
+        monkeypatch.setattr(engine, "start_prefill", recorder.start_prefill)
+        later = _item(loop, (5, 6), tokens=3)
+        scheduler.submit_generation(later)
+        return [*failures, await asyncio.wait_for(later.events.get(), 60)]
+
+    running_event, joining_event, later_event = _run(scheduler, body)  # type: ignore[misc]
+    assert isinstance(running_event, Failure) and isinstance(joining_event, Failure)
+    assert later_event[0] == "done"  # type: ignore[index]
+    _wait_until_idle(scheduler)
+
+
+def test_a_deadline_passing_during_a_chunked_prefill_answers_at_once(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = ChunkRecorder(engine)
+    monkeypatch.setattr(engine, "start_prefill", recorder)
+    scheduler = _chunked_scheduler(engine, chunk_tokens=1)
+    long_prompt = LONG_PROMPT * 10  # 400 chunks: far more than fit in the deadline
+
+    async def body() -> object:
+        loop = asyncio.get_running_loop()
+        running, joining = _item(loop, (5, 6), tokens=5000), _item(loop, long_prompt, tokens=6, deadline_s=0.3)
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        scheduler.submit_generation(joining)
+        event = await asyncio.wait_for(joining.events.get(), 60)
+        scheduler.cancel(running)
+        return event
+
+    event = _run(scheduler, body)
+    assert isinstance(event, Failure) and isinstance(event.error, DeadlineExceeded)
+    assert "prefilled" in str(event.error)
+    assert recorder.jobs[1][-1][0] < len(long_prompt)
+    _wait_until_idle(scheduler)
