@@ -106,6 +106,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
             "max_body_bytes": settings.max_body_bytes,
             "max_batch_size": settings.max_batch_size,
             "max_queue": settings.max_queue,
+            "prefill_chunk_tokens": settings.prefill_chunk_tokens,
             "request_timeout_s": settings.request_timeout_s,
         },
         version=__version__,

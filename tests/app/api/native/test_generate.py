@@ -110,6 +110,7 @@ def test_info_describes_model_artifact_and_policy(client: TestClient) -> None:
     assert info["artifact"]["features"]["n_lags"] == 4 and info["artifact"]["files"]
     assert info["policy"]["method"] == "tad" and info["policy"]["active"]
     assert info["limits"]["max_new_tokens"] == 32
+    assert info["limits"]["prefill_chunk_tokens"] == Settings().prefill_chunk_tokens
 
 
 def test_served_model_name(service_settings: Settings) -> None:
