@@ -56,7 +56,8 @@ class Settings(BaseSettings):
     prefill_chunk_tokens: int = Field(
         512,
         ge=0,
-        description="prompt tokens a prefill runs between two decode steps of running answers (0: whole prompt)",
+        description="prompt tokens a prefill or scoring pass runs between two decode steps of running answers "
+        "(0: whole prompt)",
     )
     request_timeout_s: float = Field(300.0, gt=0.0, description="per-request deadline")
     graceful_shutdown_s: float = Field(30.0, ge=0.0, description="on SIGTERM, time in-flight requests get")

@@ -14,7 +14,7 @@ from app.engine.decoding import DecodeContext, PromptPrefill, run_continuously, 
 from app.engine.detokenizer import StreamDetokenizer
 from app.engine.loading import LoadedModel, ModelIdentity
 from app.engine.sequence import GenerationRequest, SequenceState, trace_of
-from app.engine.teacher_forcing import score_responses
+from app.engine.teacher_forcing import ScoringPass, score_responses
 from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
 
@@ -152,3 +152,7 @@ class Engine:
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
         """Teacher-forced traces of given (prompt ids, response ids) pairs."""
         return score_responses(self.context, pairs)
+
+    def start_scoring(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> ScoringPass:
+        """A teacher-forced scoring pass to run chunk by chunk (`ScoringPass.advance`)."""
+        return ScoringPass(self.context, pairs)

@@ -1,4 +1,4 @@
-"""Scoring a given answer with one teacher-forced forward pass.
+"""Scoring a given answer with a teacher-forced forward pass (its prompt part in chunks if wanted).
 
 For an answer the service generated itself, this reproduces the probabilities,
 entropies and attention rows of generation (to float rounding): the prompt and answer
@@ -8,6 +8,7 @@ token ids are the same, and so are the positions and the capture convention.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,49 +22,93 @@ from app.uncertainty.trace import TokenTrace
 
 def score_responses(context: DecodeContext, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
     """Traces of each (prompt ids, response ids) pair, computed in one left-padded batch."""
-    if not pairs:
-        return []
-    if any(len(prompt) == 0 for prompt, _ in pairs):
-        raise ValueError("a prompt must have at least one token")
-    lengths = [len(response) for _, response in pairs]
-    longest = max(lengths)
-    if longest == 0:
-        return [_empty_trace(context) for _ in pairs]
-    ids, mask = left_pad([list(prompt) + list(response) for prompt, response in pairs], context.pad_token_id)
-    ids, mask = ids.to(context.device), mask.to(context.device)
-    width = ids.shape[1]
-    capture = context.new_capture(query_start=width - longest)
-    with torch.inference_mode():
-        output = context.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions_from_mask(mask),
-            past_key_values=DynamicCache(config=context.model.config),
-            use_cache=True,
-            logits_to_keep=longest + 1,
-            tad_capture=capture,
-        )
-    # logits[:, j] predicts the token at column width - longest + j.
-    logits = output.logits[:, :-1, :]
-    rows = capture.stacked().numpy() if capture is not None else None  # [b, longest, L, H, N + 1]
-    traces = []
-    for index, (_, response) in enumerate(pairs):
-        count = lengths[index]
-        if count == 0:
-            traces.append(_empty_trace(context))
-            continue
-        start = longest - count
-        distribution = RawDistribution.from_logits(logits[index, start:longest])
-        targets = torch.tensor(list(response), dtype=torch.long, device=distribution.log_probs.device)
-        stats = distribution.token_stats(targets)
-        traces.append(
-            TokenTrace(
-                token_ids=tuple(int(t) for t in response),
-                stats={name: np.array(values, dtype=np.float64) for name, values in stats.items()},
-                attention=None if rows is None else np.ascontiguousarray(rows[index, start:longest]),
-            )
-        )
+    traces = ScoringPass(context, pairs).advance()
+    assert traces is not None
     return traces
+
+
+class ScoringPass:
+    """Teacher-forced scoring of a left-padded batch, the prompts' part runnable a chunk at a time.
+
+    The last forward runs the responses' columns and the one before them (whose logits predict
+    the first answer token), with capture; the columns before it only fill the cache, so they
+    can run in chunks between decode steps, as a prompt's prefill does (`PromptPrefill`), with
+    the same result to float rounding.
+    """
+
+    def __init__(self, context: DecodeContext, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+        if any(len(prompt) == 0 for prompt, _ in pairs):
+            raise ValueError("a prompt must have at least one token")
+        self.context = context
+        self.lengths = [len(response) for _, response in pairs]
+        self.responses = [tuple(int(t) for t in response) for _, response in pairs]
+        self.longest = max(self.lengths, default=0)
+        self.done = not pairs or self.longest == 0
+        if self.done:
+            return
+        ids, mask = left_pad([list(prompt) + list(response) for prompt, response in pairs], context.pad_token_id)
+        self.ids, self.mask = ids.to(context.device), mask.to(context.device)
+        self.positions = positions_from_mask(self.mask)
+        self.cache = DynamicCache(config=context.model.config)
+        self.tail_start = self.ids.shape[1] - self.longest - 1  # >= 0: every prompt has a token
+        self.done_columns = 0
+
+    def advance(self, max_tokens: int | None = None) -> list[TokenTrace] | None:
+        """Run the prompts' next chunk of at most `max_tokens` tokens (at least one column), or, once
+        they are in, the last forward (None: everything left in one forward); the traces once that
+        has run."""
+        if self.done:
+            if self.longest == 0:
+                return [_empty_trace(self.context) for _ in self.lengths]
+            raise RuntimeError("this scoring pass is already done")
+        if max_tokens is None or self.done_columns >= self.tail_start:
+            return self._last_forward(self.done_columns)
+        columns = min(self.tail_start - self.done_columns, max(1, max_tokens // len(self.lengths)))
+        end = self.done_columns + columns
+        with torch.inference_mode():
+            self.context.decoder(**self._inputs(self.done_columns, end))
+        self.done_columns = end
+        return None
+
+    def _inputs(self, start: int, end: int) -> dict[str, Any]:
+        return {
+            "input_ids": self.ids[:, start:end],
+            "attention_mask": self.mask[:, :end],
+            "position_ids": self.positions[:, start:end],
+            "past_key_values": self.cache,
+            "use_cache": True,
+        }
+
+    def _last_forward(self, start: int) -> list[TokenTrace]:
+        """Columns `start`.. to the end, rows captured for the answer columns only."""
+        context, longest = self.context, self.longest
+        capture = context.new_capture(query_start=self.tail_start + 1 - start)
+        with torch.inference_mode():
+            output = context.model(
+                **self._inputs(start, self.ids.shape[1]), logits_to_keep=longest + 1, tad_capture=capture
+            )
+        self.done = True
+        # logits[:, j] predicts the answer token at column tail_start + 1 + j.
+        logits = output.logits[:, :-1, :]
+        rows = capture.stacked().numpy() if capture is not None else None  # [b, longest, L, H, N + 1]
+        traces = []
+        for index, response in enumerate(self.responses):
+            count = self.lengths[index]
+            if count == 0:
+                traces.append(_empty_trace(context))
+                continue
+            start = longest - count
+            distribution = RawDistribution.from_logits(logits[index, start:longest])
+            targets = torch.tensor(list(response), dtype=torch.long, device=distribution.log_probs.device)
+            stats = distribution.token_stats(targets)
+            traces.append(
+                TokenTrace(
+                    token_ids=response,
+                    stats={name: np.array(values, dtype=np.float64) for name, values in stats.items()},
+                    attention=None if rows is None else np.ascontiguousarray(rows[index, start:longest]),
+                )
+            )
+        return traces
 
 
 def _empty_trace(context: DecodeContext) -> TokenTrace:

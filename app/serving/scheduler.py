@@ -7,7 +7,8 @@ time; finished sequences leave at once. Admitted prompts that fit in `prefill_ch
 together are prefilled at once; longer ones run that many prompt tokens between two steps of
 the answers already decoding (chunked prefill, one pending prefill a step, oldest first), so a
 long prompt delays running answers a chunk at a time and a short prompt arriving meanwhile is
-not held behind it. Teacher-forced scoring requests are run between steps. The scheduler only batches: what a
+not held behind it. Teacher-forced scoring requests run between steps, their prompts chunked
+the same way. The scheduler only batches: what a
 request wants after each step (streamed tokens, early stop, the scored result) is its
 observer's business (`app/serving/progress.py`); the events reach the request through an
 asyncio queue fed thread-safely.
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
+from app.engine.teacher_forcing import ScoringPass
 from app.errors import DeadlineExceeded, Overloaded, ServiceError
 from app.serving.events import Event, Failure, Timing
 from app.uncertainty.answer import AnswerScorer
@@ -79,11 +81,11 @@ class ScoringItem(WorkItem):
 
 
 @dataclass(eq=False)
-class PendingPrefill:
-    """A chunked prefill under way and the items it admits."""
+class PendingWork:
+    """A chunked prefill or teacher-forced scoring pass under way, and the items it answers."""
 
-    prefill: PromptPrefill
-    items: list[GenerationItem]
+    job: PromptPrefill | ScoringPass
+    items: list[GenerationItem] | list[ScoringItem]
 
 
 @dataclass
@@ -106,8 +108,8 @@ class Scheduler:
         on_batch: Callable[[int], None] | None = None,
         prefill_chunk_tokens: int = 0,
     ) -> None:
-        """`prefill_chunk_tokens`: prompt tokens a prefill may run between two decode steps of the
-        running batch (0: a prefill runs whole)."""
+        """`prefill_chunk_tokens`: prompt tokens a prefill or a scoring pass may run between two
+        decode steps of the running batch (0: they run whole)."""
         self.engine = engine
         self.scorer = scorer
         self.max_batch_size = max_batch_size
@@ -123,7 +125,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
-        self._prefills: deque[PendingPrefill] = deque()  # chunked prefills under way; the worker's own
+        self._pending: deque[PendingWork] = deque()  # chunked work under way, oldest first; the worker's own
         self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
 
     # ------------------------------------------------------------------ lifecycle
@@ -192,7 +194,7 @@ class Scheduler:
         while True:
             with self._condition:
                 prefilling = self._prefilling()
-                busy = bool(self._items) or prefilling > 0
+                busy = bool(self._items) or bool(self._pending)
                 if self._stopping and not busy and not self._waiting and not self._scoring:
                     return
                 if not busy and not self._waiting and not self._scoring:
@@ -218,13 +220,13 @@ class Scheduler:
 
     def _work(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         if scoring:
-            self._run_scoring(scoring)
+            self._start_scoring(scoring)
         now = time.monotonic()
         live = [item for item in admitted if self._still_wanted(item, now)]
         if live:
             self._start_prefills(live, now)
-        if self._prefills:
-            self._advance_prefill()
+        if self._pending:
+            self._advance_pending()
         if self._batch is not None and self._batch.sequences:
             self._check_abandoned()
             self._batch.step()
@@ -232,7 +234,13 @@ class Scheduler:
         self.stats.running = len(self._items) + self._prefilling()
 
     def _prefilling(self) -> int:
-        return sum(len(pending.items) for pending in self._prefills)
+        """Generation requests being prefilled: they hold batch slots."""
+        return sum(len(pending.items) for pending in self._pending if isinstance(pending.job, PromptPrefill))
+
+    def _chunk_budget(self) -> int | None:
+        """Prompt tokens chunked work may run now: None (all) when nothing is decoding or chunking is off."""
+        running = self._batch is not None and bool(self._batch.sequences)
+        return self.prefill_chunk_tokens if running and self.prefill_chunk_tokens > 0 else None
 
     def _still_wanted(self, item: WorkItem, now: float, stage: str = "queued") -> bool:
         if item.cancelled:
@@ -250,20 +258,42 @@ class Scheduler:
         self._release(item)
         item.emit(event)
 
-    def _run_scoring(self, items: list[ScoringItem]) -> None:
-        """Teacher-forced passes, a batch of at most `max_batch_size` at a time; a failure fails its batch only."""
+    def _start_scoring(self, items: list[ScoringItem]) -> None:
+        """Teacher-forced passes of at most `max_batch_size` answers each: run now when one fits in a
+        chunk (or nothing is decoding), else queued to run in chunks."""
         now = time.monotonic()
         live = [item for item in items if self._still_wanted(item, now)]
+        budget = self._chunk_budget()
         for start in range(0, len(live), self.max_batch_size):
-            chunk = live[start : start + self.max_batch_size]
+            group = live[start : start + self.max_batch_size]
             try:
-                traces = self.engine.score([(item.prompt_ids, item.response_ids) for item in chunk])
-                for item, trace in zip(chunk, traces, strict=True):
-                    self._answer(item, (item.scorer or self.scorer).score(trace))
+                scoring = self.engine.start_scoring([(item.prompt_ids, item.response_ids) for item in group])
             except Exception:
                 logger.exception("scoring failed")
-                for item in chunk:
-                    self._answer(item, Failure(ServiceError("scoring failed; see the server log")))
+                self._fail_scoring(group)
+                continue
+            width = max(len(item.prompt_ids) + len(item.response_ids) for item in group)
+            if budget is None or width * len(group) <= budget:
+                self._run_scoring_job(scoring, group, None)
+            else:
+                self._pending.append(PendingWork(scoring, group))
+
+    def _run_scoring_job(self, scoring: ScoringPass, items: list[ScoringItem], budget: int | None) -> bool:
+        """One step of a scoring pass; answers its items when done (or failed). True once finished."""
+        try:
+            traces = scoring.advance(budget)
+            if traces is None:
+                return False
+            for item, trace in zip(items, traces, strict=True):
+                self._answer(item, (item.scorer or self.scorer).score(trace))
+        except Exception:  # a failure fails its own group only
+            logger.exception("scoring failed")
+            self._fail_scoring(items)
+        return True
+
+    def _fail_scoring(self, items: list[ScoringItem]) -> None:
+        for item in items:
+            self._answer(item, Failure(ServiceError("scoring failed; see the server log")))
 
     def _start_prefills(self, items: list[GenerationItem], now: float) -> None:
         """Prefill at once the shortest prompts that fit in one chunk together; queue the rest as one
@@ -283,30 +313,35 @@ class Scheduler:
             rest = by_length[len(at_once) :]
             if rest:
                 prefill = self.engine.start_prefill([item.request for item in rest if item.request is not None])
-                self._prefills.append(PendingPrefill(prefill, rest))
+                self._pending.append(PendingWork(prefill, rest))
         if at_once:
             prefill = self.engine.start_prefill([item.request for item in at_once if item.request is not None])
             batch = prefill.advance()
             assert batch is not None
             self._join(at_once, batch)
 
-    def _advance_prefill(self) -> None:
-        """The oldest pending prefill's next chunk (all of it when nothing is decoding); merged when done."""
-        pending = self._prefills[0]
+    def _advance_pending(self) -> None:
+        """The oldest chunked work's next chunk (all of it when nothing is decoding); done, it is merged
+        into the batch (a prefill) or answered (a scoring pass)."""
+        pending = self._pending[0]
         now = time.monotonic()
+        prefill = isinstance(pending.job, PromptPrefill)
         if all(item.cancelled or now > item.deadline for item in pending.items):
-            # Nobody waits for these prompts any more: stop spending chunks on them.
-            self._prefills.popleft()
+            # Nobody waits for these any more: stop spending chunks on them.
+            self._pending.popleft()
             for item in pending.items:
-                self._still_wanted(item, now, stage="prefilled")
+                self._still_wanted(item, now, stage="prefilled" if prefill else "scored")
             return
-        running = self._batch is not None and bool(self._batch.sequences)
-        budget = self.prefill_chunk_tokens if running and self.prefill_chunk_tokens > 0 else None
-        batch = pending.prefill.advance(budget)
+        budget = self._chunk_budget()
+        if isinstance(pending.job, ScoringPass):
+            if self._run_scoring_job(pending.job, pending.items, budget):  # type: ignore[arg-type]
+                self._pending.popleft()
+            return
+        batch = pending.job.advance(budget)
         if batch is None:
             return
-        self._prefills.popleft()
-        self._join(pending.items, batch)
+        self._pending.popleft()
+        self._join(pending.items, batch)  # type: ignore[arg-type]
 
     def _join(self, items: list[GenerationItem], batch: DecodeBatch) -> None:
         """Prefilled sequences join the running batch; their first tokens go out."""
@@ -380,11 +415,11 @@ class Scheduler:
 
     def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         failure = Failure(ServiceError("generation failed inside the model; see the server log"))
-        prefilling = [item for pending in self._prefills for item in pending.items]
-        unique = {id(item): item for item in [*admitted, *scoring, *prefilling, *self._items.values()]}
+        pending = [item for work in self._pending for item in work.items]
+        unique = {id(item): item for item in [*admitted, *scoring, *pending, *self._items.values()]}
         for item in unique.values():
             self._answer(item, failure)
         self._items.clear()
         self._batch = None
-        self._prefills.clear()
+        self._pending.clear()
         self.stats.running = 0

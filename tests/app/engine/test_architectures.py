@@ -5,7 +5,7 @@ log-probabilities equal eager attention's on the full text (float32, 1e-5), on t
 CPU kernel and on the generic path; batched equals one by one; sequences joining and
 leaving a running batch (that model's cache type, sliding-window layers included) equal
 alone; a prefill run in chunks (some shorter than the sliding window) equals one forward;
-teacher-forced scoring of the answer equals what generation recorded.
+teacher-forced scoring of the answer equals what generation recorded, its prompts in chunks too.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from app.engine.engine import Engine
 from app.engine.loading import ModelLoadError, load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
+from app.engine.teacher_forcing import ScoringPass
 from tests.app.engine.eager_reference import eager_rows, generated_only, prompts
 from tests.fixtures.architectures import ARCHITECTURES, write_architecture
 
@@ -153,3 +154,25 @@ def test_a_model_whose_attention_bypasses_the_interface_is_refused(tmp_path: Pat
     tokenizer.save_pretrained(tmp_path / "bloom")
     with pytest.raises(ModelLoadError, match="bloom"):
         load_model(str(tmp_path / "bloom"))
+
+
+@pytest.mark.parametrize("columns", [1, 3, 7])
+def test_scoring_with_the_prompts_in_chunks_equals_one_forward(
+    family: tuple[Engine, PreTrainedModel], columns: int
+) -> None:
+    engine, _ = family
+    requests = _requests(engine)
+    answers = [engine.trace(sequence).token_ids for sequence in engine.generate(requests)]
+    pairs = [
+        (list(request.prompt_ids), list(answer[:keep]))
+        for request, answer, keep in zip(requests, answers, (NEW_TOKENS, 3, 0), strict=True)
+    ]
+    scoring = ScoringPass(engine.context, pairs)
+    chunks = 1
+    while (traces := scoring.advance(columns * len(pairs))) is None:
+        chunks += 1
+    assert chunks > 2
+    for chunked, whole in zip(traces, engine.score(pairs), strict=True):
+        assert chunked.token_ids == whole.token_ids
+        np.testing.assert_allclose(chunked.logprobs, whole.logprobs, atol=LOGPROB_TOLERANCE)
+        np.testing.assert_allclose(chunked.attention, whole.attention, atol=TOLERANCE)

@@ -6,15 +6,17 @@ import asyncio
 import itertools
 import time
 
+import numpy as np
 import pytest
 
 from app.engine.decoding import PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
+from app.engine.teacher_forcing import ScoringPass
 from app.errors import DeadlineExceeded, Overloaded
 from app.serving.events import Event, Failure, Timing
-from app.serving.scheduler import GenerationItem, Scheduler
+from app.serving.scheduler import GenerationItem, Scheduler, ScoringItem
 from app.uncertainty.answer import AnswerScorer
 
 
@@ -338,4 +340,69 @@ def test_a_deadline_passing_during_a_chunked_prefill_answers_at_once(
     assert isinstance(event, Failure) and isinstance(event.error, DeadlineExceeded)
     assert "prefilled" in str(event.error)
     assert recorder.jobs[1][-1][0] < len(long_prompt)
+    _wait_until_idle(scheduler)
+
+
+class ScoringRecorder:
+    """Wraps `engine.start_scoring`: after every step of a pass, how many tokens the running answer has."""
+
+    def __init__(self, engine: Engine, fail_after: int | None = None) -> None:
+        self.start_scoring = engine.start_scoring
+        self.running: GenerationItem | None = None
+        self.steps: list[int] = []
+        self.fail_after = fail_after
+
+    def __call__(self, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> ScoringPass:
+        scoring = self.start_scoring(pairs)
+        advance = scoring.advance
+
+        def recorded(max_tokens: int | None = None) -> object:
+            if self.fail_after is not None and len(self.steps) >= self.fail_after:
+                raise RuntimeError("the model failed")
+            traces = advance(max_tokens)
+            sequence = self.running.sequence if self.running is not None else None
+            self.steps.append(len(sequence.tokens) if sequence is not None else 0)
+            return traces
+
+        scoring.advance = recorded  # type: ignore[method-assign]
+        return scoring
+
+
+def _scoring_item(loop: asyncio.AbstractEventLoop, prompt: tuple[int, ...], response: tuple[int, ...]) -> ScoringItem:
+    return ScoringItem(
+        loop=loop, events=asyncio.Queue(), deadline=time.monotonic() + 60, prompt_ids=prompt, response_ids=response
+    )
+
+
+@pytest.mark.parametrize("fail_after", [None, 3], ids=["scored", "model-fails-in-a-later-chunk"])
+def test_a_long_scoring_request_runs_in_chunks_between_the_running_answers_steps(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, fail_after: int | None
+) -> None:
+    recorder = ScoringRecorder(engine, fail_after)
+    monkeypatch.setattr(engine, "start_scoring", recorder)
+    scheduler = _chunked_scheduler(engine, chunk_tokens=8)
+    response = (7, 8, 9, 10)
+
+    async def body() -> list[object]:
+        loop = asyncio.get_running_loop()
+        running, scoring = _item(loop, (5, 6), tokens=60), _scoring_item(loop, LONG_PROMPT, response)
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        scheduler.submit_scoring(scoring)
+        return [await asyncio.wait_for(item.events.get(), 60) for item in (scoring, running)]
+
+    scored, answer = _run(scheduler, body)  # type: ignore[misc]
+    assert answer[0] == "done" and len(answer[1].kept_tokens) == 60  # type: ignore[index]
+    if fail_after is not None:  # the failure fails the scoring request only
+        assert isinstance(scored, Failure) and "scoring failed" in str(scored.error)
+        return
+    # The prompt's 40 - 1 columns before the answer's last forward, 8 at a time, then that forward.
+    assert len(recorder.steps) == 6
+    assert all(later > earlier for earlier, later in itertools.pairwise(recorder.steps))
+    whole = engine.score([(LONG_PROMPT, response)])[0]
+    chunked = scored.trace  # type: ignore[union-attr]
+    assert chunked.token_ids == response
+    np.testing.assert_allclose(chunked.logprobs, whole.logprobs, atol=1e-5)
+    np.testing.assert_allclose(chunked.attention, whole.attention, atol=1e-5)
     _wait_until_idle(scheduler)
