@@ -4,10 +4,10 @@ Requests wait in a bounded queue. The worker admits them into the running batch 
 decode steps (an idle worker first waits a short window for more to arrive), prefills
 them together, merges them into the batch, and steps the whole batch one token at a
 time; finished sequences leave at once. Admitted prompts that fit in `prefill_chunk_tokens`
-together are prefilled at once; longer ones run that many prompt tokens between two steps of
-the answers already decoding (chunked prefill, one pending prefill a step, oldest first), so a
-long prompt delays running answers a chunk at a time and a short prompt arriving meanwhile is
-not held behind it. Teacher-forced scoring requests run between steps, their prompts chunked
+together are prefilled at once; longer ones run that many prompt tokens per step (chunked
+prefill, one pending prefill a step, oldest first; on an idle server too), so a long prompt
+delays running answers a chunk at a time and a short prompt arriving meanwhile is not held
+behind it. Teacher-forced scoring requests run between steps, their prompts chunked
 the same way. The scheduler only batches: what a
 request wants after each step (streamed tokens, early stop, the scored result) is its
 observer's business (`app/serving/progress.py`); the events reach the request through an
@@ -238,9 +238,9 @@ class Scheduler:
         return sum(len(pending.items) for pending in self._pending if isinstance(pending.job, PromptPrefill))
 
     def _chunk_budget(self) -> int | None:
-        """Prompt tokens chunked work may run now: None (all) when nothing is decoding or chunking is off."""
-        running = self._batch is not None and bool(self._batch.sequences)
-        return self.prefill_chunk_tokens if running and self.prefill_chunk_tokens > 0 else None
+        """Prompt tokens chunked work may run per step (None: all of it, chunking off). An idle server
+        chunks too, so that a request arriving during a long prompt joins between its chunks."""
+        return self.prefill_chunk_tokens if self.prefill_chunk_tokens > 0 else None
 
     def _still_wanted(self, item: WorkItem, now: float, stage: str = "queued") -> bool:
         if item.cancelled:
@@ -260,7 +260,7 @@ class Scheduler:
 
     def _start_scoring(self, items: list[ScoringItem]) -> None:
         """Teacher-forced passes of at most `max_batch_size` answers each: run now when one fits in a
-        chunk (or nothing is decoding), else queued to run in chunks."""
+        chunk (or chunking is off), else queued to run in chunks."""
         now = time.monotonic()
         live = [item for item in items if self._still_wanted(item, now)]
         budget = self._chunk_budget()
@@ -321,8 +321,8 @@ class Scheduler:
             self._join(at_once, batch)
 
     def _advance_pending(self) -> None:
-        """The oldest chunked work's next chunk (all of it when nothing is decoding); done, it is merged
-        into the batch (a prefill) or answered (a scoring pass)."""
+        """The oldest chunked work's next chunk; done, it is merged into the batch (a prefill) or
+        answered (a scoring pass)."""
         pending = self._pending[0]
         now = time.monotonic()
         prefill = isinstance(pending.job, PromptPrefill)

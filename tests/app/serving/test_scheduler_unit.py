@@ -253,28 +253,31 @@ def _wait_until_idle(scheduler: Scheduler) -> None:
     assert scheduler.in_flight == 0
 
 
-def test_when_the_running_answers_end_a_pending_prefill_runs_whole(
+def test_a_request_arriving_while_an_idle_server_prefills_a_long_prompt_joins_between_its_chunks(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recorder = ChunkRecorder(engine)
     monkeypatch.setattr(engine, "start_prefill", recorder)
-    scheduler = _chunked_scheduler(engine, chunk_tokens=1)
+    scheduler = _chunked_scheduler(engine, chunk_tokens=4)
+    long_prompt, short_prompt = LONG_PROMPT * 3, (7, 8, 9)
+    seen: dict[str, int] = {}
 
-    async def body() -> object:
+    async def body() -> list[object]:
         loop = asyncio.get_running_loop()
-        running, joining = _item(loop, (5, 6), tokens=6), _item(loop, LONG_PROMPT, tokens=6)
-        recorder.running = running
-        scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
-        scheduler.submit_generation(joining)
-        await asyncio.wait_for(running.events.get(), 60)
-        return await asyncio.wait_for(joining.events.get(), 60)
+        joining, short = _item(loop, long_prompt, tokens=6), _item(loop, short_prompt, tokens=3)
+        scheduler.submit_generation(joining)  # nothing else is running
+        await _until(lambda: len(recorder.jobs) == 1 and len(recorder.jobs[0]) >= 2)
+        scheduler.submit_generation(short)
+        short_answer = await asyncio.wait_for(short.events.get(), 60)
+        seen["long_prompt_columns_then"] = recorder.jobs[0][-1][0]
+        return [await asyncio.wait_for(joining.events.get(), 60), short_answer]
 
-    tag, sequence, _ = _run(scheduler, body)  # type: ignore[misc]
-    alone = engine.generate([GenerationRequest(LONG_PROMPT, SamplingParams(max_new_tokens=6))])[0]
-    assert tag == "done" and [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
-    columns = [done for done, _ in recorder.jobs[1]]
-    assert columns[-1] == len(LONG_PROMPT) and columns[-1] - columns[-2] > 1  # the rest in one forward
+    answers = _run(scheduler, body)
+    assert seen["long_prompt_columns_then"] < len(long_prompt)
+    for (tag, sequence, _), prompt, tokens in zip(answers, (long_prompt, short_prompt), (6, 3), strict=True):  # type: ignore[misc]
+        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=tokens))])[0]
+        assert tag == "done"
+        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
     _wait_until_idle(scheduler)
 
 
