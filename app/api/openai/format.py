@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import Callable
@@ -116,20 +117,22 @@ def chat_response(
     )
 
 
-def text_offsets(token_texts: list[str], text: str) -> list[int]:
-    """Where each token starts in the returned `text`.
+def text_offsets(token_bytes: list[bytes], text: str) -> list[int]:
+    """Where each token starts in the returned `text`, counted as the streamed chunks count it.
 
-    The tokens' own texts carry every space, while a SentencePiece decoder that strips the first
-    token's leading space (Llama 2, Mistral, Gemma) returns the text without it: offsets count
-    from the text the client got, as the streamed chunks' offsets do.
+    A token starts after the characters completed before it: the bytes of a character split over
+    several tokens give one character once its last byte is in, so those tokens share an offset.
+    A SentencePiece decoder that strips the first token's leading space (Llama 2, Mistral, Gemma)
+    returns the text without it, so offsets count from the text the client got.
     """
-    joined = "".join(token_texts)
-    stripped = (len(joined) - len(joined.lstrip(" "))) - (len(text) - len(text.lstrip(" ")))
-    offsets, position = [], 0
-    for token in token_texts:
-        offsets.append(max(0, position - max(0, stripped)))
-        position += len(token)
-    return offsets
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    starts, decoded = [], ""
+    for raw in token_bytes:
+        starts.append(len(decoded))
+        decoded += decoder.decode(raw)
+    decoded += decoder.decode(b"", final=True)
+    stripped = max(0, (len(decoded) - len(decoded.lstrip(" "))) - (len(text) - len(text.lstrip(" "))))
+    return [min(len(text), max(0, start - stripped)) for start in starts]
 
 
 def completion_response(
@@ -139,12 +142,13 @@ def completion_response(
     kept = sequence.kept_tokens
     choice_logprobs = None
     if logprobs is not None:
-        texts = [token_text(token_bytes(t.token_id)) for t in kept]
+        raw = [token_bytes(t.token_id) for t in kept]
+        texts = [token_text(piece) for piece in raw]
         choice_logprobs = CompletionLogprobs(
             tokens=texts,
             token_logprobs=[logprob_or_floor(t.logprob) for t in kept],
             top_logprobs=[_completion_top(token_bytes, t.top_logprobs) for t in kept] if logprobs > 0 else None,
-            text_offset=text_offsets(texts, sequence.text),
+            text_offset=text_offsets(raw, sequence.text),
         )
     return CompletionResponse(
         id=new_id("cmpl"),

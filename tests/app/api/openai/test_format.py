@@ -6,20 +6,27 @@ import pytest
 
 from app.api.openai.format import text_offsets
 
+EMOJI = "\N{GRINNING FACE}".encode()  # 4 bytes
+TWO_EMOJI = "\N{GRINNING FACE}" * 2 + "!"
+
 
 @pytest.mark.parametrize(
     ("tokens", "text", "expected"),
     [
         # byte-level BPE: the tokens' texts are the text
-        (["Paris", " is", " nice"], "Paris is nice", [0, 5, 8]),
+        ([b"Paris", b" is", b" nice"], "Paris is nice", [0, 5, 8]),
         # SentencePiece with a Strip decoder: the first token's space is not in the text
-        ([" Paris", " is", " nice"], "Paris is nice", [0, 5, 8]),
+        ([b" Paris", b" is", b" nice"], "Paris is nice", [0, 5, 8]),
         # an answer that itself starts with a space keeps it
-        ([" Paris", " is"], " Paris is", [0, 6]),
+        ([b" Paris", b" is"], " Paris is", [0, 6]),
         # cut at a stop string inside the last token
-        ([" Paris", " is", ".\n"], "Paris is.", [0, 5, 8]),
+        ([b" Paris", b" is", b".\n"], "Paris is.", [0, 5, 8]),
+        # characters split over tokens: the tokens of one character share its offset, as when streamed
+        ([EMOJI[:1], EMOJI[1:3], EMOJI[3:], EMOJI[:2], EMOJI[2:], b"!"], TWO_EMOJI, [0, 0, 0, 1, 1, 2]),
+        # a character left incomplete at the end shows as U+FFFD; no offset points past the text
+        ([b"a", EMOJI[:2]], "a\ufffd", [0, 1]),
         ([], "", []),
     ],
 )
-def test_offsets_count_from_the_text_the_client_gets(tokens: list[str], text: str, expected: list[int]) -> None:
+def test_offsets_count_from_the_text_the_client_gets(tokens: list[bytes], text: str, expected: list[int]) -> None:
     assert text_offsets(tokens, text) == expected
