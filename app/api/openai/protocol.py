@@ -60,13 +60,14 @@ class _SamplingFields(StrictModel):
     model: str = Field(min_length=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1.0, as in the OpenAI API")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: OnlyOne = Field(1, description="only 1 is supported")
-    stream: bool = False
+    # OpenAI's API takes null for these as "not set"; so do these routes.
+    n: OnlyOne | None = Field(1, description="only 1 is supported")
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: StopStrings = None
     seed: Seed | None = None
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
+    presence_penalty: float | None = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
+    frequency_penalty: float | None = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
     logit_bias: dict[str, float] | None = Field(
         None, description="not supported (must be empty)", json_schema_extra={"maxProperties": 0}
     )
@@ -119,7 +120,7 @@ class ChatCompletionRequest(_SamplingFields):
     )
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: LogprobCount | None = None
 
     @model_validator(mode="after")

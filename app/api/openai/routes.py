@@ -18,6 +18,7 @@ from app.api.openai.protocol import (
 from app.api.openapi import V1_ERRORS, client_gone, errors, streamed
 from app.api.streaming import stream_response
 from app.errors import InvalidRequest, ServiceError
+from app.serving.runtime import Runtime
 from app.serving.service import GenerationService, PromptInput, Submitted
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
@@ -66,7 +67,7 @@ def _submit(
         if error.param is not None and error.param.startswith("policy"):
             error.param = f"tad.{error.param}"
         raise
-    return service.submit(prepared, stream=body.stream, early_stop=bool(body.tad and body.tad.early_stop))
+    return service.submit(prepared, stream=bool(body.stream), early_stop=bool(body.tad and body.tad.early_stop))
 
 
 def _encoder(service: GenerationService, body: ChatCompletionRequest | CompletionRequest) -> OpenAIStreamEncoder:
@@ -97,7 +98,7 @@ async def chat_completions(
     outcome = await service.finish(submitted, request)
     if outcome is None:
         return client_gone()
-    return chat_response(outcome, service.served, service.token_bytes, body.logprobs)
+    return chat_response(outcome, service.served, service.token_bytes, bool(body.logprobs))
 
 
 @router.post(
@@ -119,4 +120,18 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
 @router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")
 async def models(runtime: RuntimeDep) -> ModelList:
     runtime.require_ready()
-    return ModelList(data=[ModelCard(id=runtime.model_name, created=int(runtime.started_at))])
+    return ModelList(data=[_model_card(runtime)])
+
+
+@router.get(
+    "/models/{model_id}", response_model=ModelCard, responses=errors(401, 404, 503), summary="The served model, by id"
+)
+async def model(model_id: str, runtime: RuntimeDep) -> ModelCard:
+    runtime.require_ready()
+    if model_id != runtime.model_name:
+        raise ModelNotFound(f"model {model_id!r} is not served here; GET /v1/models lists the one that is")
+    return _model_card(runtime)
+
+
+def _model_card(runtime: Runtime) -> ModelCard:
+    return ModelCard(id=runtime.model_name, created=int(runtime.started_at))

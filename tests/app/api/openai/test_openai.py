@@ -22,6 +22,17 @@ def client(service_settings: Settings) -> Iterator[openai.OpenAI]:
 
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["model"]
+    assert client.models.retrieve("model").id == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
+
+
+def test_null_means_not_set_as_in_the_openai_api(client: openai.OpenAI) -> None:
+    nulls = {"n": None, "stream": None, "logprobs": None, "presence_penalty": None, "frequency_penalty": None}
+    completion = client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=3, extra_body=nulls)
+    assert completion.choices[0].logprobs is None and completion.usage.completion_tokens >= 1
+    text = client.completions.create(model="model", prompt="a", max_tokens=3, extra_body={**nulls, "logprobs": None})
+    assert text.choices[0].logprobs is None
 
 
 def test_chat_completion_with_logprobs_and_uncertainty(client: openai.OpenAI) -> None:
