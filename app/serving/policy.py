@@ -85,12 +85,13 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
     """
     configured = default_method(settings, artifact)
     method = override.method if override and override.method else configured
-    if REGISTRY[method.value].needs_artifact and artifact is None:
+    unavailable = _unavailable(method, artifact)
+    if unavailable is not None:
         if override is not None and (
             override.method is method or override.threshold is not None or override.target is not None
         ):
             raise InvalidRequest(
-                f"{method.value} is unavailable (no TAD artifact is loaded); name a baseline method in policy.method",
+                f"{method.value} is unavailable ({unavailable}); name another method in policy.method",
                 param="policy.method",
             )
         return _fallback(settings)
@@ -112,7 +113,32 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
         resolved = _calibrated(artifact, method, settings.reject_target)
         if resolved is not None:
             return resolved
+    gating = settings.reject_target is not None or settings.reject_threshold is not None
+    if override is not None and override.method is not None and method is not configured and gating:
+        # A method the request chose that the service's target cannot gate would accept everything.
+        known = sorted(artifact.manifest.thresholds.get(method, {})) if artifact else []
+        target = settings.reject_target
+        if target == "default" and artifact is not None:
+            target = artifact.manifest.default_target
+        raise InvalidRequest(
+            f"method {method.value} has no calibrated threshold for the service's target "
+            f"'{target}'; send policy.threshold or policy.target"
+            + (f" (calibrated: {', '.join(known)})" if known else ""),
+            param="policy.method",
+        )
     return Policy(method=method, threshold=None, name="none")
+
+
+def _unavailable(method: Method, artifact: TadArtifact | None) -> str | None:
+    """Why a method cannot score answers in this service, or None if it can."""
+    spec = REGISTRY[method.value]
+    if spec.needs_artifact and artifact is None:
+        return "no TAD artifact is loaded"
+    if spec.needs_attention and artifact is None:
+        return "it reads attention rows, which are captured only with a TAD artifact"
+    if spec.needs_blend and artifact is not None and artifact.blend is None:
+        return "the artifact has no decision blend"
+    return None
 
 
 def _fallback(settings: Settings) -> Policy:

@@ -41,6 +41,7 @@ class UncertaintyMethod:
     compute: Callable[[MethodInput], float | None]
     needs_artifact: bool = False
     needs_blend: bool = False  # only an artifact with a decision blend has it
+    needs_attention: bool = False  # attention rows are captured only when a TAD artifact is loaded
 
     def __call__(self, answer: MethodInput) -> float | None:
         return self.compute(answer)
@@ -185,6 +186,7 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         "(needs attention capture)",
         ("logprob",),
         lambda answer: rauq(answer.trace.logprobs, answer.trace.attention),
+        needs_attention=True,
     ),
     UncertaintyMethod(
         "attention_score",
@@ -192,6 +194,7 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         "(needs attention capture)",
         (),
         lambda answer: attention_score(answer.trace.attention, len(answer.trace)),
+        needs_attention=True,
     ),
 )
 

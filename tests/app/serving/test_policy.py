@@ -1,0 +1,70 @@
+"""Resolving a request's reject policy: a method that cannot decide is refused, never silently ungated."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from app.errors import InvalidRequest
+from app.serving.policy import PolicyRequest, resolve_policy
+from app.settings import Settings
+from app.uncertainty.artifact import Threshold
+from app.uncertainty.methods import Method
+
+
+def _artifact(thresholds: dict[Method, list[str]], blend: object = None) -> SimpleNamespace:
+    """What resolve_policy reads of an artifact: its calibrated thresholds, default target, blend."""
+    entry = Threshold(threshold=0.5, kind="error", target=0.7, coverage=0.3, error=0.6, n=100)
+    manifest = SimpleNamespace(
+        thresholds={method: dict.fromkeys(targets, entry) for method, targets in thresholds.items()},
+        default_target="error@0.7",
+    )
+    return SimpleNamespace(manifest=manifest, blend=blend, decision_method=Method.TAD)
+
+
+ARTIFACT = _artifact(
+    {Method.TAD: ["error@0.7"], Method.MSP: ["error@0.7", "coverage@0.5"], Method.RAUQ: ["coverage@0.5"]}
+)
+
+
+def test_a_named_method_gets_its_own_threshold_for_the_services_target() -> None:
+    policy = resolve_policy(Settings(), ARTIFACT, PolicyRequest(method=Method.MSP))  # type: ignore[arg-type]
+    assert policy.method is Method.MSP and policy.threshold == 0.5 and policy.name == "calibrated:error@0.7"
+
+
+def test_a_named_method_without_a_threshold_for_the_target_is_refused_not_ungated() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        resolve_policy(Settings(), ARTIFACT, PolicyRequest(method=Method.RAUQ))  # type: ignore[arg-type]
+    assert refused.value.param == "policy.method"
+    assert "error@0.7" in str(refused.value) and "coverage@0.5" in str(refused.value)
+    # With a target it has, or a threshold, it decides.
+    by_target = resolve_policy(Settings(), ARTIFACT, PolicyRequest(method=Method.RAUQ, target="coverage@0.5"))  # type: ignore[arg-type]
+    assert by_target.threshold == 0.5
+    assert resolve_policy(Settings(), ARTIFACT, PolicyRequest(method=Method.RAUQ, threshold=2.0)).threshold == 2.0  # type: ignore[arg-type]
+
+
+def test_a_service_that_does_not_gate_leaves_a_named_method_ungated_too() -> None:
+    settings = Settings(reject_target=None)
+    policy = resolve_policy(settings, ARTIFACT, PolicyRequest(method=Method.RAUQ))  # type: ignore[arg-type]
+    assert policy.threshold is None and policy.name == "none"
+
+
+@pytest.mark.parametrize(
+    ("artifact", "method", "reason"),
+    [
+        (ARTIFACT, Method.TAD_BLEND, "no decision blend"),
+        (None, Method.RAUQ, "attention"),
+        (None, Method.ATTENTION_SCORE, "attention"),
+        (None, Method.TAD, "no TAD artifact"),
+    ],
+)
+def test_a_method_the_service_cannot_compute_is_refused(artifact: object, method: Method, reason: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        resolve_policy(Settings(), artifact, PolicyRequest(method=method, threshold=1.0))  # type: ignore[arg-type]
+    assert refused.value.param == "policy.method" and reason in str(refused.value)
+
+
+def test_without_an_artifact_a_probability_baseline_still_decides() -> None:
+    policy = resolve_policy(Settings(), None, PolicyRequest(method=Method.MSP, threshold=1.0))
+    assert policy.method is Method.MSP and policy.threshold == 1.0
