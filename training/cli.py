@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,17 +13,56 @@ from app.settings import DEFAULT_CACHE_DIR as DEFAULT_CACHE
 from app.settings import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from training.run_source import RunSource
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse `type` for integers >= `minimum`: a bad value is refused with the rule, not found
+    minutes later as an sklearn or numpy error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {value})")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float, high_included: bool, what: str) -> Callable[[str], float]:
+    """An argparse `type` for floats in (low, high] or (low, high)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        # `not (...)` so that nan is refused too.
+        if not (low < value and (value <= high if high_included else value < high)):
+            raise argparse.ArgumentTypeError(f"must be {what} (got {text})")
+        return value
+
+    return parse
+
+
+_positive = _float_in(0.0, float("inf"), False, "greater than 0")
+_coverage = _float_in(0.0, 1.0, True, "in (0, 1]")
+_error_rate = _float_in(0.0, 1.0, False, "in (0, 1)")
 
 
 def _add_generation_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
     if with_model:
         parser.add_argument("--model", default=None, help=f"model spec (default: {DEFAULT_MODEL})")
-    parser.add_argument("--limit", type=int, default=None, help="at most this many records per file")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="override the per-task default")
+    parser.add_argument("--limit", type=_int_at_least(0), default=None, help="at most this many records per file")
+    parser.add_argument("--max-new-tokens", type=_int_at_least(1), default=None, help="override the per-task default")
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=_int_at_least(1),
         default=16,
         help="answers decoding at once; a finished answer's row is refilled at once (continuous batching)",
     )
@@ -52,11 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--data", type=Path, nargs="+", required=True, help="JSONL files")
     generate.add_argument("--out", type=Path, required=True, help="run folder")
-    generate.add_argument("--n-lags", type=int, default=10, help="attention lags N to store")
-    generate.add_argument("--shard-size", type=int, default=64, help="records per shard")
+    generate.add_argument("--n-lags", type=_int_at_least(1), default=10, help="attention lags N to store")
+    generate.add_argument("--shard-size", type=_int_at_least(1), default=64, help="records per shard")
     generate.add_argument(
         "--skip",
-        type=int,
+        type=_int_at_least(0),
         default=0,
         help="valid records per file to pass over first: a second run with --skip N extends one made with "
         "--limit N by disjoint records",
@@ -88,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("runs", type=Path, nargs="+", help="run folders from `generate` (shards are merged)")
     fit.add_argument("--out", type=Path, required=True, help="artifact folder to write")
-    fit.add_argument("--n-lags", type=int, default=None, help="use fewer lags than the runs store")
-    fit.add_argument("--folds", type=int, default=5)
+    fit.add_argument("--n-lags", type=_int_at_least(1), default=None, help="use fewer lags than the runs store")
+    fit.add_argument("--folds", type=_int_at_least(2), default=5)
     fit.add_argument(
         "--fold-unit",
         choices=("record", "text"),
@@ -99,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--epsilon", type=float, default=1e-4, help="confidences are clipped to [epsilon, 1]")
-    fit.add_argument("--alphas", type=float, nargs="+", default=None, help="stage-2 ridge L2 grid")
-    fit.add_argument("--stage1-alphas", type=float, nargs="+", default=None, help="stage-1 grid (default: --alphas)")
+    fit.add_argument("--alphas", type=_positive, nargs="+", default=None, help="stage-2 ridge L2 grid")
+    fit.add_argument(
+        "--stage1-alphas", type=_positive, nargs="+", default=None, help="stage-1 grid (default: --alphas)"
+    )
     fit.add_argument(
         "--extra-feature-sets",
         nargs="*",
@@ -122,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="skip measuring the sequence-level combiner over TAD and the baselines (training/combiner.py)",
     )
-    fit.add_argument("--mlp-width", type=int, default=256)
+    fit.add_argument("--mlp-width", type=_int_at_least(1), default=256)
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
     fit.add_argument(
         "--conventions",
@@ -165,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         "rejection-curve PNG per dataset to --out.",
     )
     evaluate.add_argument("--out", type=Path, required=True, help="report folder")
-    evaluate.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (0: no intervals)")
+    evaluate.add_argument(
+        "--bootstrap", type=_int_at_least(0), default=1000, help="paired bootstrap resamples (0: no intervals)"
+    )
     evaluate.add_argument(
         "--compare-artifact",
         type=Path,
@@ -181,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Thresholds for target coverages, and for target error rates among accepted answers "
         "with a Learn-then-Test finite-sample guarantee (probability >= 1 - delta).",
     )
-    calibrate.add_argument("--coverage", type=float, nargs="*", default=[0.5, 0.8, 0.9])
-    calibrate.add_argument("--error", type=float, nargs="*", default=[0.3, 0.5])
+    calibrate.add_argument("--coverage", type=_coverage, nargs="*", default=[0.5, 0.8, 0.9])
+    calibrate.add_argument("--error", type=_error_rate, nargs="*", default=[0.3, 0.5])
     calibrate.add_argument("--delta", type=float, default=0.05)
     calibrate.add_argument("--seed", type=int, default=0)
     calibrate.add_argument(
@@ -206,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     blend.add_argument("runs", type=Path, nargs="+", help="runs of answers the regressor was not fitted on")
     blend.add_argument("--artifact", type=Path, required=True)
     blend.add_argument("--weights", type=float, nargs="+", default=None, help="blend weights to try (default 0.1-0.6)")
-    blend.add_argument("--folds", type=int, default=5)
+    blend.add_argument("--folds", type=_int_at_least(2), default=5)
     blend.add_argument("--seed", type=int, default=0)
     blend.add_argument("--force", action="store_true", help="install the chosen blend even if the rule does not")
     blend.add_argument(
@@ -222,9 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     lodo.add_argument("--test", type=Path, nargs="+", required=True, help="runs to score (e.g. the dev split)")
     lodo.add_argument("--artifact", type=Path, required=True, help="whose configuration to fit")
     lodo.add_argument("--out", type=Path, required=True)
-    lodo.add_argument("--bootstrap", type=int, default=1000)
-    lodo.add_argument("--alpha-stage1", type=float, help="fit with this stage-1 alpha instead of the artifact's")
-    lodo.add_argument("--alpha", type=float, help="fit with this stage-2 alpha instead of the artifact's")
+    lodo.add_argument("--bootstrap", type=_int_at_least(0), default=1000)
+    lodo.add_argument("--alpha-stage1", type=_positive, help="fit with this stage-1 alpha instead of the artifact's")
+    lodo.add_argument("--alpha", type=_positive, help="fit with this stage-2 alpha instead of the artifact's")
     lodo.add_argument(
         "--datasets", nargs="+", help="train and test on these datasets alone (default: every dataset in the runs)"
     )
@@ -238,11 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_source(args: argparse.Namespace, default_run_dir: Path) -> RunSource:
-    """Where evaluate and calibrate get their traces: --run, or a run generated on --data."""
+def _run_source(args: argparse.Namespace, default_run_dir: Path, run_dir_option: str) -> RunSource:
+    """Where evaluate and calibrate get their traces: --run, or a run generated on --data (in
+    `default_run_dir`, which the command's `run_dir_option` sets)."""
     from training.run_source import RunSource
 
     return RunSource(
+        run_dir_option=run_dir_option,
         data=args.data,
         runs=args.run,
         default_run_dir=default_run_dir,
@@ -260,9 +307,37 @@ def _interval_text(ci: list[float] | tuple[float, float] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run a command; a user's mistake (a missing file, a bad model or artifact, a corrupt run) ends it with
+    one line on stderr and exit status 1, Ctrl-C with 130, instead of a traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    from app.engine.loading import ModelLoadError
+    from app.uncertainty.artifact import ArtifactError
+
+    try:
+        _dispatch(parser, args)
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished shards and files are kept; rerunning the same command resumes", file=sys.stderr)
+        raise SystemExit(130) from None
+    except (OSError, ModelLoadError, ArtifactError, json.JSONDecodeError) as error:
+        if args.verbose:  # the traceback is what a bug report needs
+            raise
+        print(f"error: {_describe(error)}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _describe(error: BaseException) -> str:
+    """One line for an error a user can fix."""
+    if isinstance(error, json.JSONDecodeError):
+        # The decoder does not know the file; the runs' own reader names it (training/runs.py).
+        return f"a JSON file is corrupt ({error.msg} at line {error.lineno} column {error.colno})"
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.strerror or type(error).__name__}: {error.filename}"
+    return str(error) or type(error).__name__
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.command == "generate":
         from training.commands.generate import GenerateOptions, run_generate
         from training.tasks import PromptStyle
@@ -327,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "evaluate":
         from training.commands.evaluate import report_markdown, run_evaluate
 
-        source = _run_source(args, args.out / "run")
+        source = _run_source(args, args.out / "run", "--out")
         report = run_evaluate(args.artifact, source, args.out, args.bootstrap, args.compare_artifact)
         print(report_markdown(report), end="")
     elif args.command == "blend":
@@ -368,7 +443,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "calibrate":
         from training.commands.calibrate import run_calibrate
 
-        source = _run_source(args, args.run_dir or args.artifact / "calibration-run")
+        if not args.coverage and not args.error:
+            parser.error("give at least one --coverage or --error target (none would remove every threshold)")
+
+        source = _run_source(args, args.run_dir or args.artifact / "calibration-run", "--run-dir")
         manifest = run_calibrate(
             args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target, args.order
         )

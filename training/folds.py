@@ -31,6 +31,12 @@ def fold_unit_of_split(split: str | None) -> FoldUnit:
 
 def assign_folds(texts: Sequence[FitText], count: int, seed: int, unit: FoldUnit) -> np.ndarray:
     """`[len(texts)]` fold indices in 0..count-1, shuffled by `seed`."""
+    units = len({t.key for t in texts}) if FoldUnit(unit) is FoldUnit.RECORD else len(texts)
+    if units < count:
+        # sklearn's own error names n_splits and n_samples, not what the user can change.
+        raise SystemExit(
+            f"{units} {FoldUnit(unit).value}s cannot be split into {count} folds: lower --folds or add data"
+        )
     fold_of = np.zeros(len(texts), dtype=int)
     positions = np.arange(len(texts))
     if FoldUnit(unit) is FoldUnit.RECORD:

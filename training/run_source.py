@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.uncertainty.artifact import TadArtifact
 from training.commands.generate import GenerateOptions, run_generate
-from training.runs import read_run_settings
+from training.runs import check_run_folders, read_run_settings
 
 
 @dataclass(frozen=True)
@@ -25,16 +25,25 @@ class RunSource:
     max_new_tokens: int | None = None
     device: str = "auto"
     cache_dir: Path | None = None
+    # The option that sets `default_run_dir` on the command line (named when a rerun's settings differ).
+    run_dir_option: str = "--out"
+
+
+def check_runs_match(runs: Sequence[Path], artifact: TadArtifact) -> None:
+    """Refuse runs the artifact cannot score: made with another model (its features would be another
+    model's), or storing fewer attention lags than the artifact's features read."""
+    check_run_folders(runs)
+    for run in runs:
+        settings = read_run_settings(Path(run))
+        if settings.get("model_sha256") != artifact.manifest.llm.sha256:
+            raise SystemExit(f"run {run} was generated with another model than the artifact's")
+        if int(settings.get("n_lags", 0)) < artifact.n_lags:
+            raise SystemExit(f"run {run} stores {settings.get('n_lags')} lags; the artifact needs {artifact.n_lags}")
 
 
 def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
     if source.runs:
-        for run in source.runs:
-            settings = read_run_settings(run)
-            if settings["model_sha256"] != artifact.manifest.llm.sha256:
-                raise SystemExit(f"run {run} was generated with another model than the artifact's")
-            if settings["n_lags"] < artifact.n_lags:
-                raise SystemExit(f"run {run} stores {settings['n_lags']} lags; the artifact needs {artifact.n_lags}")
+        check_runs_match(source.runs, artifact)
         return list(source.runs)
     if not source.data:
         raise SystemExit("give --data files to generate from, or --run to reuse a run")
@@ -48,5 +57,6 @@ def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
         batch_size=source.batch_size,
         device=source.device,
         cache_dir=source.cache_dir,
+        out_option=source.run_dir_option,
     )
     return [run_generate(options)]

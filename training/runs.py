@@ -121,7 +121,21 @@ def read_run_settings(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a generation run (no {RUN_FILE})")
-    return json.loads(path.read_text())
+    try:
+        return dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as error:
+        # The decoder's message does not name the file.
+        raise SystemExit(f"{path} is corrupt ({error.msg} at line {error.lineno}): regenerate the run") from None
+
+
+def check_run_folders(runs: Sequence[Path]) -> None:
+    """Refuse paths that are not generation runs (missing, a file, no run.json): read as runs, they would
+    hold no texts and a command would report on nothing."""
+    for run in runs:
+        if not Path(run).is_dir():
+            raise SystemExit(f"run {run} is not a folder" if Path(run).exists() else f"run {run} does not exist")
+        if not (Path(run) / RUN_FILE).is_file():
+            raise SystemExit(f"{run} is not a generation run (no {RUN_FILE})")
 
 
 def completed_shards(run_dir: Path) -> list[Path]:

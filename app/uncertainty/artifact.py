@@ -10,6 +10,7 @@ feature spec against the regressor, then the LLM against the loaded model.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -229,5 +230,10 @@ def write_manifest(path: Path, manifest: Manifest) -> Manifest:
     """
     files = {str(item.relative_to(path)): file_sha256(item) for item in sorted(path.rglob("*.joblib"))}
     final = manifest.model_copy(update={"files": files})
-    (path / MANIFEST_NAME).write_text(json.dumps(final.model_dump(mode="json"), indent=2) + "\n")
+    # A temporary file renamed over the manifest: a write killed midway leaves the previous manifest whole
+    # (a truncated one would make the artifact unloadable).
+    target = path / MANIFEST_NAME
+    staging = target.with_name(f"{MANIFEST_NAME}.{os.getpid()}.tmp")
+    staging.write_text(json.dumps(final.model_dump(mode="json"), indent=2) + "\n")
+    os.replace(staging, target)
     return final

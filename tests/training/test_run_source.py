@@ -33,3 +33,39 @@ def test_a_run_of_another_model_is_refused(tiny_runs: dict[str, Path], tiny_arti
     source = RunSource(data=[], runs=[tiny_runs["dev"], foreign], default_run_dir=tmp_path / "unused")
     with pytest.raises(SystemExit, match="another model"):
         obtain_runs(source, load_artifact(tiny_artifact))
+
+
+def altered_run(run: Path, folder: Path, **settings: object) -> Path:
+    """A copy of `run` whose run.json says it was made with other `settings` (e.g. model_sha256, n_lags)."""
+    import json
+    import shutil
+
+    copy = folder / f"altered-{'-'.join(settings)}"
+    shutil.copytree(run, copy)
+    stored = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**stored, **settings}))
+    return copy
+
+
+def test_a_run_with_fewer_lags_than_the_artifact_needs_is_refused(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    from training.run_source import check_runs_match
+
+    short = altered_run(tiny_runs["dev"], tmp_path, n_lags=1)
+    with pytest.raises(SystemExit, match="stores 1 lags"):
+        check_runs_match([short], load_artifact(tiny_artifact))
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "not a run"])
+def test_a_path_that_is_not_a_run_is_refused(
+    kind: str, tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "x"
+    if kind == "file":
+        path.write_text("")
+    elif kind == "not a run":
+        path.mkdir()
+    source = RunSource(data=[], runs=[path], default_run_dir=tmp_path / "unused")
+    with pytest.raises(SystemExit, match=r"does not exist|not a folder|not a generation run"):
+        obtain_runs(source, load_artifact(tiny_artifact))

@@ -32,6 +32,7 @@ from app.uncertainty.artifact import BlendInfo, BlendTermInfo, Manifest, load_ar
 from app.uncertainty.methods import BASELINES, Method
 from training.folds import FoldUnit
 from training.rejection import accuracy, informative, interval, paired_bootstrap_prr, prediction_rejection_ratio
+from training.run_source import check_runs_match
 from training.runs import TextTrace, completed_shards, iter_texts
 from training.scoring import uncertainty_table
 
@@ -244,6 +245,9 @@ def run_blend(
     """Choose the blend on `runs` (or take the named `candidate`), cross-validate it, and install it in
     the artifact if kept (or `force`). The artifact's thresholds for the blend come from `calibrate`, run next."""
     artifact = load_artifact(artifact_dir)
+    # The blend is installed in this artifact and served on its model: answers of another model, or runs
+    # without the lags its TAD reads, cannot choose it.
+    check_runs_match(runs, artifact)
     texts = list(iter_texts(runs))
     if not texts:
         raise SystemExit("the runs hold no answers")

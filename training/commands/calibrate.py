@@ -37,9 +37,15 @@ def run_calibrate(
     default_target: str | None = None,
     order: str = "natural",
 ) -> Manifest:
+    if not coverages and not errors:
+        # Nothing to choose: writing would replace every calibrated threshold with none.
+        raise SystemExit("give at least one --coverage or --error target")
     artifact = load_artifact(artifact_dir)
     runs = obtain_runs(source, artifact)
     texts = list(iter_texts(runs))
+    if not texts:
+        # Thresholds chosen on nothing are -inf with n 0: refuse before the manifest's calibration is replaced.
+        raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to calibrate on")
     table = uncertainty_table(artifact, texts)
     quality = np.array([t.target for t in texts])
     methods = [Method(name) for name in artifact_methods(artifact)]

@@ -262,6 +262,8 @@ def run_evaluate(
             if read_run_settings(run)["n_lags"] < compared.n_lags:
                 raise SystemExit(f"run {run} stores fewer lags than --compare-artifact {compare_dir} needs")
     texts = list(iter_texts(runs))
+    if not texts:
+        raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to evaluate")
     report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared)
     report["runs"] = [str(run) for run in runs]
     out.mkdir(parents=True, exist_ok=True)

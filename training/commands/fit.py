@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import time
 import warnings
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation, aggregate
-from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo, write_manifest
+from app.uncertainty.artifact import MANIFEST_NAME, FeatureInfo, Manifest, RegressorInfo, write_manifest
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES
 from app.uncertainty.tad import Regressor, TadScorer
@@ -50,7 +51,7 @@ from training.groups import (
 )
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
-from training.runs import iter_texts, read_run_settings
+from training.runs import RUN_FILE, check_run_folders, iter_texts, read_run_settings
 from training.scoring import baseline_table, ranked
 from training.two_stage import (
     FitText,
@@ -116,6 +117,7 @@ class Candidate:
 
 
 def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], dict[str, Any], int]:
+    check_run_folders(runs)
     settings = [read_run_settings(Path(run)) for run in runs]
     first = settings[0]
     for other, run in zip(settings[1:], runs[1:], strict=True):
@@ -125,10 +127,64 @@ def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], 
     lags = n_lags or available
     if lags > available:
         raise SystemExit(f"--n-lags {lags} exceeds the {available} lags stored in the runs")
-    texts = [FitText.from_trace(trace, lags) for trace in iter_texts(runs)]
+    texts, keys = [], []
+    for trace in iter_texts(runs):
+        texts.append(FitText.from_trace(trace, lags))
+        # One record asked in two prompt styles is two answers, not a duplicate.
+        keys.append((trace.key, str(trace.meta.get("prompt_style", "task"))))
     if not texts:
         raise SystemExit("the runs hold no completed shards")
+    check_no_duplicates(keys)
     return texts, first, lags
+
+
+def check_no_duplicates(keys: Sequence[tuple[str, str]]) -> None:
+    """Refuse an answer (record key, prompt style) present twice (the same run given twice, or overlapping
+    runs): it would weigh double in the fit and, split by text, sit on both sides of a fold."""
+    seen: set[tuple[str, str]] = set()
+    duplicates: list[str] = []
+    for key in keys:
+        if key in seen:
+            duplicates.append(f"{key[0]} ({key[1]})")
+        seen.add(key)
+    if duplicates:
+        raise SystemExit(
+            f"{len(duplicates)} answers appear more than once in the runs (e.g. {duplicates[0]}): "
+            "is a run given twice, or do runs overlap?"
+        )
+
+
+def check_out(out: Path, runs: Sequence[Path]) -> None:
+    """Refuse an --out the artifact cannot replace, before the minutes of cross-validation rather than after."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"--out {out} is a file: give a folder for the artifact")
+    if (out / RUN_FILE).is_file():
+        raise SystemExit(f"--out {out} is a generation run: give another folder for the artifact")
+    # The artifact folder is replaced as a whole at the end: a folder holding the runs must not be it.
+    resolved = out.resolve()
+    for run in runs:
+        if resolved == Path(run).resolve() or resolved in Path(run).resolve().parents:
+            raise SystemExit(f"--out {out} holds the run {run}: give another folder for the artifact")
+
+
+def install_artifact(staging: Path, out: Path) -> None:
+    """Move the finished artifact `staging` (a sibling of `out`) to `out`, replacing an artifact already there
+    (a refit in place, as scripts/train_default.sh does). Renames only: at every moment `out` is the old
+    artifact, the new one, or (between two renames) absent, never a mix. What lies beside the old artifact's
+    own files (reports, calibration runs) is carried over to the new one."""
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+    os.replace(out, old)
+    os.replace(staging, out)
+    for item in old.iterdir():
+        # The old regressors, alternatives and manifest go: an earlier fit's alternatives would otherwise
+        # stay beside the new ones and be hashed into the manifest as if they belonged to it.
+        own = item.name in (MANIFEST_NAME, "alternatives") or item.suffix == ".joblib"
+        if not own and not (out / item.name).exists():
+            os.replace(item, out / item.name)
+    shutil.rmtree(old)
 
 
 def stage1_for_stage2(
@@ -595,6 +651,7 @@ def choose_convention(results: dict[Convention, ConventionResult]) -> Convention
 
 def run_fit(options: FitOptions) -> Manifest:
     started = time.monotonic()
+    check_out(options.out, options.runs)
     texts, settings, lags = load_runs(options.runs, options.n_lags)
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}
@@ -692,13 +749,13 @@ def run_fit(options: FitOptions) -> Manifest:
                 row_weighting=result.weighting.value,
             )
 
-    out = options.out
-    out.mkdir(parents=True, exist_ok=True)
+    # Written into a sibling folder and moved into place when complete (install_artifact): a fit killed
+    # midway leaves --out as it was, never regressors without their manifest.
+    out = options.out.parent / f".{options.out.name}.partial"
+    shutil.rmtree(out, ignore_errors=True)  # a killed fit's leftovers
+    out.mkdir(parents=True)
     joblib.dump(stage2_main, out / "regressor.joblib")
     joblib.dump(stage1_main, out / "stage1.joblib")
-    # A refit into the same folder may choose another variant: an earlier fit's alternatives would
-    # otherwise stay beside the new ones and be hashed into the manifest as if they belonged to it.
-    shutil.rmtree(out / "alternatives", ignore_errors=True)
     for choice, (stage1_other, stage2_other) in zip(others, alternatives, strict=True):
         alternative_dir = out / "alternatives" / choice.variant.value
         alternative_dir.mkdir(parents=True, exist_ok=True)
@@ -777,4 +834,6 @@ def run_fit(options: FitOptions) -> Manifest:
             },
         },
     )
-    return write_manifest(out, manifest)
+    written = write_manifest(out, manifest)
+    install_artifact(out, options.out)
+    return written

@@ -26,7 +26,7 @@ from app.engine.sequence import GenerationRequest
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
-from training.runs import RUN_FILE, TextTrace, shard_done, write_shard
+from training.runs import RUN_FILE, TextTrace, read_run_settings, shard_done, write_shard
 from training.tasks import PromptStyle, build_prompt, score_answer
 from training.tasks import max_new_tokens as default_length
 
@@ -56,6 +56,8 @@ class GenerateOptions:
     # Few-shot examples (PromptStyle.FEW_SHOT): these files; by default each data file's
     # `<dataset>_train.jsonl` beside it. A record is never its own example.
     shots_from: Sequence[Path] = ()
+    # The option that names `out` in the caller's command line, for messages (calibrate's is --run-dir).
+    out_option: str = "--out"
 
 
 @dataclass(frozen=True)
@@ -103,15 +105,39 @@ def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) 
     }
 
 
-def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0) -> None:
+def _resolved(path: str) -> str:
+    """A local path made absolute (relative and absolute spellings of one file compare equal); a model spec
+    that is no local path (a hub name) as it is."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    """Run settings with their file paths resolved, for comparing a rerun's with the stored ones."""
+    result = dict(settings)
+    if isinstance(result.get("model"), str):
+        result["model"] = _resolved(result["model"])
+    identity = result.get("identity")
+    if isinstance(identity, dict) and isinstance(identity.get("source"), str):  # the model spec again
+        result["identity"] = {**identity, "source": _resolved(identity["source"])}
+    for key in ("data", "shots"):
+        if isinstance(result.get(key), list):
+            result[key] = [
+                {**entry, "path": _resolved(entry["path"])} if isinstance(entry, dict) and "path" in entry else entry
+                for entry in result[key]
+            ]
+    return result
+
+
+def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0, out_option: str = "--out") -> None:
     path = out / RUN_FILE
     if path.is_file():
-        existing = json.loads(path.read_text())
-        changed = sorted(key for key in settings.keys() | existing.keys() if existing.get(key) != settings.get(key))
+        existing = comparable(read_run_settings(out))
+        wanted = comparable(settings)
+        changed = sorted(key for key in wanted.keys() | existing.keys() if existing.get(key) != wanted.get(key))
         if changed:
             raise SystemExit(
                 f"{out} was generated with different settings ({', '.join(changed)}); "
-                "use a new --out folder or the original settings"
+                f"use a new {out_option} folder or the original settings"
             )
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -216,12 +242,16 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     bad: list[BadRecord] = []
     records = list(read_records(options.data, limit=options.limit, bad=bad, skip=options.skip))
     bad_in_data = len(bad)
+    if not records:
+        # Not an error (a --skip past the end is a finished extension), but an empty run is almost always a
+        # wrong file or --skip/--limit, and fit/calibrate would only fail on it later.
+        logger.warning("0 valid records in %s: the run will hold no answers", ", ".join(map(str, options.data)))
     shards = plan_shards(records, options.shard_size)
     out = options.out
     device = distribution.device or options.device
     loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)
     dtype = str(loaded.model.dtype).removeprefix("torch.")
-    check_or_write_settings(out, run_settings(options, loaded.identity, dtype), distribution.rank)
+    check_or_write_settings(out, run_settings(options, loaded.identity, dtype), distribution.rank, options.out_option)
     mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]
     todo = [i for i in mine if not shard_done(out, i)]
     logger.info(

@@ -38,6 +38,7 @@ from training.rejection import (
     paired_bootstrap_prr,
     prediction_rejection_ratio,
 )
+from training.run_source import check_runs_match
 from training.runs import iter_texts
 from training.scoring import baseline_table, ranked
 from training.two_stage import Variant
@@ -60,6 +61,10 @@ def run_lodo(
     """`alpha_stage1` / `alpha`: fit with these instead of the artifact's (None keeps the artifact's).
     `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold)."""
     artifact = load_artifact(artifact_dir)
+    # Both sides must be the artifact's model with enough lags: its configuration is refitted on the
+    # training runs' features and scored on the test runs' (another model's features would mean nothing).
+    check_runs_match(train_runs, artifact)
+    check_runs_match(test_runs, artifact)
     manifest = artifact.manifest
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
     params = manifest.regressor.params

@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from training.rejection import accuracy
-from training.runs import iter_texts
+from training.runs import check_run_folders, iter_texts
 
 
 def summarise(runs: Sequence[Path]) -> str:
+    # A mistyped path would otherwise read as a run with no texts and print an empty table.
+    check_run_folders(runs)
     groups: dict[str, list[tuple[float, int]]] = {}
     for text in iter_texts(runs):
         groups.setdefault(text.dataset, []).append((text.target, len(text)))

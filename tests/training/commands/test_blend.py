@@ -145,3 +145,20 @@ def test_a_blend_cannot_contain_itself() -> None:
         BlendInfo.model_validate({"terms": [{"method": "tad_blend", "weight": 1.0, "mean": 0.0, "scale": 1.0}]})
     with pytest.raises(ValueError):
         BlendInfo.model_validate({"terms": [{"method": "tad", "weight": 1.0, "mean": 0.0, "scale": 0.0}]})
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"), [("model_sha256", "0" * 64, "another model"), ("n_lags", 1, "stores 1 lags")]
+)
+def test_blend_refuses_runs_the_artifact_cannot_score(
+    setting: str, value: object, message: str, tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    from tests.training.test_run_source import altered_run
+
+    artifact_dir = tmp_path / "artifact"
+    shutil.copytree(tiny_artifact, artifact_dir)
+    before = (artifact_dir / "manifest.json").read_text()
+    run = altered_run(tiny_runs["dev"], tmp_path, **{setting: value})
+    with pytest.raises(SystemExit, match=message):
+        run_blend(artifact_dir, [run], force=True, candidate="tad + 0.3 perplexity", resamples=10)
+    assert (artifact_dir / "manifest.json").read_text() == before

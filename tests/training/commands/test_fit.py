@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -223,3 +224,94 @@ def test_each_trial_is_judged_against_the_one_kept_so_far() -> None:
     assert kept.centring is TargetCentring.GROUP_QUARTER
     assert [record[c.value]["kept"] for c in alternatives] == [True, False, False]
     assert record["group-0.5"]["gain"]["mean"] == pytest.approx(0.006)
+
+
+QUICK_FIT: dict[str, Any] = {
+    "alphas": (1.0,),
+    "variants": (Variant.LEAK_FREE,),
+    "extra_feature_sets": (),
+    "combiner": False,
+    "centrings": (TargetCentring.NONE,),
+}
+
+
+def test_an_out_that_cannot_be_the_artifact_is_refused_before_the_runs_are_read(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import training.commands.fit as fit_module
+
+    def never(*args: object) -> None:
+        raise AssertionError("the runs were read")
+
+    monkeypatch.setattr(fit_module, "load_runs", never)
+    a_file = tmp_path / "artifact"
+    a_file.write_text("")
+    with pytest.raises(SystemExit, match="is a file"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=a_file, **QUICK_FIT))
+    with pytest.raises(SystemExit, match="is a generation run"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=tiny_runs["dev"], **QUICK_FIT))
+    with pytest.raises(SystemExit, match="holds the run"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=tiny_runs["train"].parent, **QUICK_FIT))
+
+
+def test_a_fit_killed_while_writing_leaves_the_previous_artifact_and_the_next_replaces_it(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.uncertainty.artifact as artifact_module
+    from app.uncertainty.artifact import load_artifact
+
+    out = tmp_path / "artifact"
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **QUICK_FIT))
+    real_dumps = artifact_module.json.dumps
+
+    def half_then_killed(*args: Any, **kwargs: Any) -> str:
+        # The manifest's text is cut off, as a write killed midway leaves it.
+        class Killed(str):
+            def __add__(self, other: str) -> str:
+                raise KeyboardInterrupt
+
+        return Killed(real_dumps(*args, **kwargs)[:100])
+
+    monkeypatch.setattr(artifact_module.json, "dumps", half_then_killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))
+    monkeypatch.undo()
+    assert load_artifact(out).manifest.regressor.params["alpha"] == 1.0
+    # The next refit in place (as scripts/train_default.sh does) replaces it and keeps what lies beside it.
+    (out / "report").mkdir()
+    (out / "report" / "report.md").write_text("kept")
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))
+    assert manifest.regressor.params["alpha"] == 0.01
+    assert load_artifact(out).manifest.regressor.params["alpha"] == 0.01
+    assert (out / "report" / "report.md").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]  # no staging folder left behind
+
+
+def test_a_manifest_write_killed_midway_leaves_the_previous_manifest(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.uncertainty.artifact import load_artifact, write_manifest
+
+    out = tmp_path / "artifact"
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **QUICK_FIT))
+    real_write = Path.write_text
+
+    def killed_midway(self: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        real_write(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        write_manifest(out, manifest.model_copy(update={"default_target": "coverage@0.5"}))
+    monkeypatch.undo()
+    assert load_artifact(out).manifest.default_target == manifest.default_target
+
+
+def test_a_run_given_twice_is_refused(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="more than once"):
+        run_fit(FitOptions(runs=[tiny_runs["train"], tiny_runs["train"]], out=tmp_path / "a", **QUICK_FIT))
+
+
+def test_fewer_records_than_folds_is_said_plainly(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="cannot be split into 100 folds"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", folds=100, **QUICK_FIT))

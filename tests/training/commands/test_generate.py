@@ -137,3 +137,25 @@ def test_few_shot_runs_take_examples_from_the_train_split_beside_the_data(
     lonely.write_text(tiny_data["dev"][0].read_text())
     with pytest.raises(SystemExit, match="few-shot prompts need examples"):
         run_generate(_options(tiny_model_dir, [lonely], tmp_path / "run2", prompt_style=PromptStyle.FEW_SHOT))
+
+
+def test_no_valid_records_is_warned_about(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty = tmp_path / "empty_dev.jsonl"
+    empty.write_text("")
+    with caplog.at_level("WARNING", logger=generate_module.__name__):
+        run_generate(_options(tiny_model_dir, [empty], tmp_path / "run"))
+    assert "0 valid records" in caplog.text
+
+
+def test_a_rerun_may_spell_the_same_files_relatively(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    data = tiny_data["dev"][0]
+    run_generate(_options(tiny_model_dir, [data], out, limit=2))
+    monkeypatch.chdir(data.parent)
+    relative_model = os.path.relpath(tiny_model_dir, data.parent)
+    run_generate(_options(Path(relative_model), [Path(data.name)], out, limit=2))
+    assert len(list(iter_texts([out]))) == 2

@@ -123,3 +123,24 @@ def test_an_unknown_dataset_is_refused_by_name(tiny_runs: dict[str, Path], tiny_
 def test_one_dataset_is_refused(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--datasets: name at least two"):
         _lodo(tiny_runs, tiny_artifact, tmp_path, "--datasets", "squad")
+
+
+@pytest.mark.parametrize("side", ["train", "test"])
+@pytest.mark.parametrize(
+    ("setting", "value", "message"), [("model_sha256", "0" * 64, "another model"), ("n_lags", 1, "stores 1 lags")]
+)
+def test_runs_the_artifact_cannot_score_are_refused(
+    side: str,
+    setting: str,
+    value: object,
+    message: str,
+    tiny_runs: dict[str, Path],
+    tiny_artifact: Path,
+    tmp_path: Path,
+) -> None:
+    from tests.training.test_run_source import altered_run
+
+    altered = altered_run(tiny_runs["train" if side == "train" else "dev"], tmp_path, **{setting: value})
+    runs = {**tiny_runs, ("train" if side == "train" else "dev"): altered}
+    with pytest.raises(SystemExit, match=message):
+        _lodo(runs, tiny_artifact, tmp_path / "out")

@@ -1,0 +1,120 @@
+"""The CLI's error boundary and argument checks: a user's mistake is one line and an exit status, not a
+traceback or a failure minutes later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.cli import main
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], code: int = 1) -> str:
+    """Run the CLI expecting exit status `code`; what it printed to stderr (or the SystemExit message)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    message = exit_info.value.code if isinstance(exit_info.value.code, str) else None
+    assert message is not None or exit_info.value.code == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return message or err
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder"])
+def test_unreadable_data_is_one_line(
+    kind: str, tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data.jsonl"
+    if kind == "folder":
+        data.mkdir()
+    err = _fails(
+        ["generate", "--data", str(data), "--out", str(tmp_path / "run"), "--model", str(tiny_model_dir)], capsys
+    )
+    assert err.startswith("error: ") and str(data) in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_model_is_one_line(
+    tmp_path: Path, tiny_data: dict[str, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", "--data", str(tiny_data["dev"][0]), "--out", str(tmp_path / "run")]
+    err = _fails([*argv, "--model", str(tmp_path / "no-model")], capsys)
+    assert err.startswith("error: ") and "no-model" in err
+
+
+def test_a_bad_artifact_is_one_line(
+    tmp_path: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "artifact").mkdir()
+    argv = ["evaluate", "--artifact", str(tmp_path / "artifact"), "--run", str(tiny_runs["dev"])]
+    err = _fails([*argv, "--out", str(tmp_path / "report")], capsys)
+    assert err.startswith("error: ")
+
+
+def test_a_corrupt_run_is_named(
+    tmp_path: Path, tiny_artifact: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_runs["dev"], run)
+    (run / "run.json").write_text('{"model": ')
+    argv = ["evaluate", "--artifact", str(tiny_artifact), "--run", str(run), "--out", str(tmp_path / "report")]
+    assert "run.json is corrupt" in _fails(argv, capsys)
+
+
+def test_ctrl_c_says_how_to_resume(
+    tiny_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import training.commands.summary as summary
+
+    def interrupted(*args: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(summary, "summarise", interrupted)
+    try:
+        err = _fails(["summary", str(tiny_runs["dev"])], capsys, code=130)
+    except KeyboardInterrupt:  # uncaught, it would stop the whole test session
+        pytest.fail("Ctrl-C escaped the CLI as a traceback")
+    assert "rerunning the same command resumes" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--data", "d", "--out", "o", "--shard-size", "0"],
+        ["generate", "--data", "d", "--out", "o", "--batch-size", "0"],
+        ["generate", "--data", "d", "--out", "o", "--n-lags", "0"],
+        ["generate", "--data", "d", "--out", "o", "--limit", "-1"],
+        ["generate", "--data", "d", "--out", "o", "--skip", "-1"],
+        ["generate", "--data", "d", "--out", "o", "--max-new-tokens", "0"],
+        ["generate", "--data", "d", "--out", "o", "--shard-size", "x"],
+        ["fit", "r", "--out", "o", "--alphas", "1", "0"],
+        ["fit", "r", "--out", "o", "--stage1-alphas", "-1"],
+        ["fit", "r", "--out", "o", "--folds", "1"],
+        ["evaluate", "--artifact", "a", "--run", "r", "--out", "o", "--bootstrap", "-1"],
+        ["lodo", "r", "--test", "t", "--artifact", "a", "--out", "o", "--bootstrap", "-1"],
+        ["blend", "r", "--artifact", "a", "--folds", "1"],
+    ],
+)
+def test_bad_numbers_are_refused_when_parsed(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    option = [item for item in argv if item.startswith("--")][-1]
+    assert f"argument {option}: " in err and ("must be" in err or "not an integer" in err)
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_summary_and_evaluate_refuse_a_path_that_is_not_a_run(
+    kind: str, tmp_path: Path, tiny_artifact: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run"
+    if kind == "file":
+        path.write_text("")
+    expected = "does not exist" if kind == "missing" else "not a folder"
+    assert expected in _fails(["summary", str(path)], capsys)
+    argv = ["evaluate", "--artifact", str(tiny_artifact), "--run", str(path), "--out", str(tmp_path / "report")]
+    assert expected in _fails(argv, capsys)
+    assert not (tmp_path / "report").exists()
