@@ -96,9 +96,20 @@ def error_response(
     return JSONResponse(error_body(status, error_type, message, param), status_code=status, headers=headers)
 
 
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "none"})
+
+
+def _is_union_member(part: object) -> bool:
+    """Pydantic locates an error inside a union by the member's type ('str', 'list[constrained-str]'):
+    a label of the schema, not a field the client sent."""
+    return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or "-" in part)
+
+
 def _field_path(location: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in location if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
+    parts = [p for p in location if p not in ("body", "query", "path", "header")]
+    # The first part is always a field (or header) name; union labels can only follow it.
+    named = parts[:1] + [p for p in parts[1:] if not _is_union_member(p)]
+    return ".".join(str(p) for p in named) or "body"
 
 
 def _error_field(item: dict[str, Any]) -> str:

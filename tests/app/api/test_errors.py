@@ -44,6 +44,8 @@ def assert_error(response, status: int, param: str | None = None, error_type: st
         ({"prompt": "a", "seed": -5}, "seed"),
         ({"prompt": "a", "stop": [""]}, "stop"),
         ({"prompt": "a", "stop": ["x"] * 9}, "stop"),
+        ({"prompt": "a", "stop": [1]}, "stop"),  # not pydantic's label of the union member ("stop.constrained-str")
+        ({"prompt": "a", "stop": 1}, "stop"),
         ({"prompt": "a", "unknown_field": 1}, "unknown_field"),
         ({"prompt": "a", "policy": {"threshold": 1, "target": "error@0.3"}}, "policy"),
         ({"prompt": "a", "policy": {"method": "oracle"}}, "policy.method"),
