@@ -113,20 +113,38 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
         resolved = _calibrated(artifact, method, settings.reject_target)
         if resolved is not None:
             return resolved
-    gating = settings.reject_target is not None or settings.reject_threshold is not None
-    if override is not None and override.method is not None and method is not configured and gating:
-        # A method the request chose that the service's target cannot gate would accept everything.
-        known = sorted(artifact.manifest.thresholds.get(method, {})) if artifact else []
-        target = settings.reject_target
-        if target == "default" and artifact is not None:
-            target = artifact.manifest.default_target
-        raise InvalidRequest(
-            f"method {method.value} has no calibrated threshold for the service's target "
-            f"'{target}'; send policy.threshold or policy.target"
-            + (f" (calibrated: {', '.join(known)})" if known else ""),
-            param="policy.method",
-        )
+    if _unavailable(configured, artifact) is not None and method is settings.fallback_method:
+        return _fallback(settings)  # what the service itself decides with, named by the request
+    if override is not None and override.method is not None and method is not configured:
+        # A method the request chose that cannot be gated while the service gates would accept everything.
+        service = resolve_policy(settings, artifact, None)
+        if service.threshold is not None:
+            raise InvalidRequest(_no_threshold_message(method, artifact, service), param="policy.method")
     return Policy(method=method, threshold=None, name="none")
+
+
+def _no_threshold_message(method: Method, artifact: TadArtifact | None, service: Policy) -> str:
+    if artifact is None:
+        return f"method {method.value} has no threshold here (no TAD artifact is loaded); send policy.threshold"
+    if service.name.startswith("calibrated:"):
+        target = service.name.removeprefix("calibrated:")
+        known = sorted(artifact.manifest.thresholds.get(method, {}))
+        return (
+            f"method {method.value} has no calibrated threshold for the service's target '{target}'; "
+            "send policy.threshold or policy.target" + (f" (calibrated: {', '.join(known)})" if known else "")
+        )
+    return (
+        f"the service's threshold belongs to its method {service.method.value}; "
+        f"for {method.value} send policy.threshold or policy.target"
+    )
+
+
+def method_problem(method: Method, artifact: TadArtifact | None) -> str | None:
+    """Why the service's configured decision method cannot score answers, or None (a startup check)."""
+    reason = _unavailable(method, artifact)
+    if reason is None or (REGISTRY[method.value].needs_artifact and artifact is None):
+        return None  # without an artifact, TAD methods give way to the fallback policy by design
+    return f"TAD_REJECT_METHOD={method.value} cannot decide: {reason}"
 
 
 def _unavailable(method: Method, artifact: TadArtifact | None) -> str | None:

@@ -23,7 +23,7 @@ from app.engine.loading import ModelLoadError, load_model
 from app.engine.token_stats import TOKEN_STATISTICS
 from app.errors import NotReady
 from app.hashing import file_sha256
-from app.serving.policy import Policy, default_method, resolve_policy
+from app.serving.policy import Policy, default_method, method_problem, resolve_policy
 from app.serving.scheduler import Scheduler
 from app.settings import Settings
 from app.telemetry import ServiceMetrics
@@ -175,7 +175,12 @@ class Runtime:
 
     def _policy_problem(self, artifact: TadArtifact | None) -> str | None:
         """A configured target the artifact does not have is a configuration error, and so is a blend
-        installed without its thresholds (`blend` was run, `calibrate` not yet)."""
+        installed without its thresholds (`blend` was run, `calibrate` not yet), and a configured
+        method that cannot score answers here (tad_blend without a blend, RAUQ without capture)."""
+        if self.settings.reject_method is not None:
+            problem = method_problem(self.settings.reject_method, artifact)
+            if problem is not None:
+                return problem
         target = self.settings.reject_target
         if artifact is None or target is None or self.settings.reject_threshold is not None:
             return None

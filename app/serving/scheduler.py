@@ -259,11 +259,14 @@ class Scheduler:
         item.emit(event)
 
     def _start_scoring(self, items: list[ScoringItem]) -> None:
-        """Teacher-forced passes of at most `max_batch_size` answers each: run now when one fits in a
-        chunk (or chunking is off), else queued to run in chunks."""
+        """Teacher-forced passes of at most `max_batch_size` answers each, shortest first (similar lengths
+        pad little): run now while they fit in this step's chunk (or chunking is off), else queued to
+        run in chunks."""
         now = time.monotonic()
         live = [item for item in items if self._still_wanted(item, now)]
+        live.sort(key=lambda item: len(item.prompt_ids) + len(item.response_ids))
         budget = self._chunk_budget()
+        spent = 0
         for start in range(0, len(live), self.max_batch_size):
             group = live[start : start + self.max_batch_size]
             try:
@@ -272,8 +275,9 @@ class Scheduler:
                 logger.exception("scoring failed")
                 self._fail_scoring(group)
                 continue
-            width = max(len(item.prompt_ids) + len(item.response_ids) for item in group)
-            if budget is None or width * len(group) <= budget:
+            tokens = len(group) * max(len(item.prompt_ids) + len(item.response_ids) for item in group)
+            if budget is None or spent + tokens <= budget:
+                spent += tokens
                 self._run_scoring_job(scoring, group, None)
             else:
                 self._pending.append(PendingWork(scoring, group))
@@ -284,8 +288,10 @@ class Scheduler:
             traces = scoring.advance(budget)
             if traces is None:
                 return False
+            now = time.monotonic()
             for item, trace in zip(items, traces, strict=True):
-                self._answer(item, (item.scorer or self.scorer).score(trace))
+                if self._still_wanted(item, now, stage="being scored"):
+                    self._answer(item, (item.scorer or self.scorer).score(trace))
         except Exception:  # a failure fails its own group only
             logger.exception("scoring failed")
             self._fail_scoring(items)
@@ -330,7 +336,7 @@ class Scheduler:
             # Nobody waits for these any more: stop spending chunks on them.
             self._pending.popleft()
             for item in pending.items:
-                self._still_wanted(item, now, stage="prefilled" if prefill else "scored")
+                self._still_wanted(item, now, stage="being prefilled" if prefill else "being scored")
             return
         budget = self._chunk_budget()
         if isinstance(pending.job, ScoringPass):

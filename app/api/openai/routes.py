@@ -124,7 +124,10 @@ async def models(runtime: RuntimeDep) -> ModelList:
 
 
 @router.get(
-    "/models/{model_id}", response_model=ModelCard, responses=errors(401, 404, 503), summary="The served model, by id"
+    "/models/{model_id:path}",
+    response_model=ModelCard,
+    responses=errors(401, 404, 503),
+    summary="The served model, by id (a hub id's slash included)",
 )
 async def model(model_id: str, runtime: RuntimeDep) -> ModelCard:
     runtime.require_ready()

@@ -12,6 +12,7 @@ import pytest
 from app.serving.runtime import Runtime, StartupError
 from app.settings import Settings
 from app.telemetry import ServiceMetrics
+from app.uncertainty.methods import Method
 from tests.app.service_client import CHAT, make_client
 
 
@@ -52,3 +53,10 @@ def test_a_blend_without_thresholds_is_refused_at_start(
     runtime = Runtime(settings, ServiceMetrics())
     with pytest.raises(StartupError, match="not calibrated for tad_blend"):
         runtime.load()
+
+
+def test_a_configured_blend_the_artifact_lacks_is_refused_at_start(service_settings: Settings) -> None:
+    """Not silently answered with the fallback (which would accept everything)."""
+    settings = service_settings.model_copy(update={"reject_method": Method.TAD_BLEND})  # the tiny artifact has none
+    with pytest.raises(StartupError, match="TAD_REJECT_METHOD=tad_blend cannot decide: the artifact has no decision"):
+        Runtime(settings, ServiceMetrics()).load()

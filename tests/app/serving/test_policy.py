@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.errors import InvalidRequest
-from app.serving.policy import PolicyRequest, resolve_policy
+from app.serving.policy import PolicyRequest, method_problem, resolve_policy
 from app.settings import Settings
 from app.uncertainty.artifact import Threshold
 from app.uncertainty.methods import Method
@@ -68,3 +68,43 @@ def test_a_method_the_service_cannot_compute_is_refused(artifact: object, method
 def test_without_an_artifact_a_probability_baseline_still_decides() -> None:
     policy = resolve_policy(Settings(), None, PolicyRequest(method=Method.MSP, threshold=1.0))
     assert policy.method is Method.MSP and policy.threshold == 1.0
+
+
+def test_without_an_artifact_naming_the_fallback_method_gets_the_fallback_policy() -> None:
+    assert resolve_policy(Settings(), None, PolicyRequest(method=Method.PERPLEXITY)).name == "fallback:none"
+    gated = Settings(fallback_threshold=0.4)
+    policy = resolve_policy(gated, None, PolicyRequest(method=Method.PERPLEXITY))
+    assert policy.threshold == 0.4 and policy.name == "fallback:fixed"
+    with pytest.raises(InvalidRequest) as refused:  # the service gates; MSP has no threshold to gate with
+        resolve_policy(gated, None, PolicyRequest(method=Method.MSP))
+    assert "policy.threshold" in str(refused.value) and "policy.target" not in str(refused.value)
+
+
+def test_a_fixed_service_threshold_is_not_offered_to_another_method() -> None:
+    settings = Settings(reject_target=None, reject_threshold=0.8)
+    with pytest.raises(InvalidRequest) as refused:
+        resolve_policy(settings, ARTIFACT, PolicyRequest(method=Method.MSP))  # type: ignore[arg-type]
+    assert "belongs to its method tad" in str(refused.value) and "None" not in str(refused.value)
+
+
+def test_an_artifact_without_a_default_target_leaves_named_methods_ungated_as_the_service() -> None:
+    artifact = _artifact({Method.MSP: ["coverage@0.5"]})
+    artifact.manifest.default_target = None
+    assert resolve_policy(Settings(), artifact, None).threshold is None  # type: ignore[arg-type]
+    assert resolve_policy(Settings(), artifact, PolicyRequest(method=Method.MSP)).name == "none"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("method", "artifact", "problem"),
+    [
+        (Method.TAD_BLEND, ARTIFACT, "no decision blend"),
+        (Method.RAUQ, None, "attention"),
+        (Method.TAD, None, None),  # without an artifact TAD gives way to the fallback policy
+        (Method.RAUQ, ARTIFACT, None),
+    ],
+)
+def test_a_configured_method_that_cannot_decide_is_a_startup_problem(
+    method: Method, artifact: object, problem: str | None
+) -> None:
+    found = method_problem(method, artifact)  # type: ignore[arg-type]
+    assert (found is None) if problem is None else (problem in found)

@@ -409,3 +409,34 @@ def test_a_long_scoring_request_runs_in_chunks_between_the_running_answers_steps
     np.testing.assert_allclose(chunked.logprobs, whole.logprobs, atol=1e-5)
     np.testing.assert_allclose(chunked.attention, whole.attention, atol=1e-5)
     _wait_until_idle(scheduler)
+
+
+def test_short_scoring_requests_sent_with_a_long_one_are_answered_first_and_correctly(engine: Engine) -> None:
+    scheduler = _chunked_scheduler(engine, chunk_tokens=8)
+    shorts = [((5, 6), (7 + i,)) for i in range(5)]
+    answered: list[str] = []
+
+    async def body() -> list[object]:
+        loop = asyncio.get_running_loop()
+        running = _item(loop, (5, 6), tokens=80)
+        scheduler.submit_generation(running)
+        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        items = [_scoring_item(loop, LONG_PROMPT, (7, 8, 9, 10))] + [_scoring_item(loop, p, r) for p, r in shorts]
+        for item in items:  # the long one first: the shorter ones must not wait behind its chunks
+            scheduler.submit_scoring(item)
+
+        async def answer(item: ScoringItem, name: str) -> object:
+            event = await asyncio.wait_for(item.events.get(), 60)
+            answered.append(name)
+            return event
+
+        events = await asyncio.gather(*(answer(item, f"item{i}") for i, item in enumerate(items)))
+        scheduler.cancel(running)
+        return list(events)
+
+    events = _run(scheduler, body)
+    assert answered[-1] == "item0"  # the long one
+    for event, (prompt, response) in zip(events[1:], shorts, strict=True):  # type: ignore[index]
+        whole = engine.score([(prompt, response)])[0]
+        np.testing.assert_allclose(event.trace.logprobs, whole.logprobs, atol=1e-5)
+    _wait_until_idle(scheduler)
