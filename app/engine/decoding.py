@@ -17,6 +17,7 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -117,64 +118,89 @@ def _merge_layer(own: object, new: object, mine: int, theirs: int) -> None:
     own.values = torch.cat([_pad_cache_left(own_values, own_pad), _pad_cache_left(new_values, new_pad)])  # type: ignore[attr-defined]
 
 
-class PromptPrefill:
-    """Prompts run through the model a chunk of columns at a time (chunked prefill).
+class ChunkedColumns:
+    """Left-padded token rows run through the model a chunk of columns at a time, into one cache.
 
-    A server prefilling a long prompt in one forward pauses every running answer for its whole
-    length; in chunks, the running batch steps between them. The prompts are left-padded as one
-    block and each chunk attends to the columns before it through the cache, so the result equals
-    one forward to float rounding. Chunks before the last skip the output head: no token is chosen
-    from them.
+    Each chunk attends to the columns before it through the cache, so running the rows in chunks
+    equals one forward to float rounding: what lets a long prompt's prefill or scoring pass run
+    between the decode steps of answers already streaming.
     """
+
+    def __init__(self, context: DecodeContext, rows: Sequence[Sequence[int]]) -> None:
+        self.context = context
+        ids, mask = left_pad(rows, context.pad_token_id)
+        self.ids, self.mask = ids.to(context.device), mask.to(context.device)
+        self.positions = positions_from_mask(self.mask)
+        self.cache = DynamicCache(config=context.model.config)
+        self.done = 0  # columns already in the cache
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[1])
+
+    def chunk_end(self, max_tokens: int | None, stop: int) -> int:
+        """Where the next chunk of at most `max_tokens` tokens (at least one column; None: no limit) ends,
+        going no further than column `stop`."""
+        if max_tokens is None:
+            return stop
+        return min(stop, self.done + max(1, max_tokens // self.ids.shape[0]))
+
+    def inputs(self, end: int) -> dict[str, Any]:
+        """The model's inputs for columns `done`..`end`."""
+        return {
+            "input_ids": self.ids[:, self.done : end],
+            "attention_mask": self.mask[:, :end],
+            "position_ids": self.positions[:, self.done : end],
+            "past_key_values": self.cache,
+            "use_cache": True,
+        }
+
+    def fill(self, end: int) -> None:
+        """Columns `done`..`end` into the cache, without the output head (nothing is read from them)."""
+        with torch.inference_mode():
+            self.context.decoder(**self.inputs(end))
+        self.done = end
+
+
+class PromptPrefill:
+    """Prompts run through the model a chunk of columns at a time (chunked prefill, `ChunkedColumns`);
+    the last chunk chooses every sequence's first token."""
 
     def __init__(self, context: DecodeContext, requests: Sequence[GenerationRequest]) -> None:
         if not requests:
             raise ValueError("nothing to prefill")
         self.context = context
         self.requests = list(requests)
-        ids, mask = left_pad([request.prompt_ids for request in self.requests], context.pad_token_id)
-        self.ids, self.mask = ids.to(context.device), mask.to(context.device)
-        self.positions = positions_from_mask(self.mask)
-        self.cache = DynamicCache(config=context.model.config)
-        self.done_columns = 0
+        self.columns = ChunkedColumns(context, [request.prompt_ids for request in self.requests])
 
     @property
     def width(self) -> int:
-        return int(self.ids.shape[1])
+        return self.columns.width
+
+    @property
+    def done_columns(self) -> int:
+        return self.columns.done
 
     def advance(self, max_tokens: int | None = None) -> DecodeBatch | None:
         """Run the next chunk of at most `max_tokens` tokens (at least one column; None: all that
         is left); once the last column has run, the batch with every sequence's first token."""
-        columns = self.width - self.done_columns
-        if columns == 0:
+        columns, context = self.columns, self.context
+        if columns.done == columns.width:
             raise RuntimeError("this prefill is already done")
-        if max_tokens is not None:
-            columns = min(columns, max(1, max_tokens // len(self.requests)))
-        start, end = self.done_columns, self.done_columns + columns
-        inputs = {
-            "input_ids": self.ids[:, start:end],
-            "attention_mask": self.mask[:, :end],
-            "position_ids": self.positions[:, start:end],
-            "past_key_values": self.cache,
-            "use_cache": True,
-        }
-        last = end == self.width
-        with torch.inference_mode():
-            if last:
-                logits = self.context.model(**inputs, logits_to_keep=1).logits[:, -1, :]
-            else:
-                self.context.decoder(**inputs)
-        self.done_columns = end
-        if not last:
+        end = columns.chunk_end(max_tokens, columns.width)
+        if end < columns.width:
+            columns.fill(end)
             return None
-        context = self.context
+        with torch.inference_mode():
+            logits = context.model(**columns.inputs(end), logits_to_keep=1).logits[:, -1, :]
+        columns.done = end
         sequences = [
             SequenceState(
                 request=r, generator=make_generator(r.params), wants_rows=context.capturing, last_row=context.last_row
             )
             for r in self.requests
         ]
-        batch = DecodeBatch(context, sequences, self.cache, self.mask, self.mask.long().sum(-1))
+        batch = DecodeBatch(context, sequences, columns.cache, columns.mask, columns.mask.long().sum(-1))
         batch._choose_next(logits, active=list(range(len(sequences))))
         return batch
 

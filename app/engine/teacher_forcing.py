@@ -8,13 +8,11 @@ token ids are the same, and so are the positions and the capture convention.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
-from app.engine.decoding import DecodeContext, left_pad, positions_from_mask
+from app.engine.decoding import ChunkedColumns, DecodeContext
 from app.engine.sampling import RawDistribution
 from app.engine.token_stats import TOKEN_STATISTICS
 from app.uncertainty.trace import TokenTrace
@@ -46,12 +44,8 @@ class ScoringPass:
         self.done = not pairs or self.longest == 0
         if self.done:
             return
-        ids, mask = left_pad([list(prompt) + list(response) for prompt, response in pairs], context.pad_token_id)
-        self.ids, self.mask = ids.to(context.device), mask.to(context.device)
-        self.positions = positions_from_mask(self.mask)
-        self.cache = DynamicCache(config=context.model.config)
-        self.tail_start = self.ids.shape[1] - self.longest - 1  # >= 0: every prompt has a token
-        self.done_columns = 0
+        self.columns = ChunkedColumns(context, [list(prompt) + list(response) for prompt, response in pairs])
+        self.tail_start = self.columns.width - self.longest - 1  # >= 0: every prompt has a token
 
     def advance(self, max_tokens: int | None = None) -> list[TokenTrace] | None:
         """Run the prompts' next chunk of at most `max_tokens` tokens (at least one column), or, once
@@ -61,32 +55,17 @@ class ScoringPass:
             if self.longest == 0:
                 return [_empty_trace(self.context) for _ in self.lengths]
             raise RuntimeError("this scoring pass is already done")
-        if max_tokens is None or self.done_columns >= self.tail_start:
-            return self._last_forward(self.done_columns)
-        columns = min(self.tail_start - self.done_columns, max(1, max_tokens // len(self.lengths)))
-        end = self.done_columns + columns
-        with torch.inference_mode():
-            self.context.decoder(**self._inputs(self.done_columns, end))
-        self.done_columns = end
+        if max_tokens is None or self.columns.done >= self.tail_start:
+            return self._last_forward()
+        self.columns.fill(self.columns.chunk_end(max_tokens, self.tail_start))
         return None
 
-    def _inputs(self, start: int, end: int) -> dict[str, Any]:
-        return {
-            "input_ids": self.ids[:, start:end],
-            "attention_mask": self.mask[:, :end],
-            "position_ids": self.positions[:, start:end],
-            "past_key_values": self.cache,
-            "use_cache": True,
-        }
-
-    def _last_forward(self, start: int) -> list[TokenTrace]:
-        """Columns `start`.. to the end, rows captured for the answer columns only."""
-        context, longest = self.context, self.longest
-        capture = context.new_capture(query_start=self.tail_start + 1 - start)
+    def _last_forward(self) -> list[TokenTrace]:
+        """The columns left, rows captured for the answer columns only."""
+        context, longest, columns = self.context, self.longest, self.columns
+        capture = context.new_capture(query_start=self.tail_start + 1 - columns.done)
         with torch.inference_mode():
-            output = context.model(
-                **self._inputs(start, self.ids.shape[1]), logits_to_keep=longest + 1, tad_capture=capture
-            )
+            output = context.model(**columns.inputs(columns.width), logits_to_keep=longest + 1, tad_capture=capture)
         self.done = True
         # logits[:, j] predicts the answer token at column tail_start + 1 + j.
         logits = output.logits[:, :-1, :]

@@ -7,11 +7,10 @@ time; finished sequences leave at once. Admitted prompts that fit in `prefill_ch
 together are prefilled at once; longer ones run that many prompt tokens per step (chunked
 prefill, one pending prefill a step, oldest first; on an idle server too), so a long prompt
 delays running answers a chunk at a time and a short prompt arriving meanwhile is not held
-behind it. Teacher-forced scoring requests run between steps, their prompts chunked
-the same way. The scheduler only batches: what a
-request wants after each step (streamed tokens, early stop, the scored result) is its
-observer's business (`app/serving/progress.py`); the events reach the request through an
-asyncio queue fed thread-safely.
+behind it. Teacher-forced scoring requests run between steps, their prompts chunked the same
+way. The scheduler only batches: what a request wants after each step (streamed tokens, early
+stop, the scored result) is its observer's business (`app/serving/progress.py`); the events
+reach the request through an asyncio queue fed thread-safely.
 """
 
 from __future__ import annotations
@@ -306,9 +305,9 @@ class Scheduler:
         chunked prefill (left-padded together, so similar lengths waste little)."""
         for item in items:
             item.admitted_at = now
-        budget = self.prefill_chunk_tokens
+        budget = self._chunk_budget()
         at_once = items
-        if budget > 0:
+        if budget is not None:
             by_length = sorted(items, key=lambda item: len(item.request.prompt_ids) if item.request else 0)
             at_once = []
             for item in by_length:
