@@ -25,20 +25,16 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from app.engine.engine import Engine
-from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
-from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
 from app.uncertainty.answer import AnswerScorer
-from app.uncertainty.artifact import load_artifact
-from app.uncertainty.features import Convention
+from benchmarks.default_engine import add_model_arguments, load_capturing_engine, long_prompt
 
 PAGE = 4096
 PLAIN = "plain (transformers generate)"
@@ -86,35 +82,16 @@ class Setting:
     prompts: list[list[int]]
 
 
-def long_prompt(engine: Engine, tokens: int) -> list[int]:
-    text = Path(__file__).with_name("long_prompt.txt").read_text()
-    ids = engine.encode_prompt(messages=[{"role": "user", "content": text + "\n\nSummarise the text above."}])
-    if len(ids) < tokens:
-        raise SystemExit(f"long_prompt.txt gives only {len(ids)} tokens")
-    return ids[:tokens]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tad-serve")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    add_model_arguments(parser)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--slow-repeats", type=int, default=3, help="repeats of the eager and extra-forward runs")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--long-tokens", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
-    artifact = load_artifact(args.artifact)
-    n_lags = artifact.n_lags
-    capture = Engine(loaded, n_lags=n_lags, last_row=artifact.convention is Convention.CONSUMING)
-    capture.context = replace(capture.context, stop_token_ids=frozenset())  # always exactly --new-tokens
+    loaded, artifact, capture = load_capturing_engine(args)  # stop tokens off: always exactly --new-tokens
     plain_engine = capture.with_lags(0)
     scorer = AnswerScorer(artifact)
     model_dir = loaded.model.name_or_path
@@ -211,7 +188,7 @@ def main() -> None:
     print(
         f"\nmodel {loaded.identity.name} on {device} ({str(dtype).removeprefix('torch.')}), "
         f"{torch.get_num_threads()} threads, {new} new tokens, {args.repeats} interleaved repeats "
-        f"({args.slow_repeats} for eager and extra), TAD artifact: {artifact.path}, N={n_lags}"
+        f"({args.slow_repeats} for eager and extra), TAD artifact: {artifact.path}, N={artifact.n_lags}"
     )
     print(
         f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9} "

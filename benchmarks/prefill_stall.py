@@ -22,21 +22,17 @@ import argparse
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
 from app.engine.engine import Engine
-from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
 from app.serving.events import Event, Timing
 from app.serving.scheduler import GenerationItem, Scheduler
-from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
 from app.uncertainty.answer import AnswerScorer
-from app.uncertainty.artifact import load_artifact
-from app.uncertainty.features import Convention
+from benchmarks.default_engine import add_model_arguments, load_capturing_engine, long_prompt
 
 
 @dataclass
@@ -64,16 +60,6 @@ class Measurement:
     median_gap_s: float
     joiner_first_token_s: float
     total_s: float
-
-
-def long_prompt(engine: Engine, tokens: int) -> list[int]:
-    text = Path(__file__).with_name("long_prompt.txt").read_text()
-    copies = 1
-    while True:
-        ids = engine.encode_prompt(messages=[{"role": "user", "content": "\n\n".join([text] * copies) + "\n\nSum up."}])
-        if len(ids) >= tokens:
-            return ids[:tokens]
-        copies += 1
 
 
 def measure(
@@ -128,26 +114,16 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tad-serve")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    add_model_arguments(parser)
     parser.add_argument("--long-tokens", type=int, default=2048)
     parser.add_argument("--chunks", type=int, nargs="+", default=[512, 256])
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--join-after", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
-    artifact = load_artifact(args.artifact)
-    engine = Engine(loaded, n_lags=artifact.n_lags, last_row=artifact.convention is Convention.CONSUMING)
-    # Stop tokens off: the running answer must be exactly --new-tokens long in every mode.
-    engine.context = replace(engine.context, stop_token_ids=frozenset())
+    # Stop tokens off: the running answer is exactly --new-tokens long in every mode.
+    loaded, artifact, engine = load_capturing_engine(args)
     scorer = AnswerScorer(artifact)
     short = engine.encode_prompt(messages=[{"role": "user", "content": "Write a short story about a cat."}])
     long = long_prompt(engine, args.long_tokens)

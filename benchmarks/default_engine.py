@@ -1,0 +1,48 @@
+"""What the in-process benchmarks share: the model options, the capturing engine they time, a long prompt."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from app.engine.engine import Engine
+from app.engine.loading import LoadedModel, load_model
+from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
+from app.uncertainty.artifact import TadArtifact, load_artifact
+from app.uncertainty.features import Convention
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tad-serve")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=None)
+
+
+def load_capturing_engine(args: argparse.Namespace) -> tuple[LoadedModel, TadArtifact, Engine]:
+    """The model, its artifact and the engine capturing what the artifact reads, as the server builds it,
+    but with stop tokens off: every answer runs to exactly the length a benchmark asks for."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+    artifact = load_artifact(args.artifact)
+    engine = Engine(loaded, n_lags=artifact.n_lags, last_row=artifact.convention is Convention.CONSUMING)
+    engine.context = replace(engine.context, stop_token_ids=frozenset())
+    return loaded, artifact, engine
+
+
+def long_prompt(engine: Engine, tokens: int) -> list[int]:
+    """The first `tokens` tokens of a chat prompt made of long_prompt.txt (repeated as often as needed)."""
+    text = Path(__file__).with_name("long_prompt.txt").read_text()
+    copies = 1
+    while True:
+        content = "\n\n".join([text] * copies) + "\n\nSummarise the text above."
+        ids = engine.encode_prompt(messages=[{"role": "user", "content": content}])
+        if len(ids) >= tokens:
+            return ids[:tokens]
+        copies += 1
