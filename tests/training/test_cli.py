@@ -3,6 +3,7 @@ traceback or a failure minutes later."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,6 @@ def test_a_bad_artifact_is_one_line(
 def test_a_corrupt_run_is_named(
     tmp_path: Path, tiny_artifact: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(tiny_runs["dev"], run)

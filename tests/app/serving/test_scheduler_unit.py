@@ -144,6 +144,28 @@ async def _until(condition, timeout_s: float = 30.0) -> None:
 LONG_PROMPT = tuple(5 + i % 30 for i in range(40))
 
 
+async def _until_decoding(running: GenerationItem) -> None:
+    """Until the running answer has a couple of tokens: it is decoding when the next request arrives."""
+    await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+
+
+def _assert_answered_as_alone(
+    engine: Engine, answers: list[object], prompts: tuple[tuple[int, ...], ...], tokens: tuple[int, ...]
+) -> None:
+    """Each answer is done and has the tokens its request gets when generated alone."""
+    for (tag, sequence, _), prompt, count in zip(answers, prompts, tokens, strict=True):  # type: ignore[misc]
+        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=count))])[0]
+        assert tag == "done"
+        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+
+
+def _wait_until_idle(scheduler: Scheduler) -> None:
+    deadline = time.monotonic() + 10
+    while scheduler.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduler.in_flight == 0
+
+
 def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_its_steps(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,7 +180,7 @@ def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_i
         running, joining = _item(loop, (5, 6), tokens=60), _item(loop, LONG_PROMPT, tokens=6)
         recorder.running = running
         scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        await _until_decoding(running)
         scheduler.submit_generation(joining)
         return [await asyncio.wait_for(item.events.get(), 60) for item in (running, joining)]
 
@@ -168,10 +190,7 @@ def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_i
     assert [columns for columns, _ in second] == [8, 16, 24, 32, 40]
     running_tokens = [tokens for _, tokens in second]
     assert all(later > earlier for earlier, later in itertools.pairwise(running_tokens))
-    for (tag, sequence, _), prompt, tokens in zip(answers, ((5, 6), LONG_PROMPT), (60, 6), strict=True):  # type: ignore[misc]
-        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=tokens))])[0]
-        assert tag == "done"
-        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+    _assert_answered_as_alone(engine, answers, ((5, 6), LONG_PROMPT), (60, 6))  # type: ignore[arg-type]
     assert scheduler.in_flight == 0
 
 
@@ -189,7 +208,7 @@ def test_a_prompt_cancelled_during_its_chunked_prefill_stops_taking_chunks(
         running, joining = _item(loop, (5, 6), tokens=80), _item(loop, LONG_PROMPT, tokens=6)
         recorder.running = running
         scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        await _until_decoding(running)
         scheduler.submit_generation(joining)
         await _until(lambda: len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 2)
         scheduler.cancel(joining)
@@ -226,7 +245,7 @@ def test_a_short_prompt_arriving_during_a_long_chunked_prefill_is_not_held_behin
         )
         recorder.running = running
         scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        await _until_decoding(running)
         scheduler.submit_generation(joining)
         await _until(lambda: len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 2)
         await _until(lambda: scheduler.stats.running == 2)  # the prompt being prefilled counts as admitted
@@ -239,18 +258,8 @@ def test_a_short_prompt_arriving_during_a_long_chunked_prefill_is_not_held_behin
 
     answers = _run(scheduler, body)
     assert seen["long_prompt_columns_then"] < len(long_prompt)  # answered while the long prompt was still prefilling
-    for (tag, sequence, _), prompt, tokens in zip(answers, (long_prompt, short_prompt), (6, 3), strict=True):  # type: ignore[misc]
-        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=tokens))])[0]
-        assert tag == "done"
-        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+    _assert_answered_as_alone(engine, answers, (long_prompt, short_prompt), (6, 3))  # type: ignore[arg-type]
     _wait_until_idle(scheduler)
-
-
-def _wait_until_idle(scheduler: Scheduler) -> None:
-    deadline = time.monotonic() + 10
-    while scheduler.in_flight and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert scheduler.in_flight == 0
 
 
 def test_a_request_arriving_while_an_idle_server_prefills_a_long_prompt_joins_between_its_chunks(
@@ -274,10 +283,7 @@ def test_a_request_arriving_while_an_idle_server_prefills_a_long_prompt_joins_be
 
     answers = _run(scheduler, body)
     assert seen["long_prompt_columns_then"] < len(long_prompt)
-    for (tag, sequence, _), prompt, tokens in zip(answers, (long_prompt, short_prompt), (6, 3), strict=True):  # type: ignore[misc]
-        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=tokens))])[0]
-        assert tag == "done"
-        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+    _assert_answered_as_alone(engine, answers, (long_prompt, short_prompt), (6, 3))  # type: ignore[arg-type]
     _wait_until_idle(scheduler)
 
 
@@ -306,7 +312,7 @@ def test_a_model_failure_in_a_later_chunk_fails_its_requests_and_the_scheduler_s
         running, joining = _item(loop, (5, 6), tokens=80), _item(loop, LONG_PROMPT, tokens=6)
         recorder.running = running
         scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        await _until_decoding(running)
         scheduler.submit_generation(joining)
         failures = [await asyncio.wait_for(item.events.get(), 60) for item in (running, joining)]
         monkeypatch.setattr(engine, "start_prefill", recorder.start_prefill)
@@ -333,7 +339,7 @@ def test_a_deadline_passing_during_a_chunked_prefill_answers_at_once(
         running, joining = _item(loop, (5, 6), tokens=5000), _item(loop, long_prompt, tokens=6, deadline_s=0.3)
         recorder.running = running
         scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        await _until_decoding(running)
         scheduler.submit_generation(joining)
         event = await asyncio.wait_for(joining.events.get(), 60)
         scheduler.cancel(running)
@@ -391,7 +397,7 @@ def test_a_long_scoring_request_runs_in_chunks_between_the_running_answers_steps
         running, scoring = _item(loop, (5, 6), tokens=60), _scoring_item(loop, LONG_PROMPT, response)
         recorder.running = running
         scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        await _until_decoding(running)
         scheduler.submit_scoring(scoring)
         return [await asyncio.wait_for(item.events.get(), 60) for item in (scoring, running)]
 
@@ -420,7 +426,7 @@ def test_short_scoring_requests_sent_with_a_long_one_are_answered_first_and_corr
         loop = asyncio.get_running_loop()
         running = _item(loop, (5, 6), tokens=80)
         scheduler.submit_generation(running)
-        await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
+        await _until_decoding(running)
         items = [_scoring_item(loop, LONG_PROMPT, (7, 8, 9, 10))] + [_scoring_item(loop, p, r) for p, r in shorts]
         for item in items:  # the long one first: the shorter ones must not wait behind its chunks
             scheduler.submit_scoring(item)
