@@ -48,12 +48,21 @@ def _never_null(schema: dict[str, Any]) -> None:
         schema["contains"] = {"properties": {"content": {"pattern": NOT_BLANK}}}
 
 
+ONE_PROMPT = {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+
+
+def _details_without_tokens(field: str, value: dict[str, Any], streamed: bool) -> dict[str, Any]:
+    """The schema of a request asking for a token detail (`field`: `value`) in a response without tokens."""
+    properties: dict[str, Any] = {"return_tokens": {"const": False}, field: value}
+    if streamed:
+        properties["stream"] = {"const": False}
+    return {"required": ["return_tokens", field], "properties": properties}
+
+
 class PromptFields(StrictModel):
     """Exactly one of `prompt` (raw text, no chat template) or `messages` (chat template applied)."""
 
-    model_config = ConfigDict(
-        extra="forbid", strict=True, json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
-    )
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=ONE_PROMPT)
 
     prompt: str | None = Field(
         None,
@@ -120,32 +129,70 @@ class PromptFields(StrictModel):
         return DomainPrompt(prompt=self.prompt, messages=messages)
 
 
+def _carried_by_tokens(value: int, info: ValidationInfo, streamed: bool) -> int:
+    """Top log-probs and attention rows travel with each token: a response without its tokens would drop
+    them silently (a stream still sends them, in its token events)."""
+    if value and not streamed and info.data.get("return_tokens") is False:
+        raise ValueError(f"{info.field_name} is carried by each token: it needs return_tokens true")
+    return value
+
+
 class GenerateRequest(PromptFields):
+    # Validation refuses token details in a response without tokens (unless streamed): so does the schema.
+    model_config = ConfigDict(
+        json_schema_extra={
+            **ONE_PROMPT,
+            "allOf": [
+                {"not": _details_without_tokens("top_logprobs", {"minimum": 1}, streamed=True)},
+                {"not": _details_without_tokens("return_attention", {"const": True}, streamed=True)},
+            ],
+        }
+    )
+
     max_new_tokens: PositiveInt | None = Field(None, description="1..the service's limit (default: its default)")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: Seed | None = Field(None, description="for sampling; echoed in the response")
     stop: StopStrings = Field(None, description="stop strings (not included in the text)")
 
-    return_tokens: bool = Field(True, description="include per-token details")
+    stream: bool = Field(False, description="server-sent events: one per token, then a final event")
+    return_tokens: bool = Field(
+        True, description="include per-token details (with `stream`, only the final event goes without them)"
+    )
     top_logprobs: LogprobCount = Field(
         0, description="list this many most likely tokens at each step with each token (at most the service's limit)"
     )
     return_attention: bool = Field(False, description=ATTENTION_DOC)
-    stream: bool = Field(False, description="server-sent events: one per token, then a final event")
     policy: PolicyOverride | None = None
     early_stop: bool = Field(
         False, description="abort generation once the running uncertainty crosses the reject threshold"
     )
 
+    @field_validator("top_logprobs", "return_attention")
+    @classmethod
+    def _needs_tokens(cls, value: int, info: ValidationInfo) -> int:
+        return _carried_by_tokens(value, info, streamed=bool(info.data.get("stream")))
+
 
 class ScoreRequest(PromptFields):
+    model_config = ConfigDict(
+        json_schema_extra={
+            **ONE_PROMPT,
+            "not": _details_without_tokens("return_attention", {"const": True}, streamed=False),
+        }
+    )
+
     response: str = Field(
         min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK, description="the answer to score (not blank)"
     )
-    return_tokens: bool = True
+    return_tokens: bool = Field(True, description="include per-token details")
     return_attention: bool = Field(False, description=ATTENTION_DOC)
     policy: PolicyOverride | None = None
+
+    @field_validator("return_attention")
+    @classmethod
+    def _needs_tokens(cls, value: bool, info: ValidationInfo) -> bool:
+        return bool(_carried_by_tokens(value, info, streamed=False))
 
     @field_validator("response", mode="before")
     @classmethod

@@ -76,6 +76,22 @@ def test_return_tokens_false(client: TestClient) -> None:
     assert body["tokens"] is None and body["usage"]["completion_tokens"] == 3
 
 
+@pytest.mark.parametrize(
+    ("route", "extra", "field"),
+    [
+        ("/v1/generate", {"max_new_tokens": 2, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/generate", {"max_new_tokens": 2, "return_attention": True}, "return_attention"),
+        ("/v1/score", {"response": "Paris."}, "return_attention"),
+    ],
+)
+def test_token_details_without_tokens_are_refused(client: TestClient, route: str, extra: dict, field: str) -> None:
+    request = {"messages": CHAT, "return_tokens": False, "return_attention": route == "/v1/score", **extra}
+    response = client.post(route, json=request)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["param"] == field and "return_tokens" in error["message"]
+
+
 def test_early_stop_on_uncertainty(client: TestClient) -> None:
     request = {
         "messages": long_chat(client, 30),  # runs to 30 tokens without early stopping

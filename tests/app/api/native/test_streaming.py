@@ -39,6 +39,14 @@ def test_stream_matches_the_non_streamed_answer(client: TestClient) -> None:
         assert streamed["logprob"] == pytest.approx(whole["logprob"], abs=1e-6)
 
 
+def test_stream_without_final_tokens_still_streams_their_details(client: TestClient) -> None:
+    payload = {"messages": CHAT, "max_new_tokens": 3, "return_tokens": False, "top_logprobs": 2, "stream": True}
+    events = read_events(client, payload)
+    tokens = [data for name, data in events if name == "token"]
+    assert tokens and all(len(token["top_logprobs"]) == 2 for token in tokens)
+    assert events[-1][0] == "final" and events[-1][1]["tokens"] is None
+
+
 def test_stream_early_stop(client: TestClient) -> None:
     payload = {
         "messages": long_chat(client, 30),
