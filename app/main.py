@@ -57,10 +57,10 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
         )
-    app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http)
-    app.include_router(ops_routes.router)
-    app.include_router(native_routes.router)
-    app.include_router(openai_routes.router)
-    app.include_router(playground_routes.router)
+    routers = [ops_routes.router, native_routes.router, openai_routes.router, playground_routes.router]
+    routes = [route for router in routers for route in router.routes]
+    app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http, routes=routes)
+    for router in routers:
+        app.include_router(router)
     app.mount(playground_routes.STATIC_PREFIX, playground_routes.static_files(), name="playground-static")
     return app

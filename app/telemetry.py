@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.routing import BaseRoute, Match
 
 from app.serving.events import GenerationResult
 from app.serving.policy import Decision
@@ -116,8 +117,13 @@ class ServiceMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def route_label(scope: Scope) -> str:
+def route_label(scope: Scope, routes: Sequence[BaseRoute] = ()) -> str:
+    """The route template that served the request; for one refused before routing (a 413 from the body
+    limit), the template of the first of `routes` its path matches; "unmatched" for unknown paths (keeps
+    labels bounded)."""
     route = scope.get("route")
+    if route is None:
+        route = next((r for r in routes if r.matches(scope)[0] is not Match.NONE), None)
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
 
@@ -125,10 +131,17 @@ def route_label(scope: Scope) -> str:
 class MetricsMiddleware:
     """Counts requests by route template and status, and times them (streams until their end)."""
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, counter: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: ServiceMetrics,
+        counter: Callable[[int], None],
+        routes: Sequence[BaseRoute] = (),
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.counter = counter
+        self.routes = routes  # the app's routes, to label requests refused before routing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -152,6 +165,6 @@ class MetricsMiddleware:
             if tracked:
                 self.metrics.in_flight.dec()
                 self.counter(-1)
-            route = route_label(scope)
+            route = route_label(scope, self.routes)
             self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
             self.metrics.latency.labels(route=route).observe(time.perf_counter() - started)

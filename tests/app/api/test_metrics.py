@@ -27,6 +27,10 @@ def test_metrics_count_what_the_service_did(client: TestClient) -> None:
     for _ in range(3):
         assert client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 4}).status_code == 200
     assert client.post("/v1/generate", json={"prompt": ""}).status_code == 422
+    # Refused by the body limit before routing: still counted under the route it was sent to.
+    oversized = {"prompt": "x" * (client.app.state.runtime.settings.max_body_bytes + 1)}
+    assert client.post("/v1/generate", json=oversized).status_code == 413
+    assert client.post("/v1/no-such-route", json={}).status_code == 404
     after = samples(client)
 
     def delta(name: str, **labels: str) -> float:
@@ -34,8 +38,10 @@ def test_metrics_count_what_the_service_did(client: TestClient) -> None:
 
     assert delta("tad_requests_total", route="/v1/generate", status="200") == 3
     assert delta("tad_requests_total", route="/v1/generate", status="422") == 1
+    assert delta("tad_requests_total", route="/v1/generate", status="413") == 1
+    assert delta("tad_requests_total", route="unmatched", status="404") == 1
     assert delta("tad_generated_tokens_total") == 12
-    assert delta("tad_request_duration_seconds_count", route="/v1/generate") == 4
+    assert delta("tad_request_duration_seconds_count", route="/v1/generate") == 5
     assert delta("tad_time_per_output_token_seconds_count") == 3
     assert delta("tad_time_to_first_token_seconds_count") == 3
     assert delta("tad_queue_time_seconds_count") == 3
