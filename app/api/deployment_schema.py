@@ -14,9 +14,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from app.serving.policy import default_method
+from app.serving.policy import default_method, policy_choices
 from app.serving.runtime import Runtime, ServingArtifact, State
-from app.uncertainty.methods import REGISTRY, Method
+from app.uncertainty.methods import Method
 
 
 def _maximum(field: dict[str, Any], value: int) -> None:
@@ -85,11 +85,27 @@ def _fill_in(schema: dict[str, Any], runtime: Runtime) -> None:
     _maximum(completion["logprobs"], settings.max_top_logprobs)
     for field in (chat["model"], completion["model"]):
         field["enum"] = [runtime.model_name]
-    if runtime.artifact is None:
-        # Methods that need an artifact cannot be asked for.
-        available = [m.value for m in Method if not REGISTRY[m.value].needs_artifact]
-        components["Method"]["enum"] = available
-    components["PolicyOverride"]["anyOf"] = _policy_choices(runtime)
+    choices = policy_choices(settings, runtime.artifact)
+    components["Method"]["enum"] = [m.value for m in Method if m not in choices.refused]
+    override = components["PolicyOverride"]
+    override["anyOf"] = _policy_choices(runtime)
+    refusals = [override.pop("not")] if "not" in override else []
+    if choices.need_threshold:
+        refusals.append(
+            {
+                "required": ["method"],
+                "properties": {
+                    "method": {"enum": [m.value for m in choices.need_threshold]},
+                    "threshold": {"type": "null"},
+                    "target": {"type": "null"},
+                },
+            }
+        )
+    if choices.threshold_needs_method:
+        refusals.append(
+            {"required": ["threshold"], "properties": {"threshold": {"type": "number"}, "method": {"type": "null"}}}
+        )
+    override["allOf"] = [{"not": refusal} for refusal in refusals]
 
 
 def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str, Any]]:

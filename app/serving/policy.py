@@ -123,6 +123,38 @@ def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: P
     return Policy(method=method, threshold=None, name="none")
 
 
+@dataclass(frozen=True)
+class PolicyChoices:
+    """What a request's policy may name in this service (the deployment's schema states it)."""
+
+    refused: tuple[Method, ...]  # methods that cannot decide here, whatever comes with them
+    need_threshold: tuple[Method, ...]  # methods that decide only with a threshold or target of their own
+    threshold_needs_method: bool  # a bare threshold is refused: the service's own method cannot decide
+
+
+def policy_choices(settings: Settings, artifact: TadArtifact | None) -> PolicyChoices:
+    """Ask `resolve_policy` itself, so that the schema and validation cannot disagree."""
+
+    def resolves(request: PolicyRequest) -> bool:
+        try:
+            resolve_policy(settings, artifact, request)
+        except InvalidRequest:
+            return False
+        return True
+
+    refused, need_threshold = [], []
+    for method in Method:
+        if not resolves(PolicyRequest(method=method, threshold=0.0)):
+            refused.append(method)
+        elif not resolves(PolicyRequest(method=method)):
+            need_threshold.append(method)
+    return PolicyChoices(
+        refused=tuple(refused),
+        need_threshold=tuple(need_threshold),
+        threshold_needs_method=not resolves(PolicyRequest(threshold=0.0)),
+    )
+
+
 def _no_threshold_message(method: Method, artifact: TadArtifact | None, service: Policy) -> str:
     if artifact is None:
         return f"method {method.value} has no threshold here (no TAD artifact is loaded); send policy.threshold"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.errors import InvalidRequest
-from app.serving.policy import PolicyRequest, method_problem, resolve_policy
+from app.serving.policy import PolicyRequest, method_problem, policy_choices, resolve_policy
 from app.settings import Settings
 from app.uncertainty.artifact import Threshold
 from app.uncertainty.methods import Method
@@ -108,3 +108,17 @@ def test_a_configured_method_that_cannot_decide_is_a_startup_problem(
 ) -> None:
     found = method_problem(method, artifact)  # type: ignore[arg-type]
     assert (found is None) if problem is None else (problem in found)
+
+
+def test_policy_choices_state_what_resolve_policy_refuses() -> None:
+    with_artifact = policy_choices(Settings(), ARTIFACT)  # type: ignore[arg-type]
+    assert with_artifact.refused == (Method.TAD_BLEND,)
+    # Calibrated for the service's target (error@0.7): TAD and MSP; every other method needs its own.
+    assert Method.RAUQ in with_artifact.need_threshold and Method.PERPLEXITY in with_artifact.need_threshold
+    assert Method.TAD not in with_artifact.need_threshold and Method.MSP not in with_artifact.need_threshold
+    assert not with_artifact.threshold_needs_method
+
+    without = policy_choices(Settings(), None)
+    assert {Method.TAD, Method.RAUQ, Method.ATTENTION_SCORE, Method.TAD_BLEND} <= set(without.refused)
+    assert Method.MSP not in without.refused and without.need_threshold == ()
+    assert without.threshold_needs_method  # the service's own method (TAD) cannot decide without an artifact
