@@ -16,6 +16,7 @@ from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.features import FeatureSpec
 
 TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
 Alternatives = tuple[tuple[int, float], ...]
 
 
@@ -24,6 +25,7 @@ class TokenDetail:
     """How to spell tokens, and the optional per-token extras a request asked for."""
 
     text: TokenText
+    bytes: TokenBytes
     top_logprobs: bool = False
     attention: FeatureSpec | None = None  # the artifact's feature spec when attention was asked for
 
@@ -31,7 +33,10 @@ class TokenDetail:
 def _top(detail: TokenDetail, alternatives: Alternatives) -> list[TopLogprob] | None:
     if not detail.top_logprobs:
         return None
-    return [TopLogprob(id=i, text=detail.text(i), logprob=logprob_or_floor(lp)) for i, lp in alternatives]
+    return [
+        TopLogprob(id=i, text=detail.text(i), bytes=list(detail.bytes(i)), logprob=logprob_or_floor(lp))
+        for i, lp in alternatives
+    ]
 
 
 def token_infos(
@@ -44,6 +49,7 @@ def token_infos(
         TokenInfo(
             id=token_id,
             text=detail.text(token_id),
+            bytes=list(detail.bytes(token_id)),
             logprob=float(trace.logprobs[index]),
             entropy=float(trace.entropies[index]),
             top_logprobs=_top(detail, alternatives[index] if index < len(alternatives) else ()),
@@ -108,6 +114,7 @@ class NativeStreamEncoder:
             index=event.index,
             id=event.token_id,
             text=event.text,
+            bytes=list(self.detail.bytes(event.token_id)),
             logprob=event.logprob,
             entropy=event.entropy,
             top_logprobs=_top(self.detail, event.top_logprobs),

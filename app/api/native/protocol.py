@@ -202,15 +202,26 @@ class ScoreRequest(PromptFields):
         return value
 
 
+TOKEN_BYTES_DOC = (
+    "the token's exact UTF-8 bytes: a character split over several tokens joins back from them "
+    "(its part shows as U+FFFD in `text`)"
+)
+
+
 class TopLogprob(BaseModel):
     id: int
     text: str
+    bytes: list[int] = Field(description=TOKEN_BYTES_DOC)
     logprob: float = Field(description="log-probability under the model's raw logits")
 
 
 class TokenInfo(BaseModel):
     id: int
-    text: str
+    text: str = Field(
+        description="the token's text; in a stream's token events, the piece it adds to the answer's text "
+        "(empty while it holds part of a character)"
+    )
+    bytes: list[int] = Field(description=TOKEN_BYTES_DOC)
     logprob: float = Field(description="log-probability under the model's raw logits")
     entropy: float = Field(description="entropy of the full next-token distribution")
     confidence: float | None = Field(description="TAD token confidence c_i (null without TAD)")

@@ -71,4 +71,4 @@ def _detail(
 ) -> TokenDetail:
     """What each token carries; `serving`: the artifact the request started with (it reads the rows)."""
     spec = service.feature_spec(serving) if attention else None
-    return TokenDetail(service.token_text, top_logprobs=top_logprobs, attention=spec)
+    return TokenDetail(service.token_text, service.token_bytes, top_logprobs=top_logprobs, attention=spec)

@@ -115,3 +115,22 @@ def test_attention_is_null_without_an_artifact(service_settings: Settings) -> No
         assert all(token["attention"] is None for token in body["tokens"])
         events = read_events(client, {**request, "stream": True})
         assert all(data["attention"] is None for name, data in events if name == "token")
+
+
+def test_every_token_carries_its_bytes(client: TestClient) -> None:
+    # The tiny tokenizer is word-level (no character is split), so each token's bytes spell its text;
+    # split characters are tested with real tokenizers in tests/app/engine/test_token_bytes.py.
+    tokens = client.post("/v1/score", json={"messages": CHAT, "response": "the capital of"}).json()["tokens"]
+    assert [bytes(token["bytes"]).decode() for token in tokens] == [token["text"] for token in tokens]
+    assert [token["text"] for token in tokens] == ["the", "capital", "of"]
+
+
+def test_streamed_token_bytes_equal_the_final_ones(client: TestClient) -> None:
+    request = {"messages": long_chat(client, 8), "max_new_tokens": 8, "top_logprobs": 2, "stream": True}
+    events = read_events(client, request)
+    streamed = [data for name, data in events if name == "token"]
+    final = events[-1][1]["tokens"]
+    assert [event["bytes"] for event in streamed] == [token["bytes"] for token in final]
+    for event, token in zip(streamed, final, strict=True):
+        assert [a["bytes"] for a in event["top_logprobs"]] == [a["bytes"] for a in token["top_logprobs"]]
+        assert all(isinstance(a["bytes"], list) and a["bytes"] for a in token["top_logprobs"])
