@@ -36,7 +36,9 @@ from app.engine.engine import Engine
 from app.engine.loading import load_model
 from app.settings import DEFAULT_ARTIFACT, DEFAULT_CACHE_DIR
 from app.uncertainty.artifact import load_artifact
+from training.commands.evaluate import best_baseline, mean_interval
 from training.data import read_records
+from training.groups import mean_prr_within
 from training.rejection import (
     CORRECT_THRESHOLD,
     accuracy,
@@ -124,13 +126,14 @@ def probe(inverse_regularisation: float) -> Pipeline:
     return make_pipeline(StandardScaler(), LogisticRegression(C=inverse_regularisation, max_iter=2000))
 
 
-def within_dataset_prr(uncertainty: np.ndarray, targets: np.ndarray, datasets: np.ndarray) -> float:
-    values = [
-        prediction_rejection_ratio(uncertainty[datasets == name], targets[datasets == name])
-        for name in np.unique(datasets)
-        if informative(accuracy(targets[datasets == name]))
-    ]
-    return float(np.mean(values)) if values else float("nan")
+def within_dataset_prr(uncertainty: np.ndarray, features: RunFeatures) -> float:
+    """Mean PRR within each informative dataset (accuracy in [0.1, 0.9]), as `fit` selects."""
+    names = {
+        name
+        for name in np.unique(features.datasets)
+        if informative(accuracy(features.targets[features.datasets == name]))
+    }
+    return mean_prr_within(uncertainty, features.targets, features.datasets, frozenset(names))
 
 
 def choose_probe(train: RunFeatures) -> tuple[float, str, int, float]:
@@ -144,7 +147,7 @@ def choose_probe(train: RunFeatures) -> tuple[float, str, int, float]:
                 held_out = cross_val_predict(
                     probe(c), train.places[place][:, index], right, cv=folds, method="predict_proba"
                 )[:, 1]
-                score = within_dataset_prr(1.0 - held_out, train.targets, train.datasets)
+                score = within_dataset_prr(1.0 - held_out, train)
                 print(f"cv {place:16s} layer {layer:2d} C {c:<6g} within-dataset PRR {score:.3f}", flush=True)
                 trials.append((score, place, layer, c))
     return max(trials)
@@ -182,7 +185,6 @@ def main() -> None:
     table = uncertainty_table(load_artifact(args.artifact), texts)
     scores = {name: values for name, values in table.items() if name == "tad" or not name.startswith("tad")}
     scores["probe"] = 1.0 - fitted.predict_proba(dev.places[place][:, index])[:, 1]
-    baselines = [name for name in scores if name not in ("tad", "probe")]
     gaps: dict[str, list[float]] = {"probe": [], "tad": []}
     resampled: dict[str, list[np.ndarray]] = {"probe": [], "tad": []}
     print("\n| dataset | n | accuracy | probe | TAD | best baseline | probe − best | TAD − best |")
@@ -193,7 +195,7 @@ def main() -> None:
         if not informative(accuracy(quality)):
             continue
         prr = {method: prediction_rejection_ratio(values[mask], quality) for method, values in scores.items()}
-        best = max(baselines, key=lambda method: prr[method])
+        best = best_baseline(prr)
         boot = paired_bootstrap_prr({m: scores[m][mask] for m in ("probe", "tad", best)}, quality)
         cells = []
         for method in gaps:
@@ -206,8 +208,7 @@ def main() -> None:
             f"| {best} {prr[best]:.3f} | {cells[0]} | {cells[1]} |"
         )
     for method, values in gaps.items():
-        # Datasets are resampled independently: the mean of their paired differences, resample by resample.
-        low, high = interval(np.mean(resampled[method], axis=0)) or (float("nan"), float("nan"))
+        low, high = mean_interval(resampled[method]) or (float("nan"), float("nan"))
         mean = float(np.mean(values))
         print(f"mean {method} − best baseline over the informative datasets: {mean:+.3f} [{low:.2f}, {high:.2f}]")
 

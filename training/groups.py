@@ -83,6 +83,11 @@ def within_group_prr(scores: np.ndarray, texts: Sequence[FitText], groups: froze
     """Mean PRR within each of `groups` present among `texts` (NaN where none has a finite PRR)."""
     names = np.array([t.group for t in texts])
     targets = np.array([t.target for t in texts])
+    return mean_prr_within(scores, targets, names, groups)
+
+
+def mean_prr_within(scores: np.ndarray, targets: np.ndarray, names: np.ndarray, groups: frozenset[str]) -> float:
+    """Mean PRR within each of `groups` among `names` (each text's group), NaN where none has a finite PRR."""
     values = []
     for group in sorted(groups & set(names)):
         mask = names == group

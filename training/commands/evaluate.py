@@ -67,8 +67,7 @@ def _entry(
             for method, values in scores.items()
         },
     }
-    baselines = [m.value for m in BASELINES if m.value in prr]
-    best = max(baselines, key=lambda name: prr[name] if np.isfinite(prr[name]) else -np.inf)
+    best = best_baseline(prr)
     entry["default_vs_best_baseline"] = {
         "default": default,
         "best_baseline": best,
@@ -86,11 +85,24 @@ def _entry(
     return entry, drawn
 
 
-def _mean_interval(samples: dict[str, dict[str, np.ndarray]], chosen: list[str], key: str) -> list[float] | None:
-    """95% interval of a difference's mean over the `chosen` datasets. Datasets are resampled
-    independently, so the mean's samples are the per-dataset samples averaged resample by resample."""
+def best_baseline(prr: dict[str, float]) -> str:
+    """The baseline with the highest PRR among those in `prr` (the comparison every report makes)."""
+    baselines = [m.value for m in BASELINES if m.value in prr]
+    return max(baselines, key=lambda name: prr[name] if np.isfinite(prr[name]) else -np.inf)
+
+
+def mean_interval(drawn: Sequence[np.ndarray]) -> tuple[float, float] | None:
+    """95% interval of a difference's mean over datasets, from each dataset's bootstrap samples of it.
+    Datasets are resampled independently, so the mean's samples are theirs averaged resample by resample."""
+    return interval(np.mean(np.stack(drawn), axis=0)) if len(drawn) else None
+
+
+def _mean_interval(
+    samples: dict[str, dict[str, np.ndarray]], chosen: list[str], key: str
+) -> tuple[float, float] | None:
+    """`mean_interval` over the `chosen` datasets (None unless every one has samples of `key`)."""
     drawn = [samples[name][key] for name in chosen if key in samples[name]]
-    return interval(np.mean(np.stack(drawn), axis=0)) if drawn and len(drawn) == len(chosen) else None
+    return mean_interval(drawn) if drawn and len(drawn) == len(chosen) else None
 
 
 def build_report(

@@ -6,7 +6,7 @@ never null), text that is not blank, non-empty lists.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -51,10 +51,11 @@ def _never_null(schema: dict[str, Any]) -> None:
 ONE_PROMPT = {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
 
 
-def _details_without_tokens(field: str, value: dict[str, Any], streamed: bool) -> dict[str, Any]:
-    """The schema of a request asking for a token detail (`field`: `value`) in a response without tokens."""
+def _details_without_tokens(field: str, value: dict[str, Any], unless_streamed: bool) -> dict[str, Any]:
+    """The schema of a request asking for a token detail (`field`: `value`) in a response without tokens
+    (`unless_streamed`: a streamed request is not one, its token events carry the detail)."""
     properties: dict[str, Any] = {"return_tokens": {"const": False}, field: value}
-    if streamed:
+    if unless_streamed:
         properties["stream"] = {"const": False}
     return {"required": ["return_tokens", field], "properties": properties}
 
@@ -129,7 +130,10 @@ class PromptFields(StrictModel):
         return DomainPrompt(prompt=self.prompt, messages=messages)
 
 
-def _carried_by_tokens(value: int, info: ValidationInfo, streamed: bool) -> int:
+_Detail = TypeVar("_Detail", int, bool)
+
+
+def _carried_by_tokens(value: _Detail, info: ValidationInfo, streamed: bool) -> _Detail:
     """Top log-probs and attention rows travel with each token: a response without its tokens would drop
     them silently (a stream still sends them, in its token events)."""
     if value and not streamed and info.data.get("return_tokens") is False:
@@ -143,8 +147,8 @@ class GenerateRequest(PromptFields):
         json_schema_extra={
             **ONE_PROMPT,
             "allOf": [
-                {"not": _details_without_tokens("top_logprobs", {"minimum": 1}, streamed=True)},
-                {"not": _details_without_tokens("return_attention", {"const": True}, streamed=True)},
+                {"not": _details_without_tokens("top_logprobs", {"minimum": 1}, unless_streamed=True)},
+                {"not": _details_without_tokens("return_attention", {"const": True}, unless_streamed=True)},
             ],
         }
     )
@@ -170,7 +174,7 @@ class GenerateRequest(PromptFields):
 
     @field_validator("top_logprobs", "return_attention")
     @classmethod
-    def _needs_tokens(cls, value: int, info: ValidationInfo) -> int:
+    def _needs_tokens(cls, value: int | bool, info: ValidationInfo) -> int | bool:
         return _carried_by_tokens(value, info, streamed=bool(info.data.get("stream")))
 
 
@@ -178,7 +182,7 @@ class ScoreRequest(PromptFields):
     model_config = ConfigDict(
         json_schema_extra={
             **ONE_PROMPT,
-            "not": _details_without_tokens("return_attention", {"const": True}, streamed=False),
+            "not": _details_without_tokens("return_attention", {"const": True}, unless_streamed=False),
         }
     )
 
@@ -192,7 +196,7 @@ class ScoreRequest(PromptFields):
     @field_validator("return_attention")
     @classmethod
     def _needs_tokens(cls, value: bool, info: ValidationInfo) -> bool:
-        return bool(_carried_by_tokens(value, info, streamed=False))
+        return _carried_by_tokens(value, info, streamed=False)
 
     @field_validator("response", mode="before")
     @classmethod

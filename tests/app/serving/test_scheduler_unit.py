@@ -134,6 +134,14 @@ class ChunkRecorder:
         return job
 
 
+@pytest.fixture
+def recorder(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> ChunkRecorder:
+    """Every prefill of the engine, chunk by chunk (its `start_prefill` wrapped for the test)."""
+    recording = ChunkRecorder(engine)
+    monkeypatch.setattr(engine, "start_prefill", recording)
+    return recording
+
+
 async def _until(condition, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -167,10 +175,8 @@ def _wait_until_idle(scheduler: Scheduler) -> None:
 
 
 def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_its_steps(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, recorder: ChunkRecorder
 ) -> None:
-    recorder = ChunkRecorder(engine)
-    monkeypatch.setattr(engine, "start_prefill", recorder)
     scheduler = Scheduler(
         engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0, prefill_chunk_tokens=8
     )
@@ -195,10 +201,8 @@ def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_i
 
 
 def test_a_prompt_cancelled_during_its_chunked_prefill_stops_taking_chunks(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, recorder: ChunkRecorder
 ) -> None:
-    recorder = ChunkRecorder(engine)
-    monkeypatch.setattr(engine, "start_prefill", recorder)
     scheduler = Scheduler(
         engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0, prefill_chunk_tokens=1
     )
@@ -228,10 +232,8 @@ def _chunked_scheduler(engine: Engine, chunk_tokens: int) -> Scheduler:
 
 
 def test_a_short_prompt_arriving_during_a_long_chunked_prefill_is_not_held_behind_it(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, recorder: ChunkRecorder
 ) -> None:
-    recorder = ChunkRecorder(engine)
-    monkeypatch.setattr(engine, "start_prefill", recorder)
     scheduler = _chunked_scheduler(engine, chunk_tokens=4)
     long_prompt, short_prompt = LONG_PROMPT * 3, (7, 8, 9)
     seen: dict[str, int] = {}
@@ -263,10 +265,8 @@ def test_a_short_prompt_arriving_during_a_long_chunked_prefill_is_not_held_behin
 
 
 def test_a_request_arriving_while_an_idle_server_prefills_a_long_prompt_joins_between_its_chunks(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, recorder: ChunkRecorder
 ) -> None:
-    recorder = ChunkRecorder(engine)
-    monkeypatch.setattr(engine, "start_prefill", recorder)
     scheduler = _chunked_scheduler(engine, chunk_tokens=4)
     long_prompt, short_prompt = LONG_PROMPT * 3, (7, 8, 9)
     seen: dict[str, int] = {}
@@ -326,11 +326,7 @@ def test_a_model_failure_in_a_later_chunk_fails_its_requests_and_the_scheduler_s
     _wait_until_idle(scheduler)
 
 
-def test_a_deadline_passing_during_a_chunked_prefill_answers_at_once(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    recorder = ChunkRecorder(engine)
-    monkeypatch.setattr(engine, "start_prefill", recorder)
+def test_a_deadline_passing_during_a_chunked_prefill_answers_at_once(engine: Engine, recorder: ChunkRecorder) -> None:
     scheduler = _chunked_scheduler(engine, chunk_tokens=1)
     long_prompt = LONG_PROMPT * 10  # 400 chunks: far more than fit in the deadline
 
