@@ -12,6 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from app import __version__
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.deployment_schema import deployment_openapi
+from app.api.docs import routes as docs_routes
 from app.api.native import routes as native_routes
 from app.api.openai import routes as openai_routes
 from app.api.ops import routes as ops_routes
@@ -45,6 +46,9 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
         description="Every generation comes with per-token and sequence uncertainty (TAD and baselines) "
         "and an accept/reject decision.",
         lifespan=lifespan,
+        # Served by docs_routes from local assets instead of FastAPI's CDN-backed pages.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.runtime = runtime
     app.openapi = deployment_openapi(app, runtime)  # type: ignore[method-assign]
@@ -57,10 +61,17 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
         )
-    routers = [ops_routes.router, native_routes.router, openai_routes.router, playground_routes.router]
+    routers = [
+        ops_routes.router,
+        native_routes.router,
+        openai_routes.router,
+        playground_routes.router,
+        docs_routes.router,
+    ]
     routes = [route for router in routers for route in router.routes]
     app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http, routes=routes)
     for router in routers:
         app.include_router(router)
     app.mount(playground_routes.STATIC_PREFIX, playground_routes.static_files(), name="playground-static")
+    app.mount(docs_routes.ASSETS_PREFIX, docs_routes.static_files(), name="docs-static")
     return app

@@ -108,6 +108,14 @@ def _fill_in(schema: dict[str, Any], runtime: Runtime) -> None:
     override["allOf"] = [{"not": refusal} for refusal in refusals]
 
 
+def _drop_security(schema: dict[str, Any]) -> None:
+    """Without TAD_API_KEY nothing asks for a key: the schema must not say that routes need one."""
+    schema.get("components", {}).pop("securitySchemes", None)
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            operation.pop("security", None)
+
+
 def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str, Any]]:
     """`app.openapi`: the schema with this deployment's limits; cached once the model is loaded, and
     built again after an artifact reload (calibrated targets come from the artifact)."""
@@ -124,6 +132,8 @@ def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str,
             routes=app.routes,
             separate_input_output_schemas=app.separate_input_output_schemas,
         )
+        if runtime.settings.api_key is None:
+            _drop_security(schema)
         if runtime.state is State.READY:
             serving = runtime.serving
             _fill_in(schema, runtime)

@@ -6,6 +6,7 @@ import secrets
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.errors import Unauthorized
 from app.serving.runtime import Runtime
@@ -27,20 +28,26 @@ def get_service(runtime: RuntimeDep) -> GenerationService:
 ServiceDep = Annotated[GenerationService, Depends(get_service)]
 
 
-def _presented_key(request: Request) -> str | None:
-    authorization = request.headers.get("authorization", "")
-    scheme, _, credentials = authorization.partition(" ")
-    if scheme.lower() == "bearer" and credentials:
-        return credentials.strip()
-    return request.headers.get("x-api-key")
+# Declared as security schemes so the OpenAPI schema (and Swagger UI's Authorize button) says how to
+# send the key; neither refuses a request itself (auto_error=False): require_api_key decides.
+_bearer_key = HTTPBearer(
+    scheme_name="BearerKey", auto_error=False, description="The service's API key (TAD_API_KEY) as a Bearer token."
+)
+_header_key = APIKeyHeader(
+    name="X-API-Key", scheme_name="HeaderKey", auto_error=False, description="The service's API key (TAD_API_KEY)."
+)
 
 
-def require_api_key(request: Request, runtime: RuntimeDep) -> None:
+def require_api_key(
+    runtime: RuntimeDep,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer_key)],
+    header_key: Annotated[str | None, Depends(_header_key)],
+) -> None:
     """When TAD_API_KEY is set, every /v1 route needs it (Bearer token or X-API-Key), compared in constant time."""
     expected = runtime.settings.api_key
     if expected is None:
         return
-    presented = _presented_key(request)
+    presented = bearer.credentials if bearer is not None else header_key
     if presented is None or not secrets.compare_digest(
         presented.encode("utf-8", "surrogateescape"), expected.get_secret_value().encode("utf-8", "surrogateescape")
     ):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from unittest.mock import ANY
+
+from fastapi.testclient import TestClient
+
 from app.settings import Settings
 from tests.app.api.test_errors import assert_error
 from tests.app.service_client import make_client
@@ -31,3 +35,32 @@ def test_cors_is_off_unless_configured(service_settings: Settings) -> None:
     with make_client(service_settings, cors_origins=["https://example.org"]) as client:
         response = client.options("/v1/generate", headers=preflight)
         assert response.headers["access-control-allow-origin"] == "https://example.org"
+
+
+def _unauthenticated_statuses(client: TestClient) -> dict[tuple[str, str], tuple[bool, int]]:
+    """Per operation of the served schema: whether it declares a key, and its status when sent none."""
+    schema = client.get("/openapi.json").json()
+    statuses = {}
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            response = client.request(method, path.replace("{model_id}", "any"), json={})
+            statuses[(method, path)] = ("security" in operation, response.status_code)
+    return statuses
+
+
+def test_schema_declares_the_key_exactly_where_it_is_required(service_settings: Settings) -> None:
+    with make_client(service_settings, api_key="s3cret") as client:
+        schemes = client.get("/openapi.json").json()["components"]["securitySchemes"]
+        assert schemes["BearerKey"] == {"type": "http", "scheme": "bearer", "description": ANY}
+        assert schemes["HeaderKey"]["in"] == "header" and schemes["HeaderKey"]["name"] == "X-API-Key"
+        statuses = _unauthenticated_statuses(client)
+        assert {key for key, (declared, _) in statuses.items() if declared} >= {
+            ("post", "/v1/generate"),
+            ("get", "/info"),
+        }
+        for key, (declared, status) in statuses.items():
+            assert declared == (status == 401), (key, status)
+    with make_client(service_settings) as client:
+        assert "securitySchemes" not in client.get("/openapi.json").json()["components"]
+        for key, (declared, status) in _unauthenticated_statuses(client).items():
+            assert not declared and status != 401, key
