@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from jinja2 import TemplateError
 
+from app.engine.chat_prompt import PromptError, encode_chat
 from app.engine.decoding import DecodeContext, PromptPrefill, run_continuously, run_to_completion
 from app.engine.detokenizer import StreamDetokenizer
 from app.engine.loading import LoadedModel, ModelIdentity
@@ -17,10 +17,6 @@ from app.engine.sequence import GenerationRequest, SequenceState, trace_of
 from app.engine.teacher_forcing import ScoringPass, score_responses
 from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
-
-
-class PromptError(ValueError):
-    """A prompt that cannot be turned into tokens (e.g. no chat template for messages)."""
 
 
 class Engine:
@@ -88,19 +84,13 @@ class Engine:
 
     # ------------------------------------------------------------------ text
     def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict[str, Any]] | None = None) -> list[int]:
-        """Token ids of a raw prompt, or of chat messages through the model's chat template."""
+        """Token ids of a raw prompt (control-token text in it is read as control tokens), or of chat
+        messages through the model's chat template (their contents are always read as text)."""
         tokenizer = self.loaded.tokenizer
         if messages is not None:
             if not self.has_chat_template:
                 raise PromptError("this model has no chat template; send a plain prompt instead")
-            try:
-                encoded = tokenizer.apply_chat_template(
-                    [dict(message) for message in messages], add_generation_prompt=True, tokenize=True
-                )
-            except (TemplateError, ValueError) as error:  # e.g. a template that wants alternating roles
-                raise PromptError(f"the model's chat template refused these messages: {error}") from error
-            ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-            return [int(i) for i in ids]
+            return encode_chat(tokenizer, messages)
         if prompt is None:
             raise PromptError("either prompt or messages is required")
         return [int(i) for i in tokenizer(prompt, add_special_tokens=True)["input_ids"]]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from app.engine.engine import Engine, PromptError
+from app.engine.chat_prompt import PromptError
+from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
