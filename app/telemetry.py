@@ -53,6 +53,9 @@ class ServiceMetrics:
         self.generated_tokens = Counter("tad_generated_tokens", "Tokens generated", registry=r)
         self.prompt_tokens = Counter("tad_prompt_tokens", "Prompt tokens processed", registry=r)
         self.decisions = Counter("tad_decisions", "Accept/reject decisions", ["method", "outcome"], registry=r)
+        self.withheld = Counter(
+            "tad_withheld_answers", "Rejected answers whose text was withheld (the withhold action)", registry=r
+        )
         self.sequence_uncertainty = Histogram(
             "tad_sequence_uncertainty",
             "Sequence uncertainty of answers, per method",
@@ -99,6 +102,8 @@ class ServiceMetrics:
         self, decision: Decision, scores: SequenceUncertainty, thresholds: dict[str, float | None]
     ) -> None:
         self.decisions.labels(method=decision.method.value, outcome="accept" if decision.accept else "reject").inc()
+        if decision.withheld:
+            self.withheld.inc()
         self.observe_answer(scores.as_dict(), thresholds)
 
     def observe_answer(self, scores: dict[str, float | None], thresholds: dict[str, float | None]) -> None:

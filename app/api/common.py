@@ -19,6 +19,7 @@ from pydantic import (
 
 from app.numeric import finite_or_none
 from app.serving.policy import Decision, PolicyRequest
+from app.settings import RejectAction
 from app.uncertainty.methods import METHODS, Method, SequenceUncertainty
 
 # Every integer up to 2**53 is exact as a JSON number (a float), so a seed means one thing in any client.
@@ -119,6 +120,13 @@ class PolicyOverride(StrictModel):
     )
     threshold: float | None = Field(None, description="reject when uncertainty > threshold")
     target: str | None = Field(None, description="a target the artifact calibrated, e.g. 'error@0.3', 'coverage@0.8'")
+    action: RejectAction | None = Field(
+        None,
+        strict=False,
+        description="what happens to a rejected answer (default: the service's): 'flag' returns it with its "
+        "decision; 'withhold' returns the service's withheld message instead, and a stream sends no token "
+        "before the decision",
+    )
 
     @field_validator("threshold")
     @classmethod
@@ -134,7 +142,7 @@ class PolicyOverride(StrictModel):
         return self
 
     def to_request(self) -> PolicyRequest:
-        return PolicyRequest(method=self.method, threshold=self.threshold, target=self.target)
+        return PolicyRequest(method=self.method, threshold=self.threshold, target=self.target, action=self.action)
 
 
 def policy_request(override: PolicyOverride | None) -> PolicyRequest | None:
@@ -159,6 +167,10 @@ class DecisionInfo(BaseModel):
     score: float | None
     threshold: float | None
     policy: str = Field(description="fixed, calibrated:<target>, fallback:..., or none")
+    withheld: bool = Field(
+        description="the answer was rejected under the withhold action: the text is the service's withheld "
+        "message and the answer's tokens are left out"
+    )
 
     @classmethod
     def of(cls, decision: Decision) -> DecisionInfo:
@@ -168,6 +180,7 @@ class DecisionInfo(BaseModel):
             score=finite_or_none(decision.score),
             threshold=decision.threshold,
             policy=decision.policy,
+            withheld=decision.withheld,
         )
 
 

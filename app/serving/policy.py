@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.errors import InvalidRequest
-from app.settings import Settings
+from app.settings import RejectAction, Settings
 from app.uncertainty.artifact import TadArtifact
 from app.uncertainty.methods import REGISTRY, Method, SequenceUncertainty
 
@@ -16,11 +16,13 @@ EARLY_STOP_MIN_TOKENS = 4
 
 @dataclass(frozen=True)
 class PolicyRequest:
-    """What one request asks of the policy (every field optional): a method, and a threshold or a target."""
+    """What one request asks of the policy (every field optional): a method, a threshold or a target, and
+    what to do with a rejected answer."""
 
     method: Method | None = None
     threshold: float | None = None
     target: str | None = None
+    action: RejectAction | None = None
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,10 @@ class Policy:
     method: Method
     threshold: float | None  # None: no threshold could be resolved, nothing is rejected
     name: str
+    action: RejectAction = RejectAction.FLAG
 
     def as_dict(self) -> dict[str, object]:
-        return {"method": self.method.value, "threshold": self.threshold, "policy": self.name}
+        return {"method": self.method.value, "threshold": self.threshold, "policy": self.name, "action": self.action}
 
     @property
     def needs_artifact(self) -> bool:
@@ -54,6 +57,7 @@ class Decision:
     score: float | None
     threshold: float | None
     policy: str
+    withheld: bool = False  # rejected under the withhold action: its text was not returned
 
 
 def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Policy | None:
@@ -76,7 +80,13 @@ def default_method(settings: Settings, artifact: TadArtifact | None) -> Method:
 
 
 def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: PolicyRequest | None) -> Policy:
-    """The effective policy for one request: its override if any, else the service's settings.
+    """The effective policy for one request: its override if any, else the service's settings."""
+    action = override.action if override is not None and override.action is not None else settings.reject_action
+    return replace(_resolve_threshold(settings, artifact, override), action=action)
+
+
+def _resolve_threshold(settings: Settings, artifact: TadArtifact | None, override: PolicyRequest | None) -> Policy:
+    """Which method decides and against which threshold.
 
     A fixed threshold from the settings belongs to the settings' method only; a request that
     names another method gets that method's calibrated threshold (or none). A request that
@@ -198,10 +208,21 @@ def _fallback(settings: Settings) -> Policy:
     return Policy(method=method, threshold=None, name="fallback:none")
 
 
-def decide(policy: Policy, sequence: SequenceUncertainty) -> Decision:
-    """Reject when the score exceeds the threshold; an answer with no score (empty) is rejected."""
+def decide(policy: Policy, sequence: SequenceUncertainty, generated: bool = False) -> Decision:
+    """Reject when the score exceeds the threshold; an answer with no score (empty) is rejected.
+
+    `generated`: the answer is one this service generated, so the withhold action applies to it (a
+    scored answer is the caller's own: there is nothing to withhold).
+    """
     score = sequence.get(policy.method)
-    if score is None or math.isnan(score):
-        return Decision(accept=False, method=policy.method, score=None, threshold=policy.threshold, policy=policy.name)
-    accept = policy.threshold is None or score <= policy.threshold
-    return Decision(accept=accept, method=policy.method, score=score, threshold=policy.threshold, policy=policy.name)
+    if score is not None and math.isnan(score):
+        score = None
+    accept = score is not None and (policy.threshold is None or score <= policy.threshold)
+    return Decision(
+        accept=accept,
+        method=policy.method,
+        score=score,
+        threshold=policy.threshold,
+        policy=policy.name,
+        withheld=generated and not accept and policy.action is RejectAction.WITHHOLD,
+    )

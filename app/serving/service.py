@@ -26,6 +26,7 @@ from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_
 from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
 from app.serving.scheduler import GenerationItem, ScoringItem, WorkItem
+from app.settings import RejectAction
 from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.features import FeatureSpec
 
@@ -84,6 +85,11 @@ class GenerationOutcome:
     result: GenerationResult
     decision: Decision
     seed: int | None
+    text: str  # what the client may see: the answer, or the withheld message in its place
+
+    @property
+    def withheld(self) -> bool:
+        return self.decision.withheld
 
     @property
     def scored(self) -> ScoredAnswer:
@@ -243,8 +249,13 @@ class GenerationService:
     async def stream(
         self, submitted: Submitted, request: Request | None = None
     ) -> AsyncIterator[StreamedToken | GenerationOutcome]:
-        """Token events, then the outcome; if the consumer stops early, the generation is cancelled."""
+        """Token events, then the outcome; if the consumer stops early, the generation is cancelled.
+
+        Under the withhold action no token leaves before the decision: they are held, and sent
+        only if the answer is accepted.
+        """
         item = submitted.item
+        held: list[StreamedToken] | None = [] if submitted.policy.action is RejectAction.WITHHOLD else None
         finished = False
         try:
             while not finished:
@@ -254,9 +265,15 @@ class GenerationService:
                     raise event.error
                 if isinstance(event, GenerationResult):
                     finished = True
-                    yield self.conclude(submitted, event)
+                    outcome = self.conclude(submitted, event)
+                    for token in held if held is not None and not outcome.withheld else ():
+                        yield token
+                    yield outcome
                 elif isinstance(event, StreamedToken):
-                    yield event
+                    if held is None:
+                        yield event
+                    else:
+                        held.append(event)
         finally:
             if not finished:
                 self.scheduler.cancel(item)
@@ -274,8 +291,9 @@ class GenerationService:
     def conclude(self, submitted: Submitted, result: GenerationResult) -> GenerationOutcome:
         """Record a finished generation in the metrics and decide on it."""
         self.runtime.metrics.observe_generation(result)
-        decision = self.decide(submitted.policy, result.scored)
-        return GenerationOutcome(result=result, decision=decision, seed=submitted.seed)
+        decision = self.decide(submitted.policy, result.scored, generated=True)
+        text = self.settings.withheld_message if decision.withheld else result.sequence.text
+        return GenerationOutcome(result=result, decision=decision, seed=submitted.seed, text=text)
 
     async def score(
         self, prompt: PromptInput, response: str, policy: PolicyRequest | None, request: Request | None
@@ -310,8 +328,8 @@ class GenerationService:
             raise ServiceError("unexpected scheduler event")
         return ScoreOutcome(scored=event, decision=self.decide(resolved, event), prompt_tokens=len(prompt_ids))
 
-    def decide(self, policy: Policy, scored: ScoredAnswer) -> Decision:
+    def decide(self, policy: Policy, scored: ScoredAnswer, generated: bool = False) -> Decision:
         """The decision, recorded in the metrics with the answer's scores."""
-        decision = decide(policy, scored.sequence)
+        decision = decide(policy, scored.sequence, generated=generated)
         self.runtime.metrics.observe_decision(decision, scored.sequence, self.runtime.method_thresholds())
         return decision

@@ -86,8 +86,10 @@ def score_response(outcome: ScoreOutcome, served: ServedModel, tokens: TokenDeta
 def generate_response(outcome: GenerationOutcome, served: ServedModel, tokens: TokenDetail | None) -> GenerateResponse:
     sequence = outcome.result.sequence
     alternatives = [token.top_logprobs for token in sequence.kept_tokens]
+    if outcome.withheld:
+        tokens = None  # they spell the answer
     return GenerateResponse(
-        text=sequence.text,
+        text=outcome.text,
         finish_reason=sequence.finish_reason.reported if sequence.finish_reason else "stop",  # type: ignore[arg-type]
         seed=outcome.seed,
         **_scored_fields(outcome.scored, outcome, served, tokens, alternatives),  # type: ignore[arg-type]

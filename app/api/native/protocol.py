@@ -256,7 +256,7 @@ class ScoreResponse(BaseModel):
 
 
 class GenerateResponse(ScoreResponse):
-    text: str
+    text: str = Field(description="the answer; when `decision.withheld`, the service's withheld message instead")
     finish_reason: Literal["stop", "length", "uncertainty"]
     seed: int | None
 

@@ -43,9 +43,12 @@ def now() -> int:
     return int(time.time())
 
 
-def openai_finish_reason(reason: FinishReason | None) -> str:
-    """OpenAI knows stop and length; an early stop on uncertainty is reported as stop (see the extension)."""
-    return "length" if reason is FinishReason.LENGTH else "stop"
+def openai_finish_reason(outcome: GenerationOutcome) -> str:
+    """OpenAI's stop and length; an early stop on uncertainty is reported as stop (the extension says
+    which); a withheld answer as content_filter, OpenAI's reason for content left out by the server."""
+    if outcome.withheld:
+        return "content_filter"
+    return "length" if outcome.result.sequence.finish_reason is FinishReason.LENGTH else "stop"
 
 
 def _top(token_bytes: TokenBytes, alternatives: tuple[tuple[int, float], ...]) -> list[TopLogprob]:
@@ -97,9 +100,10 @@ def usage(outcome: GenerationOutcome) -> UsageInfo:
 def chat_response(
     outcome: GenerationOutcome, served: ServedModel, token_bytes: TokenBytes, logprobs: bool
 ) -> ChatCompletionResponse:
-    sequence = outcome.result.sequence
-    kept = sequence.kept_tokens
-    content = [chat_logprob(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept] if logprobs else None
+    kept = outcome.result.sequence.kept_tokens
+    content = None
+    if logprobs and not outcome.withheld:  # a withheld answer's tokens would spell it
+        content = [chat_logprob(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept]
     return ChatCompletionResponse(
         id=new_id("chatcmpl"),
         created=now(),
@@ -107,9 +111,9 @@ def chat_response(
         choices=[
             ChatChoice(
                 index=0,
-                message=ChatMessageOut(content=sequence.text),
+                message=ChatMessageOut(content=outcome.text),
                 logprobs=ChoiceLogprobs(content=content) if logprobs else None,
-                finish_reason=openai_finish_reason(sequence.finish_reason),  # type: ignore[arg-type]
+                finish_reason=openai_finish_reason(outcome),  # type: ignore[arg-type]
             )
         ],
         usage=usage(outcome),
@@ -141,7 +145,7 @@ def completion_response(
     sequence = outcome.result.sequence
     kept = sequence.kept_tokens
     choice_logprobs = None
-    if logprobs is not None:
+    if logprobs is not None and not outcome.withheld:  # a withheld answer's tokens would spell it
         raw = [token_bytes(t.token_id) for t in kept]
         texts = [token_text(piece) for piece in raw]
         choice_logprobs = CompletionLogprobs(
@@ -157,9 +161,9 @@ def completion_response(
         choices=[
             CompletionChoice(
                 index=0,
-                text=sequence.text,
+                text=outcome.text,
                 logprobs=choice_logprobs,
-                finish_reason=openai_finish_reason(sequence.finish_reason),  # type: ignore[arg-type]
+                finish_reason=openai_finish_reason(outcome),  # type: ignore[arg-type]
             )
         ],
         usage=usage(outcome),
@@ -230,17 +234,20 @@ class OpenAIStreamEncoder:
         self.offset += len(text)
         return [self._chunk(choice, uncertainty={"token": confidence})]
 
-    def final(self, outcome: GenerationOutcome) -> list[str]:
-        sequence = outcome.result.sequence
-        reason = openai_finish_reason(sequence.finish_reason)
+    def _text_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+            piece: dict[str, Any] = {"delta": {"content": text} if text else {}}
         else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+            piece = {"text": text}
+        return {"index": 0, **piece, "logprobs": None, "finish_reason": finish_reason}
+
+    def final(self, outcome: GenerationOutcome) -> list[str]:
+        # A withheld answer sent no tokens: its one piece of text is the withheld message.
+        chunks = [self._chunk(self._text_choice(outcome.text, None))] if outcome.withheld else []
         ext = extension(outcome, self.served).model_dump(mode="json")
         ext.pop("tokens", None)
-        ext["text"] = sequence.text
-        chunks = [self._chunk(choice, uncertainty=ext)]
+        ext["text"] = outcome.text
+        chunks.append(self._chunk(self._text_choice("", openai_finish_reason(outcome)), uncertainty=ext))
         if self.include_usage:
             chunks.append(self._chunk(None, usage=usage(outcome).model_dump()))
         return chunks

@@ -196,7 +196,9 @@ class UncertaintyExtension(BaseModel):
     sequence: SequenceScores | None = None  # type: ignore[valid-type]
     tokens: list[IndexedConfidence] | None = None
     decision: DecisionInfo | None = None
-    finish_reason: str | None = Field(None, description="stop, length, or uncertainty (early stop)")
+    finish_reason: str | None = Field(
+        None, description="how generation ended: stop, length, or uncertainty (early stop), withheld or not"
+    )
     tad_available: bool | None = None
 
 
@@ -209,7 +211,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
     logprobs: ChoiceLogprobs | None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "content_filter"]
 
 
 class UsageInfo(BaseModel):
@@ -239,7 +241,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "content_filter"]
 
 
 class CompletionResponse(BaseModel):

@@ -382,7 +382,8 @@ async function generate(event) {
     top_logprobs: numberField("top-logprobs"),
     return_attention: true,
     early_stop: $("early-stop").checked,
-    policy: policyBody(),
+    // Always the answer itself, even where the service withholds rejected ones: the page is for inspecting them.
+    policy: { ...policyBody(), action: "flag" },
   }));
   if (!body) return;
   const expected = previewPolicy();

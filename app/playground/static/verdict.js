@@ -75,7 +75,12 @@ export function renderVerdict(container, info, response) {
   const detail = element("p", "verdict-score", comparison);
   const policy = element("p", "verdict-policy");
   policy.append(element("code", null, decision.policy), ` — ${policyWords(info, decision)}`);
-  container.replaceChildren(title, detail, policy);
+  const parts = [title, detail, policy];
+  if (!decision.accept && info.policy?.action === "withhold") {
+    // The page asks for every answer (action "flag") so that it can show the tokens.
+    parts.push(element("p", "verdict-policy", "API clients of this service get its withheld message instead of this answer."));
+  }
+  container.replaceChildren(...parts);
 }
 
 export function renderPending(container, text) {

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from app.errors import InvalidRequest
-from app.serving.policy import PolicyRequest, method_problem, policy_choices, resolve_policy
-from app.settings import Settings
+from app.serving.policy import Policy, PolicyRequest, decide, method_problem, policy_choices, resolve_policy
+from app.settings import RejectAction, Settings
 from app.uncertainty.artifact import Threshold
-from app.uncertainty.methods import Method
+from app.uncertainty.methods import Method, SequenceUncertainty
 
 
 def _artifact(thresholds: dict[Method, list[str]], blend: object = None) -> SimpleNamespace:
@@ -122,3 +123,35 @@ def test_policy_choices_state_what_resolve_policy_refuses() -> None:
     assert {Method.TAD, Method.RAUQ, Method.ATTENTION_SCORE, Method.TAD_BLEND} <= set(without.refused)
     assert Method.MSP not in without.refused and without.need_threshold == ()
     assert without.threshold_needs_method  # the service's own method (TAD) cannot decide without an artifact
+
+
+@pytest.mark.parametrize(
+    ("configured", "requested", "expected"),
+    [
+        (RejectAction.FLAG, None, RejectAction.FLAG),
+        (RejectAction.WITHHOLD, None, RejectAction.WITHHOLD),
+        (RejectAction.WITHHOLD, RejectAction.FLAG, RejectAction.FLAG),
+        (RejectAction.FLAG, RejectAction.WITHHOLD, RejectAction.WITHHOLD),
+    ],
+)
+def test_the_action_is_the_requests_else_the_services(
+    configured: RejectAction, requested: RejectAction | None, expected: RejectAction
+) -> None:
+    settings = Settings(reject_action=configured)
+    for request in (PolicyRequest(action=requested), PolicyRequest(method=Method.MSP, threshold=1.0, action=requested)):
+        policy = resolve_policy(settings, ARTIFACT, request)  # type: ignore[arg-type]
+        assert policy.action is expected
+    # The action changes nothing about who decides and against what.
+    assert replace(resolve_policy(settings, ARTIFACT, PolicyRequest(action=requested)), action=RejectAction.FLAG) == (  # type: ignore[arg-type]
+        replace(resolve_policy(Settings(), ARTIFACT, None), action=RejectAction.FLAG)  # type: ignore[arg-type]
+    )
+
+
+def test_only_a_rejected_generated_answer_is_withheld() -> None:
+    withhold = Policy(method=Method.MSP, threshold=1.0, name="fixed", action=RejectAction.WITHHOLD)
+    low, high = SequenceUncertainty({Method.MSP: 0.5}), SequenceUncertainty({Method.MSP: 2.0})
+    assert decide(withhold, high, generated=True).withheld
+    assert not decide(withhold, high).withheld  # a scored answer is the caller's own
+    assert not decide(withhold, low, generated=True).withheld
+    assert decide(withhold, SequenceUncertainty({}), generated=True).withheld  # no score (empty answer): rejected
+    assert not decide(replace(withhold, action=RejectAction.FLAG), high, generated=True).withheld
