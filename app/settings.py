@@ -90,4 +90,9 @@ class Settings(BaseSettings):
     withheld_message: str = Field(
         DEFAULT_WITHHELD_MESSAGE, min_length=1, description="the text a withheld answer is replaced with"
     )
+    policy_overrides: bool = Field(
+        True,
+        description="let requests override the policy (method, threshold, target, action); false makes the "
+        "service's policy binding, e.g. so that no client can turn withholding off",
+    )
     rejection_rate_window: int = Field(200, ge=1, description="responses in the rolling rejection-rate gauges")

@@ -85,6 +85,17 @@ def _fill_in(schema: dict[str, Any], runtime: Runtime) -> None:
     _maximum(completion["logprobs"], settings.max_top_logprobs)
     for field in (chat["model"], completion["model"]):
         field["enum"] = [runtime.model_name]
+    _fill_in_policy(components, runtime)
+
+
+def _fill_in_policy(components: dict[str, Any], runtime: Runtime) -> None:
+    """What a request's policy override may say here: nothing at all where the service's policy is binding."""
+    settings = runtime.settings
+    if not settings.policy_overrides:
+        binding = {"type": "null", "description": "not accepted here: this service's reject policy is binding"}
+        for request in ("GenerateRequest", "ScoreRequest", "TadOptions"):
+            components[request]["properties"]["policy"] = dict(binding)
+        return
     choices = policy_choices(settings, runtime.artifact)
     components["Method"]["enum"] = [m.value for m in Method if m not in choices.refused]
     override = components["PolicyOverride"]

@@ -158,6 +158,11 @@ class GenerationService:
             )
 
     def policy(self, request: PolicyRequest | None, serving: ServingArtifact | None = None) -> Policy:
+        if request is not None and not self.settings.policy_overrides:
+            raise InvalidRequest(
+                "this service's reject policy is binding (TAD_POLICY_OVERRIDES=false): leave policy out",
+                param="policy",
+            )
         artifact = (serving or self.runtime.serving).artifact
         return resolve_policy(self.settings, artifact, request)
 

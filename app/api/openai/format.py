@@ -78,10 +78,12 @@ def _completion_top(token_bytes: TokenBytes, alternatives: tuple[tuple[int, floa
 def extension(outcome: GenerationOutcome, served: ServedModel) -> UncertaintyExtension:
     scored = outcome.scored
     confidences = scored.confidences
-    tokens = [
-        IndexedConfidence(index=i, **TokenConfidence.fields(None if confidences is None else float(confidences[i])))
-        for i in range(len(scored.trace))
-    ]
+    tokens = None
+    if not outcome.withheld:  # as the answer's tokens, left out with it
+        tokens = [
+            IndexedConfidence(index=i, **TokenConfidence.fields(None if confidences is None else float(confidences[i])))
+            for i in range(len(scored.trace))
+        ]
     reason = outcome.result.sequence.finish_reason
     return UncertaintyExtension(
         sequence=sequence_scores(scored.sequence),

@@ -97,7 +97,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
         tad_available=runtime.artifact is not None,
         tad_unavailable_reason=runtime.tad_unavailable_reason if runtime.artifact is None else None,
         artifact=_artifact_summary(runtime),
-        policy={**policy.as_dict(), "active": policy.threshold is not None},
+        policy={**policy.as_dict(), "active": policy.threshold is not None, "overridable": settings.policy_overrides},
         limits={
             "max_new_tokens": settings.max_new_tokens_limit,
             "default_max_new_tokens": settings.default_max_new_tokens,

@@ -129,6 +129,9 @@ function setUp() {
   fillMethods();
   fillTargets();
   updatePolicy();
+  // A binding policy (TAD_POLICY_OVERRIDES=false) refuses any override: the form shows it, fixed.
+  $("policy-box").disabled = !policyOverridable();
+  if (!policyOverridable()) $("policy-words").textContent += " (binding: this service accepts no override)";
   renderLegend();
   renderReport($("report"));
 }
@@ -209,7 +212,13 @@ function previewPolicy() {
   return defaultPolicy(method);
 }
 
+function policyOverridable() {
+  return info.policy.overridable !== false;
+}
+
+/** The request's policy override, or undefined for the service's own (always, where it is binding). */
 function policyBody() {
+  if (!policyOverridable()) return undefined;
   const policy = {};
   if ($("policy-method").value) policy.method = $("policy-method").value;
   const target = $("policy-target").value;
@@ -321,7 +330,8 @@ function showFinish(response, scored) {
 }
 
 function showAnswer(response, scored) {
-  if (scored) view.show(response.tokens ?? []);
+  if (response.decision.withheld) $("tokens").textContent = response.text; // the service's message, no tokens
+  else if (scored) view.show(response.tokens ?? []);
   else view.finish(response.tokens);
   renderVerdict($("verdict"), info, response);
   showFinish(response, scored);
@@ -382,8 +392,9 @@ async function generate(event) {
     top_logprobs: numberField("top-logprobs"),
     return_attention: true,
     early_stop: $("early-stop").checked,
-    // Always the answer itself, even where the service withholds rejected ones: the page is for inspecting them.
-    policy: { ...policyBody(), action: "flag" },
+    // The answer itself even where the service withholds rejected ones (the page is for inspecting them),
+    // unless the service's policy is binding.
+    policy: policyOverridable() ? { ...policyBody(), action: "flag" } : undefined,
   }));
   if (!body) return;
   const expected = previewPolicy();

@@ -76,7 +76,9 @@ export function renderVerdict(container, info, response) {
   const policy = element("p", "verdict-policy");
   policy.append(element("code", null, decision.policy), ` — ${policyWords(info, decision)}`);
   const parts = [title, detail, policy];
-  if (!decision.accept && info.policy?.action === "withhold") {
+  if (decision.withheld) {
+    parts.push(element("p", "verdict-policy", "Withheld: the service sent its message instead of the answer."));
+  } else if (!decision.accept && info.policy?.action === "withhold") {
     // The page asks for every answer (action "flag") so that it can show the tokens.
     parts.push(element("p", "verdict-policy", "API clients of this service get its withheld message instead of this answer."));
   }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import openai
@@ -47,6 +48,12 @@ def test_a_rejected_answer_is_replaced_by_the_message(native: TestClient) -> Non
     assert not flagged["decision"]["withheld"] and flagged["text"] != MESSAGE and flagged["tokens"]
     assert withheld["decision"] == {**flagged["decision"], "withheld": True}
     assert withheld["text"] == MESSAGE and withheld["tokens"] is None
+    assert (
+        flagged["text"]
+        not in native.post(  # not anywhere in the body, nor any of its tokens
+            "/v1/generate", json={"messages": CHAT, "max_new_tokens": 6, "policy": REJECT, "top_logprobs": 2}
+        ).text
+    )
     # What was generated and how sure the model was are still reported, only the answer is not.
     assert withheld["uncertainty"] == flagged["uncertainty"] and withheld["usage"] == flagged["usage"]
     accepted = generate(native, ACCEPT)
@@ -58,6 +65,8 @@ def test_a_withheld_stream_sends_no_token_and_an_accepted_one_every_token(native
     request = {"messages": CHAT, "max_new_tokens": 6, "stream": True}
     withheld = read_events(native, {**request, "policy": REJECT})
     assert [name for name, _ in withheld] == ["final"]
+    flagged = generate(native, {**REJECT, "action": "flag"})["text"]
+    assert flagged not in json.dumps(withheld)
     assert withheld[0][1]["text"] == MESSAGE and withheld[0][1]["decision"]["withheld"]
     accepted = read_events(native, {**request, "policy": ACCEPT})
     tokens = [data for name, data in accepted if name == "token"]
@@ -116,7 +125,7 @@ def test_the_official_client_gets_the_message_with_content_filter(official: open
 
 @pytest.mark.parametrize("chat", [True, False])
 def test_the_official_client_streams_only_the_message(official: openai.OpenAI, chat: bool) -> None:
-    policy = {"tad": {"policy": REJECT}}
+    policy = {"tad": {"policy": REJECT}, "logprobs": True if chat else 2}
     if chat:
         chunks = list(
             official.chat.completions.create(model="model", messages=CHAT, max_tokens=6, stream=True, extra_body=policy)
@@ -130,3 +139,54 @@ def test_the_official_client_streams_only_the_message(official: openai.OpenAI, c
     assert texts == [MESSAGE]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "content_filter"
     assert chunks[-1].model_extra["uncertainty"]["text"] == MESSAGE
+    assert all(c.choices[0].logprobs is None for c in chunks if c.choices)
+
+
+def test_an_accepted_answer_streams_whole_to_the_official_client(official: openai.OpenAI) -> None:
+    """Held until the decision, then the same chunks as without withholding (text offsets included)."""
+    request = {"model": "model", "prompt": "the capital", "max_tokens": 6, "temperature": 0, "logprobs": 0}
+
+    def streamed(action: str) -> list:
+        policy = {"tad": {"policy": {**ACCEPT, "action": action}}}
+        chunks = list(official.completions.create(**request, stream=True, extra_body=policy))
+        return [(c.choices[0].text, c.choices[0].logprobs, c.choices[0].finish_reason) for c in chunks if c.choices]
+
+    held, flagged = streamed("withhold"), streamed("flag")
+    assert held == flagged and len(held) == 7  # six tokens, then the finish
+    assert "".join(text for text, _, _ in held) == official.completions.create(**request).choices[0].text
+
+
+@pytest.fixture(scope="module")
+def binding(withholding: Settings) -> Iterator[TestClient]:
+    """Every answer rejected (msp >= 0 > -1), withheld, and no request may say otherwise."""
+    with make_client(
+        withholding, policy_overrides=False, reject_method="msp", reject_threshold=-1.0, reject_target=None
+    ) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/generate", {"messages": CHAT, "policy": {"action": "flag"}}, "policy"),
+        ("/v1/generate", {"messages": CHAT, "policy": {"threshold": 1e9}}, "policy"),
+        ("/v1/score", {"messages": CHAT, "response": "paris .", "policy": {}}, "policy"),
+        ("/v1/chat/completions", {"model": "model", "messages": CHAT, "tad": {"policy": {}}}, "tad.policy"),
+    ],
+)
+def test_a_binding_policy_refuses_every_override(binding: TestClient, route: str, body: dict, param: str) -> None:
+    response = binding.post(route, json=body)
+    assert response.status_code == 422 and response.json()["error"]["param"] == param
+    assert "binding" in response.json()["error"]["message"]
+
+
+def test_a_binding_policy_withholds_and_says_so(binding: TestClient) -> None:
+    body = binding.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 4, "policy": None}).json()
+    assert body["text"] == MESSAGE and body["decision"]["withheld"] and body["decision"]["policy"] == "fixed"
+    chat = binding.post("/v1/chat/completions", json={"model": "model", "messages": CHAT, "max_tokens": 4}).json()
+    assert chat["choices"][0]["message"]["content"] == MESSAGE
+    policy = binding.get("/info").json()["policy"]
+    assert policy["action"] == "withhold" and policy["overridable"] is False
+    schema = binding.get("/openapi.json").json()["components"]["schemas"]
+    for request in ("GenerateRequest", "ScoreRequest", "TadOptions"):
+        assert schema[request]["properties"]["policy"]["type"] == "null"
