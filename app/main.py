@@ -17,6 +17,7 @@ from app.api.native import routes as native_routes
 from app.api.openai import routes as openai_routes
 from app.api.ops import routes as ops_routes
 from app.api.playground import routes as playground_routes
+from app.api.request_id import RequestIdMiddleware
 from app.errors import install_error_handlers
 from app.serving.runtime import Runtime
 from app.settings import Settings
@@ -59,7 +60,8 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "X-API-Key"],
+            allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After"],
         )
     routers = [
         ops_routes.router,
@@ -70,6 +72,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
     ]
     routes = [route for router in routers for route in router.routes]
     app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http, routes=routes)
+    app.add_middleware(RequestIdMiddleware)  # outermost of ours: every response carries the id, a 413 included
     for router in routers:
         app.include_router(router)
     app.mount(playground_routes.STATIC_PREFIX, playground_routes.static_files(), name="playground-static")

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = "info"
+    decision_log: bool = Field(
+        True, description="one JSON line per decision on logger tad.decisions (request id, scores; never text)"
+    )
     api_key: SecretStr | None = None
     cors_origins: list[str] = Field(default_factory=list)
 

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from app.api.request_id import request_id
 from app.errors import Unauthorized
 from app.serving.runtime import Runtime
 from app.serving.service import GenerationService
@@ -20,9 +21,9 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_service(runtime: RuntimeDep) -> GenerationService:
+def get_service(request: Request, runtime: RuntimeDep) -> GenerationService:
     """The generation service; 503 until the model is loaded."""
-    return GenerationService(runtime)
+    return GenerationService(runtime, request_id=request_id(request))
 
 
 ServiceDep = Annotated[GenerationService, Depends(get_service)]

@@ -21,6 +21,7 @@ from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
+from app.serving.decision_log import log_decision
 from app.serving.events import Event, Failure, GenerationResult, StreamedToken
 from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
 from app.serving.progress import AnswerProgress
@@ -108,8 +109,10 @@ class ScoreOutcome:
 
 
 class GenerationService:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, request_id: str | None = None) -> None:
+        """`request_id`: the request's id, for the decision log."""
         self.runtime = runtime
+        self.request_id = request_id
         self.engine: Engine
         self.engine, self.scheduler = runtime.require_ready()
         self.settings = runtime.settings
@@ -297,6 +300,16 @@ class GenerationService:
         """Record a finished generation in the metrics and decide on it."""
         self.runtime.metrics.observe_generation(result)
         decision = self.decide(submitted.policy, result.scored, generated=True)
+        reason = result.sequence.finish_reason
+        self._log(
+            decision,
+            kind="generate",
+            prompt_tokens=len(result.sequence.request.prompt_ids),
+            answer_tokens=len(result.scored.trace),
+            finish_reason=reason.reported if reason else None,
+            queued_s=round(result.timing.queued_s, 4),
+            total_s=round(result.timing.total_s, 4),
+        )
         text = self.settings.withheld_message if decision.withheld else result.sequence.text
         return GenerationOutcome(result=result, decision=decision, seed=submitted.seed, text=text)
 
@@ -331,7 +344,21 @@ class GenerationService:
             raise event.error
         if not isinstance(event, ScoredAnswer):
             raise ServiceError("unexpected scheduler event")
-        return ScoreOutcome(scored=event, decision=self.decide(resolved, event), prompt_tokens=len(prompt_ids))
+        decision = self.decide(resolved, event)
+        self._log(decision, kind="score", prompt_tokens=len(prompt_ids), answer_tokens=len(response_ids))
+        return ScoreOutcome(scored=event, decision=decision, prompt_tokens=len(prompt_ids))
+
+    def _log(self, decision: Decision, *, kind: str, prompt_tokens: int, answer_tokens: int, **details: object) -> None:
+        if self.settings.decision_log:
+            log_decision(
+                decision,
+                request_id=self.request_id,
+                kind=kind,
+                artifact=self.served.artifact,
+                prompt_tokens=prompt_tokens,
+                answer_tokens=answer_tokens,
+                **details,
+            )
 
     def decide(self, policy: Policy, scored: ScoredAnswer, generated: bool = False) -> Decision:
         """The decision, recorded in the metrics with the answer's scores."""
