@@ -74,6 +74,9 @@ class Settings(BaseSettings):
         "(0: whole prompt)",
     )
     request_timeout_s: float = Field(300.0, gt=0.0, description="per-request deadline")
+    stream_keepalive_s: float = Field(
+        15.0, ge=0.0, description="a stream silent this long sends an SSE comment, so proxies keep it open (0: never)"
+    )
     graceful_shutdown_s: float = Field(30.0, ge=0.0, description="on SIGTERM, time in-flight requests get")
 
     # Reject policy (overridable per request): a fixed threshold on a method's sequence

@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from app.errors import ServiceError
 from app.numeric import finite_tree
-from app.serving.events import StreamedToken
+from app.serving.events import KeepAlive, StreamedToken
 from app.serving.service import GenerationOutcome, GenerationService, Submitted
 
 
@@ -26,6 +26,10 @@ class StreamEncoder(Protocol):
     def error(self, error: ServiceError) -> list[str]: ...
 
     def done(self) -> list[str]: ...
+
+
+# An SSE comment: every client ignores it (the spec says so), proxies see traffic.
+KEEP_ALIVE = ": keep-alive\n\n"
 
 
 def json_text(data: Any) -> str:
@@ -48,7 +52,10 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
         for chunk in encoder.opening():
             yield chunk
         try:
-            async for event in service.stream(submitted):
+            async for event in service.stream(submitted, keep_alive=True):
+                if isinstance(event, KeepAlive):
+                    yield KEEP_ALIVE
+                    continue
                 parts = encoder.token(event) if isinstance(event, StreamedToken) else encoder.final(event)
                 for chunk in parts:
                     yield chunk

@@ -43,4 +43,9 @@ class Failure:
     error: ServiceError
 
 
+@dataclass(frozen=True)
+class KeepAlive:
+    """Nothing to send for a while (queued, or tokens held until the decision): a stream says it is alive."""
+
+
 Event = StreamedToken | GenerationResult | Failure | ScoredAnswer

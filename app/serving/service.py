@@ -9,6 +9,7 @@ turns results into decisions and metrics. It returns domain objects (`Generation
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -22,7 +23,7 @@ from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
 from app.serving.decision_log import log_decision
-from app.serving.events import Event, Failure, GenerationResult, StreamedToken
+from app.serving.events import Event, Failure, GenerationResult, KeepAlive, StreamedToken
 from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
 from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
@@ -232,11 +233,14 @@ class GenerationService:
         self.runtime.metrics.prompt_tokens.inc(len(prepared.prompt_ids))
         return Submitted(item=item, policy=prepared.policy, seed=prepared.seed)
 
-    async def next_event(self, item: WorkItem, request: Request | None) -> Event:
+    async def next_event(
+        self, item: WorkItem, request: Request | None, keep_alive_at: float = math.inf
+    ) -> Event | KeepAlive:
         """The item's next event; cancels the work if the client disconnects meanwhile.
 
         The worker enforces the deadline; this side gives up too, a little later, so that
-        no request can wait forever even if the worker thread were stuck.
+        no request can wait forever even if the worker thread were stuck. A KeepAlive instead
+        if none has come by `keep_alive_at` (monotonic time; the event stays queued).
         """
         getter = asyncio.ensure_future(item.events.get())
         try:
@@ -244,6 +248,8 @@ class GenerationService:
                 done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
                 if done:
                     return getter.result()
+                if time.monotonic() > keep_alive_at:
+                    return KeepAlive()
                 if request is not None and await request.is_disconnected():
                     self.scheduler.cancel(item)
                     raise ClientDisconnected
@@ -255,23 +261,31 @@ class GenerationService:
                 getter.cancel()
 
     async def stream(
-        self, submitted: Submitted, request: Request | None = None
-    ) -> AsyncIterator[StreamedToken | GenerationOutcome]:
+        self, submitted: Submitted, request: Request | None = None, keep_alive: bool = False
+    ) -> AsyncIterator[StreamedToken | GenerationOutcome | KeepAlive]:
         """Token events, then the outcome; if the consumer stops early, the generation is cancelled.
 
         Under the withhold action no token leaves before the decision: they are held, and sent
-        only if the answer is accepted.
+        only if the answer is accepted. `keep_alive`: KeepAlive events while nothing else comes.
         """
         item = submitted.item
         held: list[StreamedToken] | None = [] if submitted.policy.action is RejectAction.WITHHOLD else None
+        keep_alive_s = (
+            self.settings.stream_keepalive_s if keep_alive and self.settings.stream_keepalive_s > 0 else math.inf
+        )
+        sent_at = time.monotonic()  # silence counts from the last thing the consumer got, held tokens aside
         finished = False
         try:
             while not finished:
-                event = await self.next_event(item, request)
-                if isinstance(event, Failure):
+                event = await self.next_event(item, request, sent_at + keep_alive_s)
+                if not isinstance(event, StreamedToken) or held is None:
+                    sent_at = time.monotonic()
+                if isinstance(event, KeepAlive):
+                    yield event
+                elif isinstance(event, Failure):
                     finished = True
                     raise event.error
-                if isinstance(event, GenerationResult):
+                elif isinstance(event, GenerationResult):
                     finished = True
                     outcome = self.conclude(submitted, event)
                     for token in held if held is not None and not outcome.withheld else ():
@@ -282,6 +296,9 @@ class GenerationService:
                         yield event
                     else:
                         held.append(event)
+                        if time.monotonic() > sent_at + keep_alive_s:  # tokens keep coming, none goes out
+                            sent_at = time.monotonic()
+                            yield KeepAlive()
         finally:
             if not finished:
                 self.scheduler.cancel(item)
