@@ -152,5 +152,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal_error", "internal server error")
+        # Starlette answers this one outside every middleware, RequestIdMiddleware too, so the id
+        # it gave the request is put on the response (and in the log line) here.
+        request_id = getattr(request.state, "request_id", None)
+        logger.exception("unhandled error on %s %s (request id %s)", request.method, request.url.path, request_id)
+        headers = {"X-Request-ID": request_id} if request_id else None
+        return error_response(500, "internal_error", "internal server error", headers=headers)

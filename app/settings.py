@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, FiniteFloat, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.uncertainty.methods import Method
@@ -84,10 +84,10 @@ class Settings(BaseSettings):
     reject_method: Method | None = Field(
         None, description="default: the artifact's decision method (tad_blend where it has a blend, else tad)"
     )
-    reject_threshold: float | None = None
+    reject_threshold: FiniteFloat | None = None
     reject_target: str | None = Field("default", description="'default' = the artifact's default target")
     fallback_method: Method = Field(Method.PERPLEXITY, description="used when TAD is unavailable")
-    fallback_threshold: float | None = None
+    fallback_threshold: FiniteFloat | None = None
     reject_action: RejectAction = Field(
         RejectAction.FLAG,
         description="flag: return a rejected answer with its decision; withhold: send the withheld message instead "

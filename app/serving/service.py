@@ -68,6 +68,7 @@ class Submitted:
     item: GenerationItem
     policy: Policy
     seed: int | None
+    served: ServedModel  # the artifact that scores it, even if a reload swaps another in meanwhile
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class ServedModel:
 
     model: str
     artifact: str | None
+    artifact_sha256: str | None = None  # the manifest's hash: the decision log tells reloaded versions apart
 
     @property
     def tad_available(self) -> bool:
@@ -88,6 +90,7 @@ class GenerationOutcome:
     decision: Decision
     seed: int | None
     text: str  # what the client may see: the answer, or the withheld message in its place
+    served: ServedModel
 
     @property
     def withheld(self) -> bool:
@@ -107,6 +110,7 @@ class ScoreOutcome:
     scored: ScoredAnswer
     decision: Decision
     prompt_tokens: int
+    served: ServedModel
 
 
 class GenerationService:
@@ -120,8 +124,16 @@ class GenerationService:
 
     @property
     def served(self) -> ServedModel:
-        artifact = self.runtime.artifact
-        return ServedModel(model=self.runtime.model_name, artifact=artifact.name if artifact else None)
+        """Who answers a request starting now."""
+        return self._served_by(self.runtime.serving)
+
+    def _served_by(self, serving: ServingArtifact) -> ServedModel:
+        artifact = serving.artifact
+        return ServedModel(
+            model=self.runtime.model_name,
+            artifact=artifact.name if artifact else None,
+            artifact_sha256=serving.manifest_sha256 if artifact else None,
+        )
 
     def token_text(self, token_id: int) -> str:
         return self.engine.token_text(token_id)
@@ -231,7 +243,9 @@ class GenerationService:
         )
         self.scheduler.submit_generation(item)
         self.runtime.metrics.prompt_tokens.inc(len(prepared.prompt_ids))
-        return Submitted(item=item, policy=prepared.policy, seed=prepared.seed)
+        return Submitted(
+            item=item, policy=prepared.policy, seed=prepared.seed, served=self._served_by(prepared.serving)
+        )
 
     async def next_event(
         self, item: WorkItem, request: Request | None, keep_alive_at: float = math.inf
@@ -248,14 +262,15 @@ class GenerationService:
                 done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
                 if done:
                     return getter.result()
-                if time.monotonic() > keep_alive_at:
-                    return KeepAlive()
+                # Disconnect and deadline first: a keep-alive due at every poll must not hide them.
                 if request is not None and await request.is_disconnected():
                     self.scheduler.cancel(item)
                     raise ClientDisconnected
                 if time.monotonic() > item.deadline + DEADLINE_GRACE_S:
                     self.scheduler.cancel(item)
                     raise DeadlineExceeded("the request ran past its deadline")
+                if time.monotonic() > keep_alive_at:
+                    return KeepAlive()
         finally:
             if not getter.done():
                 getter.cancel()
@@ -320,6 +335,7 @@ class GenerationService:
         reason = result.sequence.finish_reason
         self._log(
             decision,
+            submitted.served,
             kind="generate",
             prompt_tokens=len(result.sequence.request.prompt_ids),
             answer_tokens=len(result.scored.trace),
@@ -328,7 +344,9 @@ class GenerationService:
             total_s=round(result.timing.total_s, 4),
         )
         text = self.settings.withheld_message if decision.withheld else result.sequence.text
-        return GenerationOutcome(result=result, decision=decision, seed=submitted.seed, text=text)
+        return GenerationOutcome(
+            result=result, decision=decision, seed=submitted.seed, text=text, served=submitted.served
+        )
 
     async def score(
         self, prompt: PromptInput, response: str, policy: PolicyRequest | None, request: Request | None
@@ -362,16 +380,27 @@ class GenerationService:
         if not isinstance(event, ScoredAnswer):
             raise ServiceError("unexpected scheduler event")
         decision = self.decide(resolved, event)
-        self._log(decision, kind="score", prompt_tokens=len(prompt_ids), answer_tokens=len(response_ids))
-        return ScoreOutcome(scored=event, decision=decision, prompt_tokens=len(prompt_ids))
+        served = self._served_by(serving)
+        self._log(decision, served, kind="score", prompt_tokens=len(prompt_ids), answer_tokens=len(response_ids))
+        return ScoreOutcome(scored=event, decision=decision, prompt_tokens=len(prompt_ids), served=served)
 
-    def _log(self, decision: Decision, *, kind: str, prompt_tokens: int, answer_tokens: int, **details: object) -> None:
+    def _log(
+        self,
+        decision: Decision,
+        served: ServedModel,
+        *,
+        kind: str,
+        prompt_tokens: int,
+        answer_tokens: int,
+        **details: object,
+    ) -> None:
         if self.settings.decision_log:
             log_decision(
                 decision,
                 request_id=self.request_id,
                 kind=kind,
-                artifact=self.served.artifact,
+                artifact=served.artifact,
+                artifact_sha256=served.artifact_sha256,
                 prompt_tokens=prompt_tokens,
                 answer_tokens=answer_tokens,
                 **details,

@@ -25,9 +25,12 @@ def wait_ready(client: TestClient, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def make_client(settings: Settings, ready: bool = True, **overrides: Any) -> Iterator[TestClient]:
+def make_client(
+    settings: Settings, ready: bool = True, *, raise_server_exceptions: bool = True, **overrides: Any
+) -> Iterator[TestClient]:
+    """`raise_server_exceptions=False` lets an unhandled error come back as the 500 a client would get."""
     app = create_app(Settings(**{**settings.model_dump(), **overrides}))
-    with TestClient(app) as client:
+    with TestClient(app, raise_server_exceptions=raise_server_exceptions) as client:
         if ready:
             wait_ready(client)
         yield client

@@ -11,7 +11,7 @@ from app.api.streaming import sse_event
 from app.errors import ServiceError, error_body
 from app.numeric import logprob_or_floor
 from app.serving.events import StreamedToken
-from app.serving.service import GenerationOutcome, ScoreOutcome, ServedModel
+from app.serving.service import GenerationOutcome, ScoreOutcome
 from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.features import FeatureSpec
 
@@ -63,10 +63,10 @@ def token_infos(
 def _scored_fields(
     scored: ScoredAnswer,
     outcome: GenerationOutcome | ScoreOutcome,
-    served: ServedModel,
     tokens: TokenDetail | None,
     alternatives: Sequence[Alternatives] = (),
 ) -> dict[str, object]:
+    served = outcome.served
     return {
         "tokens": token_infos(scored, tokens, alternatives) if tokens is not None else None,
         "uncertainty": sequence_scores(scored.sequence),
@@ -78,12 +78,12 @@ def _scored_fields(
     }
 
 
-def score_response(outcome: ScoreOutcome, served: ServedModel, tokens: TokenDetail | None) -> ScoreResponse:
+def score_response(outcome: ScoreOutcome, tokens: TokenDetail | None) -> ScoreResponse:
     """`tokens`: how to spell a token and what to add to each, or None to leave the per-token list out."""
-    return ScoreResponse(**_scored_fields(outcome.scored, outcome, served, tokens))  # type: ignore[arg-type]
+    return ScoreResponse(**_scored_fields(outcome.scored, outcome, tokens))  # type: ignore[arg-type]
 
 
-def generate_response(outcome: GenerationOutcome, served: ServedModel, tokens: TokenDetail | None) -> GenerateResponse:
+def generate_response(outcome: GenerationOutcome, tokens: TokenDetail | None) -> GenerateResponse:
     sequence = outcome.result.sequence
     alternatives = [token.top_logprobs for token in sequence.kept_tokens]
     if outcome.withheld:
@@ -92,7 +92,7 @@ def generate_response(outcome: GenerationOutcome, served: ServedModel, tokens: T
         text=outcome.text,
         finish_reason=sequence.finish_reason.reported if sequence.finish_reason else "stop",  # type: ignore[arg-type]
         seed=outcome.seed,
-        **_scored_fields(outcome.scored, outcome, served, tokens, alternatives),  # type: ignore[arg-type]
+        **_scored_fields(outcome.scored, outcome, tokens, alternatives),  # type: ignore[arg-type]
     )
 
 
@@ -103,8 +103,7 @@ class NativeStreamEncoder:
     `return_tokens` says (it only drops the list from the final event).
     """
 
-    def __init__(self, served: ServedModel, detail: TokenDetail, return_tokens: bool) -> None:
-        self.served = served
+    def __init__(self, detail: TokenDetail, return_tokens: bool) -> None:
         self.detail = detail
         self.return_tokens = return_tokens
 
@@ -126,7 +125,7 @@ class NativeStreamEncoder:
         return [sse_event("token", payload.model_dump(mode="json"))]
 
     def final(self, outcome: GenerationOutcome) -> list[str]:
-        response = generate_response(outcome, self.served, self.detail if self.return_tokens else None)
+        response = generate_response(outcome, self.detail if self.return_tokens else None)
         return [sse_event("final", response.model_dump(mode="json"))]
 
     def error(self, error: ServiceError) -> list[str]:

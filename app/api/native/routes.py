@@ -45,11 +45,11 @@ async def generate(body: GenerateRequest, request: Request, service: ServiceDep)
     )
     detail = _detail(service, body.return_attention, top_logprobs=body.top_logprobs > 0, serving=prepared.serving)
     if body.stream:
-        return stream_response(service, submitted, NativeStreamEncoder(service.served, detail, body.return_tokens))
+        return stream_response(service, submitted, NativeStreamEncoder(detail, body.return_tokens))
     outcome = await service.finish(submitted, request)
     if outcome is None:
         return client_gone()
-    return generate_response(outcome, service.served, detail if body.return_tokens else None)
+    return generate_response(outcome, detail if body.return_tokens else None)
 
 
 @router.post(
@@ -63,7 +63,7 @@ async def score(body: ScoreRequest, request: Request, service: ServiceDep) -> Sc
     if outcome is None:
         return client_gone()
     detail = _detail(service, body.return_attention, top_logprobs=False)
-    return score_response(outcome, service.served, detail if body.return_tokens else None)
+    return score_response(outcome, detail if body.return_tokens else None)
 
 
 def _detail(

@@ -75,7 +75,7 @@ def _completion_top(token_bytes: TokenBytes, alternatives: tuple[tuple[int, floa
     return {token_text(token_bytes(i)): logprob_or_floor(lp) for i, lp in alternatives}
 
 
-def extension(outcome: GenerationOutcome, served: ServedModel) -> UncertaintyExtension:
+def extension(outcome: GenerationOutcome) -> UncertaintyExtension:
     scored = outcome.scored
     confidences = scored.confidences
     tokens = None
@@ -90,7 +90,7 @@ def extension(outcome: GenerationOutcome, served: ServedModel) -> UncertaintyExt
         tokens=tokens,
         decision=DecisionInfo.of(outcome.decision),
         finish_reason=reason.reported if reason else None,
-        tad_available=served.tad_available,
+        tad_available=outcome.served.tad_available,
     )
 
 
@@ -99,9 +99,7 @@ def usage(outcome: GenerationOutcome) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def chat_response(
-    outcome: GenerationOutcome, served: ServedModel, token_bytes: TokenBytes, logprobs: bool
-) -> ChatCompletionResponse:
+def chat_response(outcome: GenerationOutcome, token_bytes: TokenBytes, logprobs: bool) -> ChatCompletionResponse:
     kept = outcome.result.sequence.kept_tokens
     content = None
     if logprobs and not outcome.withheld:  # a withheld answer's tokens would spell it
@@ -109,7 +107,7 @@ def chat_response(
     return ChatCompletionResponse(
         id=new_id("chatcmpl"),
         created=now(),
-        model=served.model,
+        model=outcome.served.model,
         choices=[
             ChatChoice(
                 index=0,
@@ -119,7 +117,7 @@ def chat_response(
             )
         ],
         usage=usage(outcome),
-        uncertainty=extension(outcome, served),
+        uncertainty=extension(outcome),
     )
 
 
@@ -142,7 +140,7 @@ def text_offsets(token_bytes: list[bytes], text: str) -> list[int]:
 
 
 def completion_response(
-    outcome: GenerationOutcome, served: ServedModel, token_bytes: TokenBytes, logprobs: int | None
+    outcome: GenerationOutcome, token_bytes: TokenBytes, logprobs: int | None
 ) -> CompletionResponse:
     sequence = outcome.result.sequence
     kept = sequence.kept_tokens
@@ -159,7 +157,7 @@ def completion_response(
     return CompletionResponse(
         id=new_id("cmpl"),
         created=now(),
-        model=served.model,
+        model=outcome.served.model,
         choices=[
             CompletionChoice(
                 index=0,
@@ -169,7 +167,7 @@ def completion_response(
             )
         ],
         usage=usage(outcome),
-        uncertainty=extension(outcome, served),
+        uncertainty=extension(outcome),
     )
 
 
@@ -246,7 +244,7 @@ class OpenAIStreamEncoder:
     def final(self, outcome: GenerationOutcome) -> list[str]:
         # A withheld answer sent no tokens: its one piece of text is the withheld message.
         chunks = [self._chunk(self._text_choice(outcome.text, None))] if outcome.withheld else []
-        ext = extension(outcome, self.served).model_dump(mode="json")
+        ext = extension(outcome).model_dump(mode="json")
         ext.pop("tokens", None)
         ext["text"] = outcome.text
         chunks.append(self._chunk(self._text_choice("", openai_finish_reason(outcome)), uncertainty=ext))

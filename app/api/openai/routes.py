@@ -70,10 +70,12 @@ def _submit(
     return service.submit(prepared, stream=bool(body.stream), early_stop=bool(body.tad and body.tad.early_stop))
 
 
-def _encoder(service: GenerationService, body: ChatCompletionRequest | CompletionRequest) -> OpenAIStreamEncoder:
+def _encoder(
+    service: GenerationService, submitted: Submitted, body: ChatCompletionRequest | CompletionRequest
+) -> OpenAIStreamEncoder:
     chat = isinstance(body, ChatCompletionRequest)
     return OpenAIStreamEncoder(
-        service.served,
+        submitted.served,
         service.token_bytes,
         chat=chat,
         logprobs=int(bool(body.logprobs)) if chat else body.logprobs,
@@ -94,11 +96,11 @@ async def chat_completions(
     max_tokens = body.max_completion_tokens or body.max_tokens
     submitted = _submit(service, body, PromptInput(messages=messages), max_tokens, body.top_logprobs or 0)
     if body.stream:
-        return stream_response(service, submitted, _encoder(service, body))
+        return stream_response(service, submitted, _encoder(service, submitted, body))
     outcome = await service.finish(submitted, request)
     if outcome is None:
         return client_gone()
-    return chat_response(outcome, service.served, service.token_bytes, bool(body.logprobs))
+    return chat_response(outcome, service.token_bytes, bool(body.logprobs))
 
 
 @router.post(
@@ -110,11 +112,11 @@ async def chat_completions(
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> CompletionResponse | Response:
     submitted = _submit(service, body, PromptInput(prompt=str(body.prompt)), body.max_tokens, body.logprobs or 0)
     if body.stream:
-        return stream_response(service, submitted, _encoder(service, body))
+        return stream_response(service, submitted, _encoder(service, submitted, body))
     outcome = await service.finish(submitted, request)
     if outcome is None:
         return client_gone()
-    return completion_response(outcome, service.served, service.token_bytes, body.logprobs)
+    return completion_response(outcome, service.token_bytes, body.logprobs)
 
 
 @router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")

@@ -35,6 +35,23 @@ def test_a_body_over_the_limit_still_gets_its_id(service_settings: Settings) -> 
         assert response.status_code == 413 and response.headers["x-request-id"] == "too-big"
 
 
+def test_an_unexpected_error_still_gets_its_id_in_the_response_and_the_log(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.api.ops import routes
+
+    def broken(runtime: object) -> None:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(routes, "_artifact_summary", broken)
+    with make_client(service_settings, raise_server_exceptions=False) as client:
+        response = client.get("/info", headers={"X-Request-ID": "boom-7"})
+    assert response.status_code == 500 and response.headers["x-request-id"] == "boom-7"
+    assert response.json()["error"]["type"] == "internal_error" and "secret" not in response.text
+    logged = [r.getMessage() for r in caplog.records if r.name == "app.errors"]
+    assert any("boom-7" in line for line in logged)
+
+
 def test_each_decision_is_logged_with_the_request_id_and_no_text(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,11 +95,14 @@ def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClien
 
 
 def test_a_request_in_flight_finishes_with_the_artifact_it_started_with(
-    client: TestClient, served: Path, other_artifact: Path
+    client: TestClient, served: Path, other_artifact: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     payload = {"messages": long_chat(client, 24), "max_new_tokens": 24}
     old = _confidences(client, payload)
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    old_sha = runtime.serving.manifest_sha256
+    caplog.set_level(logging.INFO, logger="tad.decisions")
+    caplog.clear()
     streamed: list[float] = []
     with client.stream("POST", "/v1/generate", json={**payload, "stream": True}) as response:
         for line in response.iter_lines():
@@ -116,3 +120,6 @@ def test_a_request_in_flight_finishes_with_the_artifact_it_started_with(
     assert final_decision["method"] == "tad"
     new = _confidences(client, payload)
     assert new != pytest.approx(old, abs=1e-6)  # new requests use the new artifact
+    # The decision log says which version decided: the one each request started with.
+    logged = [json.loads(r.getMessage())["artifact_sha256"] for r in caplog.records if r.name == "tad.decisions"]
+    assert logged == [old_sha, runtime.serving.manifest_sha256] and old_sha != logged[1]

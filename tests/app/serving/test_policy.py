@@ -6,6 +6,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 
 from app.errors import InvalidRequest
 from app.serving.policy import Policy, PolicyRequest, decide, method_problem, policy_choices, resolve_policy
@@ -155,3 +156,11 @@ def test_only_a_rejected_generated_answer_is_withheld() -> None:
     assert not decide(withhold, low, generated=True).withheld
     assert decide(withhold, SequenceUncertainty({}), generated=True).withheld  # no score (empty answer): rejected
     assert not decide(replace(withhold, action=RejectAction.FLAG), high, generated=True).withheld
+
+
+@pytest.mark.parametrize("field", ["reject_threshold", "fallback_threshold"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_threshold_setting_must_be_finite(monkeypatch: pytest.MonkeyPatch, field: str, value: str) -> None:
+    monkeypatch.setenv(f"TAD_{field.upper()}", value)
+    with pytest.raises(ValidationError, match=field):
+        Settings()

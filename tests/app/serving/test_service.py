@@ -1,0 +1,38 @@
+"""GenerationService.next_event: what a request waiting for its next event gives up on, and when."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from app.errors import DeadlineExceeded
+from app.serving.events import KeepAlive
+from app.serving.scheduler import WorkItem
+from app.serving.service import DEADLINE_GRACE_S, GenerationService
+
+
+def _service_cancelling_into(cancelled: list[WorkItem]) -> GenerationService:
+    service = GenerationService.__new__(GenerationService)  # next_event needs only the scheduler
+    service.scheduler = SimpleNamespace(cancel=cancelled.append)  # type: ignore[assignment]
+    return service
+
+
+async def _wait(deadline: float, keep_alive_at: float, cancelled: list[WorkItem]) -> object:
+    item = WorkItem(loop=asyncio.get_running_loop(), events=asyncio.Queue(), deadline=deadline)
+    return await _service_cancelling_into(cancelled).next_event(item, None, keep_alive_at)
+
+
+def test_a_keep_alive_due_at_every_poll_does_not_hide_a_deadline_long_past() -> None:
+    # A keep-alive interval shorter than the poll would otherwise answer every wait with a KeepAlive.
+    cancelled: list[WorkItem] = []
+    with pytest.raises(DeadlineExceeded):
+        asyncio.run(_wait(time.monotonic() - DEADLINE_GRACE_S - 1, 0.0, cancelled))
+    assert len(cancelled) == 1  # and the worker is told to drop it
+
+
+def test_a_keep_alive_when_nothing_came_and_the_deadline_is_ahead() -> None:
+    cancelled: list[WorkItem] = []
+    assert isinstance(asyncio.run(_wait(time.monotonic() + 60, 0.0, cancelled)), KeepAlive) and cancelled == []
