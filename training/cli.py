@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="valid records per file to pass over first: a second run with --skip N extends one made with "
         "--limit N by disjoint records",
     )
-    generate.add_argument("--max-prompt-tokens", type=int, default=2048)
+    generate.add_argument("--max-prompt-tokens", type=_int_at_least(1), default=2048)
     generate.add_argument("--dtype", default="auto")
     generate.add_argument(
         "--prompt-style",
@@ -139,7 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         "or single texts",
     )
     fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--epsilon", type=float, default=1e-4, help="confidences are clipped to [epsilon, 1]")
+    fit.add_argument(
+        "--epsilon",
+        type=_float_in(0.0, 1.0, False, "in (0, 1)"),
+        default=1e-4,
+        help="confidences are clipped to [epsilon, 1]",
+    )
     fit.add_argument("--alphas", type=_positive, nargs="+", default=None, help="stage-2 ridge L2 grid")
     fit.add_argument(
         "--stage1-alphas", type=_positive, nargs="+", default=None, help="stage-1 grid (default: --alphas)"
@@ -228,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--coverage", type=_coverage, nargs="*", default=[0.5, 0.8, 0.9])
     calibrate.add_argument("--error", type=_error_rate, nargs="*", default=[0.3, 0.5])
-    calibrate.add_argument("--delta", type=float, default=0.05)
+    calibrate.add_argument("--delta", type=_float_in(0.0, 1.0, False, "in (0, 1)"), default=0.05)
     calibrate.add_argument("--seed", type=int, default=0)
     calibrate.add_argument(
         "--order",
@@ -256,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     blend.add_argument("--force", action="store_true", help="install the chosen blend even if the rule does not")
     blend.add_argument(
         "--candidate", default=None, help="take this candidate (e.g. 'tad + 0.3 perplexity') instead of the grid's best"
+    )
+    blend.add_argument(
+        "--unchecked-training-runs",
+        action="store_true",
+        help="go on when the artifact's training runs are not on disk, so that these answers cannot be checked "
+        "against them (you vouch that they are other answers)",
     )
     lodo = commands.add_parser(
         "lodo",
@@ -318,13 +329,28 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _dispatch(parser, args)
     except KeyboardInterrupt:
-        print("\ninterrupted: finished shards and files are kept; rerunning the same command resumes", file=sys.stderr)
+        print(f"\ninterrupted: {INTERRUPTED[args.command]}", file=sys.stderr)
         raise SystemExit(130) from None
     except (OSError, ModelLoadError, ArtifactError, json.JSONDecodeError) as error:
         if args.verbose:  # the traceback is what a bug report needs
             raise
         print(f"error: {_describe(error)}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+# What an interrupted command leaves: generation keeps finished shards; the others write their outputs whole
+# at the end (an artifact in a side folder swapped in), so an interruption replaces nothing.
+_RESUMES = "finished shards are kept; rerunning the same command resumes"
+_STARTS_OVER = "nothing was replaced; rerunning starts over"
+INTERRUPTED = {
+    "generate": _RESUMES,
+    "evaluate": "finished shards of answers it generated are kept; rerunning resumes them, then scores again",
+    "calibrate": "finished shards of answers it generated are kept; rerunning resumes them; the manifest is unchanged",
+    "fit": _STARTS_OVER,
+    "blend": _STARTS_OVER,
+    "lodo": _STARTS_OVER,
+    "summary": _STARTS_OVER,
+}
 
 
 def _describe(error: BaseException) -> str:
@@ -412,7 +438,14 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         if any(not 0.0 < w < 1.0 for w in weights):
             parser.error("--weights: each must be between 0 and 1")
         manifest = run_blend(
-            args.artifact, args.runs, weights, args.folds, args.seed, args.force, candidate=args.candidate
+            args.artifact,
+            args.runs,
+            weights,
+            args.folds,
+            args.seed,
+            args.force,
+            candidate=args.candidate,
+            unchecked_training_runs=args.unchecked_training_runs,
         )
         result = manifest.metrics["blend"]
         cv = result["cv"]

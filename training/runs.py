@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,11 @@ class TextTrace(TokenTrace):
     @property
     def key(self) -> str:
         return str(self.meta["key"])
+
+    @property
+    def answer_key(self) -> tuple[str, str]:
+        """(record key, prompt style): one record asked in two prompt styles is two answers."""
+        return self.key, str(self.meta.get("prompt_style", "task"))
 
     @property
     def target(self) -> float:
@@ -117,25 +122,54 @@ def read_shard(path: Path) -> list[TextTrace]:
     return texts
 
 
+def check_no_duplicates(keys: Iterable[tuple[str, str]]) -> None:
+    """Refuse an answer (record key, prompt style) present twice (the same run given twice, or overlapping
+    runs): it would weigh double in a fit (and, split by text, sit on both sides of a fold), count twice in
+    an evaluation, and give a calibration's guarantee twice the answers it has."""
+    seen: set[tuple[str, str]] = set()
+    duplicates: list[str] = []
+    for key in keys:
+        if key in seen:
+            duplicates.append(f"{key[0]} ({key[1]})")
+        seen.add(key)
+    if duplicates:
+        raise SystemExit(
+            f"{len(duplicates)} answers appear more than once in the runs (e.g. {duplicates[0]}): "
+            "is a run given twice, or do runs overlap?"
+        )
+
+
 def read_run_settings(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a generation run (no {RUN_FILE})")
     try:
-        return dict(json.loads(path.read_text()))
+        settings = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         # The decoder's message does not name the file.
         raise SystemExit(f"{path} is corrupt ({error.msg} at line {error.lineno}): regenerate the run") from None
+    # What every command reads: checked here so that a damaged file is named, not met as a KeyError later.
+    problem = None
+    if not isinstance(settings, dict):
+        problem = "not a JSON object"
+    elif not isinstance(settings.get("n_lags"), int) or isinstance(settings["n_lags"], bool) or settings["n_lags"] < 0:
+        problem = "no whole number of attention lags (n_lags)"
+    elif not isinstance(settings.get("model_sha256"), str) or not isinstance(settings.get("identity"), dict):
+        problem = "no model identity (model_sha256, identity)"
+    if problem is not None:
+        raise SystemExit(f"{path} is not a run's settings ({problem}): regenerate the run")
+    return settings
 
 
 def check_run_folders(runs: Sequence[Path]) -> None:
-    """Refuse paths that are not generation runs (missing, a file, no run.json): read as runs, they would
-    hold no texts and a command would report on nothing."""
+    """Refuse paths that are not generation runs (missing, a file, no run.json or a damaged one): read as
+    runs, they would hold no texts and a command would report on nothing."""
     for run in runs:
         if not Path(run).is_dir():
             raise SystemExit(f"run {run} is not a folder" if Path(run).exists() else f"run {run} does not exist")
         if not (Path(run) / RUN_FILE).is_file():
             raise SystemExit(f"{run} is not a generation run (no {RUN_FILE})")
+        read_run_settings(Path(run))
 
 
 def completed_shards(run_dir: Path) -> list[Path]:

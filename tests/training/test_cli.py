@@ -3,12 +3,13 @@ traceback or a failure minutes later."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 
 import pytest
 
-from training.cli import main
+from training.cli import INTERRUPTED, build_parser, main
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], code: int = 1) -> str:
@@ -63,7 +64,7 @@ def test_a_corrupt_run_is_named(
     assert "run.json is corrupt" in _fails(argv, capsys)
 
 
-def test_ctrl_c_says_how_to_resume(
+def test_ctrl_c_says_what_a_rerun_does(
     tiny_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import training.commands.summary as summary
@@ -76,7 +77,44 @@ def test_ctrl_c_says_how_to_resume(
         err = _fails(["summary", str(tiny_runs["dev"])], capsys, code=130)
     except KeyboardInterrupt:  # uncaught, it would stop the whole test session
         pytest.fail("Ctrl-C escaped the CLI as a traceback")
-    assert "rerunning the same command resumes" in err
+    assert "rerunning starts over" in err and "resumes" not in err  # summary keeps nothing to resume from
+
+
+def test_every_command_says_what_an_interruption_leaves() -> None:
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(INTERRUPTED) == set(commands.choices)
+    assert "resumes" in INTERRUPTED["generate"] and "resumes" not in INTERRUPTED["fit"]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    ["{}", "[]", '"abc"', '{"n_lags": "ten", "model_sha256": "x", "identity": {}}', '{"n_lags": 10}'],
+)
+def test_run_settings_that_are_not_a_runs_are_named(
+    settings: str, tmp_path: Path, tiny_artifact: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_runs["dev"], run)
+    (run / "run.json").write_text(settings)
+    for argv in (
+        ["evaluate", "--artifact", str(tiny_artifact), "--run", str(run), "--out", str(tmp_path / "report")],
+        ["fit", str(run), "--out", str(tmp_path / "artifact")],
+        ["summary", str(run)],
+    ):
+        assert "run.json is not a run's settings" in _fails(argv, capsys)
+
+
+@pytest.mark.parametrize("command", ["evaluate", "calibrate"])
+def test_answers_given_twice_are_refused(
+    command: str, tmp_path: Path, tiny_artifact: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(tiny_artifact, artifact)
+    before = (artifact / "manifest.json").read_text()
+    twice = ["--artifact", str(artifact), "--run", str(tiny_runs["dev"]), str(tiny_runs["dev"])]
+    extra = ["--out", str(tmp_path / "report")] if command == "evaluate" else ["--coverage", "0.5"]
+    assert "more than once" in _fails([command, *twice, *extra], capsys)
+    assert (artifact / "manifest.json").read_text() == before
 
 
 @pytest.mark.parametrize(
@@ -95,6 +133,10 @@ def test_ctrl_c_says_how_to_resume(
         ["evaluate", "--artifact", "a", "--run", "r", "--out", "o", "--bootstrap", "-1"],
         ["lodo", "r", "--test", "t", "--artifact", "a", "--out", "o", "--bootstrap", "-1"],
         ["blend", "r", "--artifact", "a", "--folds", "1"],
+        ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "1.5"],
+        ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "nan"],
+        ["fit", "r", "--out", "o", "--epsilon", "0"],
+        ["generate", "--data", "d", "--out", "o", "--max-prompt-tokens", "0"],
     ],
 )
 def test_bad_numbers_are_refused_when_parsed(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

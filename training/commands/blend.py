@@ -33,7 +33,7 @@ from app.uncertainty.methods import BASELINES, Method
 from training.folds import FoldUnit
 from training.rejection import accuracy, informative, interval, paired_bootstrap_prr, prediction_rejection_ratio
 from training.run_source import check_runs_match
-from training.runs import TextTrace, completed_shards, iter_texts
+from training.runs import RUN_FILE, TextTrace, check_no_duplicates, completed_shards, iter_texts
 from training.scoring import uncertainty_table
 
 logger = logging.getLogger(__name__)
@@ -222,12 +222,23 @@ def fitted_keys(manifest: Manifest) -> set[tuple[str, str]]:
     return keys
 
 
-def check_not_fitted_on(manifest: Manifest, runs: Sequence[Path], texts: Sequence[TextTrace]) -> None:
+def check_not_fitted_on(
+    manifest: Manifest, runs: Sequence[Path], texts: Sequence[TextTrace], unchecked_training_runs: bool = False
+) -> None:
+    """Refuse answers the regressor was fitted on: by run folder, and by answer where its runs are on disk.
+    Where they are not (the artifact came from elsewhere), nothing could be checked: refuse that too, unless
+    the caller vouches for the answers."""
+    missing = [run for run in manifest.training.get("runs", []) if not (Path(run) / RUN_FILE).is_file()]
+    if missing and not unchecked_training_runs:
+        raise SystemExit(
+            f"the artifact's training runs are not on disk ({', '.join(missing)}), so these answers cannot be checked "
+            "against them: regenerate them there, or pass --unchecked-training-runs if these are other answers"
+        )
     fitted_runs = {Path(run).resolve() for run in manifest.training.get("runs", [])}
     reused = [str(run) for run in runs if Path(run).resolve() in fitted_runs]
     if reused:
         raise SystemExit(f"the artifact's regressor was fitted on {', '.join(reused)}: blend on other answers")
-    overlap = fitted_keys(manifest) & {(t.key, str(t.meta.get("prompt_style", "task"))) for t in texts}
+    overlap = fitted_keys(manifest) & {t.answer_key for t in texts}
     if overlap:
         raise SystemExit(f"{len(overlap)} answers were in the regressor's training runs: blend on other answers")
 
@@ -241,6 +252,7 @@ def run_blend(
     force: bool = False,
     resamples: int = 1000,
     candidate: str | None = None,
+    unchecked_training_runs: bool = False,
 ) -> Manifest:
     """Choose the blend on `runs` (or take the named `candidate`), cross-validate it, and install it in
     the artifact if kept (or `force`). The artifact's thresholds for the blend come from `calibrate`, run next."""
@@ -251,7 +263,8 @@ def run_blend(
     texts = list(iter_texts(runs))
     if not texts:
         raise SystemExit("the runs hold no answers")
-    check_not_fitted_on(artifact.manifest, runs, texts)
+    check_no_duplicates(t.answer_key for t in texts)
+    check_not_fitted_on(artifact.manifest, runs, texts, unchecked_training_runs)
     # The artifact's own TAD, without any blend it already has: the blend is chosen afresh.
     bare = artifact.manifest.model_copy(update={"blend": None})
     scored = uncertainty_table(replace(artifact, manifest=bare), texts)

@@ -13,7 +13,7 @@ from app.uncertainty.artifact import Manifest, Threshold, load_artifact, write_m
 from app.uncertainty.methods import Method
 from training.rejection import accuracy
 from training.run_source import RunSource, obtain_runs
-from training.runs import iter_texts
+from training.runs import check_no_duplicates, iter_texts
 from training.scoring import artifact_methods, uncertainty_table
 from training.thresholds import (
     coverage_name,
@@ -46,6 +46,7 @@ def run_calibrate(
     if not texts:
         # Thresholds chosen on nothing are -inf with n 0: refuse before the manifest's calibration is replaced.
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to calibrate on")
+    check_no_duplicates(t.answer_key for t in texts)  # the guarantee counts answers: each must count once
     table = uncertainty_table(artifact, texts)
     quality = np.array([t.target for t in texts])
     methods = [Method(name) for name in artifact_methods(artifact)]

@@ -51,7 +51,7 @@ from training.groups import (
 )
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
-from training.runs import RUN_FILE, check_run_folders, iter_texts, read_run_settings
+from training.runs import RUN_FILE, check_no_duplicates, check_run_folders, iter_texts, read_run_settings
 from training.scoring import baseline_table, ranked
 from training.two_stage import (
     FitText,
@@ -130,28 +130,11 @@ def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], 
     texts, keys = [], []
     for trace in iter_texts(runs):
         texts.append(FitText.from_trace(trace, lags))
-        # One record asked in two prompt styles is two answers, not a duplicate.
-        keys.append((trace.key, str(trace.meta.get("prompt_style", "task"))))
+        keys.append(trace.answer_key)
     if not texts:
         raise SystemExit("the runs hold no completed shards")
     check_no_duplicates(keys)
     return texts, first, lags
-
-
-def check_no_duplicates(keys: Sequence[tuple[str, str]]) -> None:
-    """Refuse an answer (record key, prompt style) present twice (the same run given twice, or overlapping
-    runs): it would weigh double in the fit and, split by text, sit on both sides of a fold."""
-    seen: set[tuple[str, str]] = set()
-    duplicates: list[str] = []
-    for key in keys:
-        if key in seen:
-            duplicates.append(f"{key[0]} ({key[1]})")
-        seen.add(key)
-    if duplicates:
-        raise SystemExit(
-            f"{len(duplicates)} answers appear more than once in the runs (e.g. {duplicates[0]}): "
-            "is a run given twice, or do runs overlap?"
-        )
 
 
 def check_out(out: Path, runs: Sequence[Path]) -> None:
@@ -823,7 +806,7 @@ def run_fit(options: FitOptions) -> Manifest:
             },
         },
         training={
-            "runs": [str(p) for p in options.runs],
+            "runs": [str(Path(p).resolve()) for p in options.runs],  # blend checks them wherever it runs
             "texts": len(texts),
             "tokens": int(sum(len(t) for t in texts)),
             "datasets": datasets,

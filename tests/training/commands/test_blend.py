@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.uncertainty.artifact import BlendInfo, load_artifact
+from app.uncertainty.artifact import BlendInfo, load_artifact, write_manifest
 from app.uncertainty.methods import BASELINES, Method
 from training.commands.blend import (
     POOLED_TOLERANCE,
@@ -115,6 +115,30 @@ def test_within_group_prr_is_the_mean_over_informative_groups() -> None:
 def test_blend_refuses_the_runs_the_regressor_was_fitted_on(tiny_runs: dict[str, Path], tiny_artifact: Path) -> None:
     with pytest.raises(SystemExit, match="fitted on"):
         run_blend(tiny_artifact, [tiny_runs["train"]], force=True)
+
+
+def test_blend_refuses_when_the_training_runs_cannot_be_checked(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    """An artifact from elsewhere lists training runs not on this disk: its own answers could pass unseen."""
+    artifact_dir = tmp_path / "moved"
+    shutil.copytree(tiny_artifact, artifact_dir)
+    manifest = load_artifact(artifact_dir).manifest
+    gone = str(tmp_path / "elsewhere" / "train-run")
+    write_manifest(artifact_dir, manifest.model_copy(update={"training": {**manifest.training, "runs": [gone]}}))
+    with pytest.raises(SystemExit, match="--unchecked-training-runs") as refused:
+        run_blend(artifact_dir, [tiny_runs["train"]], force=True)
+    assert gone in str(refused.value)
+    # Vouched for, it goes on (here with the very answers it was fitted on, which only the caller could know).
+    chosen = run_blend(
+        artifact_dir, [tiny_runs["train"]], force=True, candidate=TAD_ALONE, resamples=20, unchecked_training_runs=True
+    )
+    assert chosen.metrics["blend"]["chosen"] == TAD_ALONE
+
+
+def test_answers_given_twice_are_refused(tiny_runs: dict[str, Path], tiny_artifact: Path) -> None:
+    with pytest.raises(SystemExit, match="more than once"):
+        run_blend(tiny_artifact, [tiny_runs["dev"], tiny_runs["dev"]], force=True)
 
 
 def test_a_forced_blend_is_installed_calibrated_and_scores_what_it_stores(
