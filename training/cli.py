@@ -299,6 +299,20 @@ def _run_source(args: argparse.Namespace, default_run_dir: Path, run_dir_option:
     `default_run_dir`, which the command's `run_dir_option` sets)."""
     from training.run_source import RunSource
 
+    if args.run:
+        # They shape a generation; with --run nothing is generated, and dropping them silently would report
+        # on other answers than the user asked for.
+        given = {
+            "--data": args.data,
+            "--model": args.model,
+            "--limit": args.limit,
+            "--max-new-tokens": args.max_new_tokens,
+            "--run-dir": getattr(args, "run_dir", None),
+        }
+        ignored = [option for option, value in given.items() if value not in (None, [])]
+        if ignored:
+            raise SystemExit(f"{', '.join(ignored)} only apply when generating: with --run, leave them out")
+
     return RunSource(
         run_dir_option=run_dir_option,
         data=args.data,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import joblib
 import numpy as np
+from tqdm import tqdm
 
 from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.artifact import TadArtifact
@@ -61,7 +62,8 @@ def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict
     methods = artifact_methods(artifact)
     blend = artifact.blend
     table: dict[str, list[float]] = {name: [] for name in [*methods, *scorers]}
-    for text in texts:
+    # Every stored TAD variant on every answer: minutes for a few thousand answers on CPU.
+    for text in tqdm(texts, desc="scoring answers", unit="answer", leave=False):
         trace = text.token_trace(n_lags)
         confidences = {
             name: scorer.confidences_of(trace) if len(trace) else np.zeros(0) for name, (scorer, _) in scorers.items()

@@ -104,6 +104,29 @@ def test_run_settings_that_are_not_a_runs_are_named(
         assert "run.json is not a run's settings" in _fails(argv, capsys)
 
 
+@pytest.mark.parametrize(
+    ("command", "extra"),
+    [
+        ("evaluate", ["--data", "d.jsonl"]),
+        ("evaluate", ["--limit", "5", "--model", "m"]),
+        ("calibrate", ["--max-new-tokens", "8"]),
+        ("calibrate", ["--run-dir", "somewhere"]),
+    ],
+)
+def test_generation_options_with_run_are_refused_not_ignored(
+    command: str,
+    extra: list[str],
+    tmp_path: Path,
+    tiny_artifact: Path,
+    tiny_runs: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [command, "--artifact", str(tiny_artifact), "--run", str(tiny_runs["dev"]), *extra]
+    argv += ["--out", str(tmp_path / "report")] if command == "evaluate" else ["--coverage", "0.5"]
+    err = _fails(argv, capsys)
+    assert "only apply when generating" in err and extra[0] in err
+
+
 @pytest.mark.parametrize("command", ["evaluate", "calibrate"])
 def test_answers_given_twice_are_refused(
     command: str, tmp_path: Path, tiny_artifact: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
