@@ -143,10 +143,10 @@ class Runtime:
         self.scheduler.start()
         self.load_seconds = round(time.monotonic() - started, 2)
         self._publish_artifact()
-        self.metrics.ready.set(1)
         with self._lock:
-            if self.state is State.LOADING:
+            if self.state is State.LOADING:  # a SIGTERM during the load leaves it DRAINING, and not ready
                 self.state = State.READY
+                self.metrics.ready.set(1)
         logger.info(
             "ready in %.1f s: model %s on %s, TAD %s",
             self.load_seconds,
@@ -291,6 +291,11 @@ class Runtime:
             raise NotReady("the service failed to start; see its log", retry_after_s=60)
         if self.state is not State.READY or self.engine is None or self.scheduler is None:
             raise NotReady("the model is still loading", retry_after_s=5)
+        if not self.scheduler.alive:
+            # Accepted, a request would only wait for its deadline: refuse it, and let /ready and tad_ready
+            # take this replica out of rotation.
+            self.metrics.ready.set(0)
+            raise NotReady("the generation worker has stopped; see the log", retry_after_s=60)
         return self.engine, self.scheduler
 
     def default_policy(self) -> Policy:

@@ -140,6 +140,11 @@ class Scheduler:
             self._thread.join(timeout)
 
     @property
+    def alive(self) -> bool:
+        """The worker thread runs (it ends only on stop, or if it died: then nothing would be answered)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def in_flight(self) -> int:
         return self._in_system
 
@@ -229,7 +234,7 @@ class Scheduler:
         if self._batch is not None and self._batch.sequences:
             self._check_abandoned()
             self._batch.step()
-            self._after_step()
+            self._after_step(computed=len(self._batch.sequences))
         self.stats.running = len(self._items) + self._prefilling()
 
     def _prefilling(self) -> int:
@@ -353,13 +358,12 @@ class Scheduler:
         for item, sequence in zip(items, batch.sequences, strict=True):
             item.sequence = sequence
             self._items[id(sequence)] = item
+        joined = len(batch.sequences)  # the rows the prefill computed; the running ones got nothing new
         if self._batch is None or not self._batch.sequences:
             self._batch = batch
         else:
             self._batch.merge(batch)
-        if self.on_batch is not None:
-            self.on_batch(len(self._batch.sequences))
-        self._after_step()
+        self._after_step(computed=joined)
 
     def _check_abandoned(self) -> None:
         assert self._batch is not None
@@ -371,8 +375,12 @@ class Scheduler:
             elif now > item.deadline:
                 sequence.abandon(FinishReason.DEADLINE)
 
-    def _after_step(self) -> None:
+    def _after_step(self, computed: int) -> None:
+        """After a forward (a decode step, or prefills joining) that computed `computed` rows: new tokens go
+        out, finished answers are answered."""
         assert self._batch is not None
+        if self.on_batch is not None:  # once per forward: the batch size histogram counts rows computed together
+            self.on_batch(computed)
         now = time.monotonic()
         for sequence in self._batch.sequences:
             item = self._items[id(sequence)]
@@ -386,8 +394,6 @@ class Scheduler:
             except Exception:  # one answer that cannot be scored must not fail its neighbours
                 logger.exception("finishing a request failed")
                 self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
-        if self.on_batch is not None and self._batch.sequences:
-            self.on_batch(len(self._batch.sequences))
 
     def _stream_progress(self, item: GenerationItem, sequence: SequenceState) -> None:
         if item.observer is not None:

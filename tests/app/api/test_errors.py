@@ -115,6 +115,15 @@ def test_503_with_retry_after_until_ready(service_settings: Settings, monkeypatc
         assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2}).status_code == 200
 
 
+def test_a_stopped_worker_takes_the_replica_out_of_rotation(service_settings: Settings) -> None:
+    with make_client(service_settings) as client:
+        client.app.state.runtime.scheduler.stop()  # type: ignore[attr-defined]  # as if its thread had died
+        for response in (client.get("/ready"), client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2})):
+            error = assert_error(response, 503, error_type="not_ready")
+            assert "worker has stopped" in error["message"]
+        assert "tad_ready 0.0" in client.get("/metrics").text
+
+
 def test_failed_start_is_reported(service_settings: Settings, tmp_path) -> None:
     with make_client(service_settings, ready=False, model=str(tmp_path / "no-such-model")) as client:
         deadline = time.monotonic() + 10

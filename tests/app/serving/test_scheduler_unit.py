@@ -72,7 +72,32 @@ def test_requests_are_batched_and_each_gets_its_own_answer(engine: Engine) -> No
         assert tag == "done" and timing.total_s >= timing.queued_s >= 0
         assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in expected.kept_tokens]
     assert max(batches) == len(prompts)
+    # Each step is recorded once with the rows it computed: the prefill that made the first tokens, five
+    # decode steps, and the one that captures the last token's attention row (the engine's last_row).
+    assert batches == [len(prompts)] * (6 + 1)
     assert scheduler.in_flight == 0
+
+
+def test_a_request_joining_a_running_batch_is_recorded_once_per_forward(engine: Engine) -> None:
+    batches: list[int] = []
+    scheduler = Scheduler(
+        engine, AnswerScorer(None), max_batch_size=4, max_queue=4, batch_window_s=0.0, on_batch=batches.append
+    )
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        first, second = _item(loop, (5, 6, 7), tokens=40), _item(loop, (8, 9), tokens=3)
+        scheduler.submit_generation(first)
+        while first.observer.steps < 3:  # running: the second joins a batch that has decoded a few steps
+            await asyncio.sleep(0.001)
+        scheduler.submit_generation(second)
+        for item in (first, second):
+            await asyncio.wait_for(item.events.get(), 30)
+
+    _run(scheduler, body)
+    # Every row computed once: each answer's prefill and decode steps (its tokens) and the last-row step.
+    rows = 40 + 1 + 3 + 1
+    assert sum(batches) == rows and max(batches) == 2
 
 
 def test_admission_beyond_batch_and_queue_is_refused(engine: Engine) -> None:
