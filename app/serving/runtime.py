@@ -247,11 +247,15 @@ class Runtime:
                 problem = self._policy_problem(artifact)
                 if problem is not None:
                     raise ArtifactReloadError(problem)
+                serving = self._serving(artifact)
             except (ArtifactReloadError, NotReady) as error:
-                self.metrics.artifact_reloads.labels(outcome="refused").inc()
-                logger.error("artifact reload refused, %s keeps serving: %s", self.serving.name, error)
+                self._refuse_reload(error)
                 raise ArtifactReloadError(str(error)) from error
-            serving = self._serving(artifact)
+            except Exception as error:  # e.g. a regressor pickled by another scikit-learn, a file vanishing
+                logger.exception("loading the artifact failed")
+                refusal = ArtifactReloadError(f"the artifact could not be loaded ({type(error).__name__}); see the log")
+                self._refuse_reload(refusal)
+                raise refusal from error
             self.serving = serving
             self._method_thresholds = None
             self.tad_unavailable_reason = None
@@ -259,6 +263,10 @@ class Runtime:
             self.metrics.artifact_reloads.labels(outcome="loaded").inc()
             logger.info("artifact reloaded: %s (manifest %s)", serving.name, (serving.manifest_sha256 or "")[:16])
             return serving
+
+    def _refuse_reload(self, error: Exception) -> None:
+        self.metrics.artifact_reloads.labels(outcome="refused").inc()
+        logger.error("artifact reload refused, %s keeps serving: %s", self.serving.name, error)
 
     def _check_capture(self, artifact: TadArtifact, engine: Engine) -> None:
         """The running engine must capture what the new artifact reads; otherwise it needs a restart."""

@@ -386,7 +386,12 @@ class Scheduler:
             item = self._items[id(sequence)]
             if item.first_token_at is None and sequence.tokens:
                 item.first_token_at = now
-            self._stream_progress(item, sequence)
+            try:
+                self._stream_progress(item, sequence)
+            except Exception:  # one answer's scoring or streaming must not fail its neighbours, as in _finish
+                logger.exception("streaming a request's progress failed")
+                self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
+                sequence.abandon(FinishReason.ERROR)  # leaves the batch at pop_done; its answer is sent
         for sequence in self._batch.pop_done():
             item = self._items.pop(id(sequence))
             try:

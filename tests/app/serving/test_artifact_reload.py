@@ -84,6 +84,24 @@ def test_a_tampered_artifact_is_refused_and_the_old_one_keeps_serving(
     assert 'tad_artifact_reloads_total{outcome="refused"} 1.0' in client.get("/metrics").text
 
 
+def test_an_artifact_that_fails_to_unpickle_is_a_409_not_a_500(
+    client: TestClient, served: Path, other_artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hashes match, but unpickling breaks (e.g. a regressor saved by another scikit-learn)."""
+    import app.serving.runtime as runtime_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ModuleNotFoundError("No module named 'sklearn.linear_model._gone'")
+
+    before = client.get("/info").json()["artifact"]["manifest_sha256"]
+    _replace(served, other_artifact)
+    monkeypatch.setattr(runtime_module, "load_artifact", broken)
+    response = client.post(RELOAD)
+    assert response.status_code == 409 and "ModuleNotFoundError" in response.json()["error"]["message"]
+    assert client.get("/info").json()["artifact"]["manifest_sha256"] == before
+    assert 'tad_artifact_reloads_total{outcome="refused"} 1.0' in client.get("/metrics").text
+
+
 def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClient, served: Path) -> None:
     manifest = json.loads((served / "manifest.json").read_text())
     manifest["features"]["n_lags"] += 1

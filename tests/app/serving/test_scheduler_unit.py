@@ -100,6 +100,36 @@ def test_a_request_joining_a_running_batch_is_recorded_once_per_forward(engine: 
     assert sum(batches) == rows and max(batches) == 2
 
 
+class FailingObserver(RecordingObserver):
+    """Breaks on the third step, as a scorer or detokeniser bug on one answer would."""
+
+    def on_step(self, sequence: SequenceState) -> list[Event]:
+        events = super().on_step(sequence)
+        if self.steps == 3:
+            raise RuntimeError("this answer's scoring broke")
+        return events
+
+
+def test_one_answer_failing_mid_generation_fails_alone(engine: Engine) -> None:
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=4, max_queue=4, batch_window_s=0.2)
+
+    async def body() -> tuple[object, object]:
+        loop = asyncio.get_running_loop()
+        broken, fine = _item(loop, (5, 6, 7), tokens=8), _item(loop, (8, 9), tokens=8)
+        broken.observer = FailingObserver()
+        scheduler.submit_generation(broken)
+        scheduler.submit_generation(fine)
+        return tuple([await asyncio.wait_for(item.events.get(), 30) for item in (broken, fine)])
+
+    failed, answered = _run(scheduler, body)  # type: ignore[misc]
+    assert isinstance(failed, Failure) and "scoring the answer failed" in failed.error.message
+    expected = engine.generate([GenerationRequest((8, 9), SamplingParams(max_new_tokens=8))])[0]
+    assert answered[0] == "done" and [t.token_id for t in answered[1].kept_tokens] == [
+        t.token_id for t in expected.kept_tokens
+    ]
+    assert scheduler.in_flight == 0
+
+
 def test_admission_beyond_batch_and_queue_is_refused(engine: Engine) -> None:
     scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=1, max_queue=1, batch_window_s=0.0)
 
