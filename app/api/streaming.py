@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from app.errors import ServiceError
 from app.numeric import finite_tree
@@ -45,6 +46,25 @@ def sse_data(data: object) -> str:
     return f"data: {json_text(data)}\n\n"
 
 
+class GenerationStream(StreamingResponse):
+    """A StreamingResponse that cancels its generation when it ends, however it ends.
+
+    Reading the stream to its end or closing it midway cancels through `service.stream`; but a client
+    that leaves before the first read, or a send that fails at the start, ends the response without the
+    stream ever running, and the generation would hold its batch slot until it finished.
+    """
+
+    def __init__(self, content: AsyncIterator[str], cancel: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._cancel = cancel
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._cancel()  # a no-op for a generation that has already answered
+
+
 def stream_response(service: GenerationService, submitted: Submitted, encoder: StreamEncoder) -> StreamingResponse:
     """Server-sent events for a submitted generation; a consumer that goes away cancels it."""
 
@@ -65,4 +85,4 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
         for chunk in encoder.done():
             yield chunk
 
-    return StreamingResponse(chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return GenerationStream(chunks(), cancel=lambda: service.scheduler.cancel(submitted.item))

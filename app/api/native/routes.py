@@ -40,10 +40,11 @@ async def generate(body: GenerateRequest, request: Request, service: ServiceDep)
         top_logprobs=body.top_logprobs,
         policy=policy_request(body.policy),
     )
+    # Before submitting: nothing that can fail may come between submitting and the response that cancels.
+    detail = _detail(service, body.return_attention, top_logprobs=body.top_logprobs > 0, serving=prepared.serving)
     submitted = service.submit(
         prepared, stream=body.stream, early_stop=body.early_stop, attention=body.stream and body.return_attention
     )
-    detail = _detail(service, body.return_attention, top_logprobs=body.top_logprobs > 0, serving=prepared.serving)
     if body.stream:
         return stream_response(service, submitted, NativeStreamEncoder(detail, body.return_tokens))
     outcome = await service.finish(submitted, request)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
+from app.api.streaming import stream_response
 from app.settings import RejectAction, Settings
 from tests.app.service_client import make_client
 
@@ -36,3 +40,22 @@ def test_a_stream_sending_tokens_needs_no_keep_alive(service_settings: Settings,
     # Tokens come every few ms: a keep-alive here would mean a sent token did not count as traffic.
     lines = raw_lines(service_settings, slow_model, "flag", keep_alive_s=0.5)
     assert lines.count("event: token") == 500 and ": keep-alive" not in lines
+
+
+def test_a_response_that_ends_before_its_stream_is_read_cancels_the_generation() -> None:
+    """A client gone before the first read: the stream never runs, and the generation must still stop."""
+    cancelled: list[object] = []
+    item = object()
+    service = SimpleNamespace(scheduler=SimpleNamespace(cancel=cancelled.append))
+    response = stream_response(service, SimpleNamespace(item=item), encoder=None)  # type: ignore[arg-type]
+
+    async def gone(message: dict) -> None:
+        raise OSError("the client closed the connection")
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "method": "POST", "headers": []}
+    with contextlib.suppress(Exception):
+        asyncio.run(response(scope, receive, gone))
+    assert cancelled == [item]
