@@ -99,12 +99,16 @@ class ServiceMetrics:
             self.time_per_token.observe((timing.total_s - timing.queued_s) / count)
 
     def observe_decision(
-        self, decision: Decision, scores: SequenceUncertainty, thresholds: dict[str, float | None]
+        self, decision: Decision, scores: SequenceUncertainty, thresholds: dict[str, float | None], generated: bool
     ) -> None:
+        """`generated`: the service's own answer. Answers sent to /v1/score (an evaluation job's known-wrong
+        ones, say) are decisions too, but not what the service answers: they stay out of the histograms and
+        the rolling rejection rates, which watch the served answers drift."""
         self.decisions.labels(method=decision.method.value, outcome="accept" if decision.accept else "reject").inc()
         if decision.withheld:
             self.withheld.inc()
-        self.observe_answer(scores.as_dict(), thresholds)
+        if generated:
+            self.observe_answer(scores.as_dict(), thresholds)
 
     def observe_answer(self, scores: dict[str, float | None], thresholds: dict[str, float | None]) -> None:
         """Per-method uncertainty histograms and rolling would-reject rates."""

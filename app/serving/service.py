@@ -409,5 +409,7 @@ class GenerationService:
     def decide(self, policy: Policy, scored: ScoredAnswer, generated: bool = False) -> Decision:
         """The decision, recorded in the metrics with the answer's scores."""
         decision = decide(policy, scored.sequence, generated=generated)
-        self.runtime.metrics.observe_decision(decision, scored.sequence, self.runtime.method_thresholds())
+        self.runtime.metrics.observe_decision(
+            decision, scored.sequence, self.runtime.method_thresholds(), generated=generated
+        )
         return decision

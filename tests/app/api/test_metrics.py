@@ -55,3 +55,14 @@ def test_metrics_count_what_the_service_did(client: TestClient) -> None:
     assert value(after, "tad_queue_depth") == 0
     assert value(after, "tad_ready") == 1
     assert value(after, "tad_model_info", model="model", artifact="tiny-tad") == 1
+
+
+def test_scored_answers_are_decisions_but_not_the_served_answers_drift(client: TestClient) -> None:
+    before = samples(client)
+    for wrong in ("Berlin", "Madrid", "the moon"):
+        scored = client.post("/v1/score", json={"messages": CHAT, "response": wrong})
+        assert scored.status_code == 200
+    after = samples(client)
+    assert value(after, "tad_decisions_total") - value(before, "tad_decisions_total") == 3
+    assert value(after, "tad_sequence_uncertainty_count") == value(before, "tad_sequence_uncertainty_count")
+    assert after.get("tad_rolling_rejection_rate") == before.get("tad_rolling_rejection_rate")
