@@ -69,7 +69,13 @@ class ServiceMetrics:
             ["method"],
             registry=r,
         )
-        self.finish_reasons = Counter("tad_finish_reasons", "Why generations ended", ["reason"], registry=r)
+        self.finish_reasons = Counter("tad_finish_reasons", "Why answered generations ended", ["reason"], registry=r)
+        self.failed_generations = Counter(
+            "tad_failed_generations",
+            "Generations that ended without an answer, by error type (streams included, whose status was 200)",
+            ["error_type"],
+            registry=r,
+        )
         self.info = Gauge("tad_model_info", "Loaded model and artifact", ["model", "artifact", "device"], registry=r)
         self.ready = Gauge("tad_ready", "1 when the model (and artifact) are loaded", registry=r)
         self.artifact = Gauge(

@@ -314,6 +314,13 @@ class GenerationService:
                         if time.monotonic() > sent_at + keep_alive_s:  # tokens keep coming, none goes out
                             sent_at = time.monotonic()
                             yield KeepAlive()
+        except ServiceError as error:
+            # Counted here, where streamed and whole responses meet: a stream has already sent its 200.
+            self.runtime.metrics.failed_generations.labels(error_type=error.error_type).inc()
+            raise
+        except ClientDisconnected:
+            self.runtime.metrics.failed_generations.labels(error_type="client_disconnected").inc()
+            raise
         finally:
             if not finished:
                 self.scheduler.cancel(item)

@@ -170,6 +170,11 @@ def test_504_when_the_deadline_passes(service_settings: Settings) -> None:
         response = client.post("/v1/generate", json={"prompt": "the", "max_new_tokens": 1500})
         assert_error(response, 504, error_type="deadline_exceeded")
         assert client.get("/ready").status_code == 200
+        # Streamed, the status is already 200 when the deadline passes: the error event says it, and the
+        # metrics count both failures, which the request counter cannot tell apart from answers.
+        stream = client.post("/v1/generate", json={"prompt": "the", "max_new_tokens": 1500, "stream": True})
+        assert stream.status_code == 200 and "event: error" in stream.text and "deadline_exceeded" in stream.text
+        assert 'tad_failed_generations_total{error_type="deadline_exceeded"} 2.0' in client.get("/metrics").text
 
 
 def test_internal_errors_do_not_leak(service_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
