@@ -155,12 +155,24 @@ def install_artifact(staging: Path, out: Path) -> None:
     (a refit in place, as scripts/train_default.sh does). Renames only: at every moment `out` is the old
     artifact, the new one, or (between two renames) absent, never a mix. What lies beside the old artifact's
     own files (reports, calibration runs) is carried over to the new one."""
+    # A fit killed between the renames left the old artifact aside: finish what it was doing first.
+    for leftover in sorted(out.parent.glob(f".{out.name}.replaced-*")):
+        if out.exists():
+            _carry_over(leftover, out)
+        else:
+            logger.warning("restoring %s, left aside by an interrupted fit", out)
+            os.replace(leftover, out)
     if not out.exists():
         os.replace(staging, out)
         return
     old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
     os.replace(out, old)
     os.replace(staging, out)
+    _carry_over(old, out)
+
+
+def _carry_over(old: Path, out: Path) -> None:
+    """Move what lay beside the old artifact's own files into `out`, then remove the old artifact."""
     for item in old.iterdir():
         # The old regressors, alternatives and manifest go: an earlier fit's alternatives would otherwise
         # stay beside the new ones and be hashed into the manifest as if they belonged to it.

@@ -10,7 +10,15 @@ import pytest
 
 from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features
-from training.commands.fit import ConventionResult, FitOptions, keep_by_trial_rule, load_runs, run_fit, trial_verdict
+from training.commands.fit import (
+    ConventionResult,
+    FitOptions,
+    install_artifact,
+    keep_by_trial_rule,
+    load_runs,
+    run_fit,
+    trial_verdict,
+)
 from training.groups import Selection, TargetCentring
 from training.ridge import GramStats, fit_ridge
 from training.two_stage import (
@@ -315,3 +323,29 @@ def test_a_run_given_twice_is_refused(tiny_runs: dict[str, Path], tmp_path: Path
 def test_fewer_records_than_folds_is_said_plainly(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="cannot be split into 100 folds"):
         run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", folds=100, **QUICK_FIT))
+
+
+def _artifact_folder(path: Path, regressor: str, extra: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text("{}")
+    (path / "regressor.joblib").write_text(regressor)
+    for name, text in extra.items():
+        (path / name).write_text(text)
+    return path
+
+
+def test_a_fit_killed_between_its_renames_is_repaired_by_the_next(tmp_path: Path) -> None:
+    out = tmp_path / "artifact"
+    # Killed after moving the old artifact aside and before moving the new one in: `out` is missing.
+    _artifact_folder(tmp_path / ".artifact.replaced-123", "old", {"report.md": "old report"})
+    install_artifact(_artifact_folder(tmp_path / "staging", "new", {}), out)
+    assert (out / "regressor.joblib").read_text() == "new" and (out / "report.md").read_text() == "old report"
+    assert not list(tmp_path.glob(".artifact.replaced-*"))
+
+
+def test_a_fit_killed_while_carrying_over_is_finished_by_the_next(tmp_path: Path) -> None:
+    out = _artifact_folder(tmp_path / "artifact", "newer", {})
+    _artifact_folder(tmp_path / ".artifact.replaced-123", "old", {"calibration-run": "answers"})
+    install_artifact(_artifact_folder(tmp_path / "staging", "newest", {}), out)
+    assert (out / "regressor.joblib").read_text() == "newest" and (out / "calibration-run").read_text() == "answers"
+    assert not list(tmp_path.glob(".artifact.replaced-*"))
