@@ -79,13 +79,24 @@ class Distribution:
         return cls(rank=state.process_index, world=state.num_processes, device=device)
 
 
+# Known only once the model is loaded; every other setting can be checked before.
+LOADED_MODEL_SETTINGS = ("model_sha256", "dtype", "identity")
+
+
 def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) -> dict[str, Any]:
     """What must be equal for a rerun to continue an existing run."""
     return {
-        "model": options.model,
         "model_sha256": identity.sha256,
         "dtype": dtype,
         "identity": identity.model_dump(),
+        **settings_before_loading(options),
+    }
+
+
+def settings_before_loading(options: GenerateOptions) -> dict[str, Any]:
+    """The run settings that need no model: compared before the load, a changed rerun is refused at once."""
+    return {
+        "model": options.model,
         "n_lags": options.n_lags,
         "data": [{"path": str(p), "sha256": file_sha256(Path(p))} for p in options.data],
         "limit": options.limit,
@@ -128,17 +139,23 @@ def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def check_unchanged(out: Path, settings: dict[str, Any], out_option: str, ignored: Sequence[str] = ()) -> None:
+    """Refuse to continue a run made with other settings (those in `ignored` aside)."""
+    existing = comparable(read_run_settings(out))
+    wanted = comparable(settings)
+    keys = (wanted.keys() | existing.keys()) - set(ignored)
+    changed = sorted(key for key in keys if existing.get(key) != wanted.get(key))
+    if changed:
+        raise SystemExit(
+            f"{out} was generated with different settings ({', '.join(changed)}); "
+            f"use a new {out_option} folder or the original settings"
+        )
+
+
 def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0, out_option: str = "--out") -> None:
     path = out / RUN_FILE
     if path.is_file():
-        existing = comparable(read_run_settings(out))
-        wanted = comparable(settings)
-        changed = sorted(key for key in wanted.keys() | existing.keys() if existing.get(key) != wanted.get(key))
-        if changed:
-            raise SystemExit(
-                f"{out} was generated with different settings ({', '.join(changed)}); "
-                f"use a new {out_option} folder or the original settings"
-            )
+        check_unchanged(out, settings, out_option)
         return
     out.mkdir(parents=True, exist_ok=True)
     # Every data-parallel process may get here at once: each writes its own temporary file.
@@ -248,6 +265,8 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         logger.warning("0 valid records in %s: the run will hold no answers", ", ".join(map(str, options.data)))
     shards = plan_shards(records, options.shard_size)
     out = options.out
+    if (out / RUN_FILE).is_file():  # the model-free settings now: a loaded model would tell nothing more of them
+        check_unchanged(out, settings_before_loading(options), options.out_option, ignored=LOADED_MODEL_SETTINGS)
     device = distribution.device or options.device
     loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)
     dtype = str(loaded.model.dtype).removeprefix("torch.")

@@ -71,10 +71,18 @@ def test_interrupted_run_resumes_without_redoing_shards(
 
 
 def test_rerun_with_other_settings_is_refused(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "run"
     run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4))
+
+    def must_not_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the changed settings were refused")
+
+    with monkeypatch.context() as patched:  # settings that need no model are refused before it loads
+        patched.setattr(generate_module, "load_model", must_not_load)
+        with pytest.raises(SystemExit, match=r"different settings \(limit\)"):
+            run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=5))
     with pytest.raises(SystemExit, match="different settings"):
         run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4, n_lags=2))
     with pytest.raises(SystemExit, match="different settings"):
