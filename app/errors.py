@@ -72,6 +72,11 @@ class DeadlineExceeded(ServiceError):
     status_code = 504
     error_type = "deadline_exceeded"
 
+    def __init__(self, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        # The OpenAI clients retry a 5xx twice by default: a request that ran out of time would run
+        # (and time out) three times. This header is theirs for "do not retry".
+        super().__init__(message, param, {"x-should-retry": "false", **(headers or {})})
+
 
 class ErrorDetail(BaseModel):
     message: str

@@ -45,10 +45,21 @@ class TextPart(StrictModel):
     text: str = Field(max_length=MAX_TEXT_CHARS)
 
 
+class TextFormat(StrictModel):
+    type: Literal["text"]
+
+
 class OpenAIMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] = Field(max_length=MAX_TEXT_CHARS)
     name: str | None = Field(None, max_length=256)
+    # A previous response's message sent back as it was dumped (`message.model_dump()`) carries these as
+    # null; anything else in them (a tool call, audio) is not something this service can take.
+    refusal: None = None
+    tool_calls: None = None
+    function_call: None = None
+    audio: None = None
+    annotations: None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -122,6 +133,13 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = False
     top_logprobs: LogprobCount | None = None
+    # Accepted because here they change nothing: the answer is text, no tool is offered, nothing is stored.
+    # Values that would change something (a JSON format, a tool choice, storing) are refused.
+    response_format: TextFormat | None = Field(None, description="only {'type': 'text'}")
+    tool_choice: Literal["none"] | None = Field(None, description="only 'none' (no tools are offered)")
+    parallel_tool_calls: bool | None = None
+    store: Literal[False] | None = Field(None, description="nothing is stored (must be false)")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
 
     @model_validator(mode="after")
     def _logprob_options(self) -> ChatCompletionRequest:

@@ -123,3 +123,34 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
             model="model", messages=MESSAGES, extra_body={"tad": {"policy": {"target": "error@0.01"}}}
         )
     assert target.value.body["param"] == "tad.policy.target"
+
+
+def test_a_previous_answer_sent_back_as_dumped_and_harmless_options_are_served(client: openai.OpenAI) -> None:
+    first = client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=3, temperature=0)
+    replayed = first.choices[0].message.model_dump()  # refusal, tool_calls, audio ... all null
+    assert "refusal" in replayed and "tool_calls" in replayed
+    follow_up = client.chat.completions.create(
+        model="model",
+        messages=[*MESSAGES, replayed, {"role": "user", "content": "and of spain ?"}],
+        max_tokens=3,
+        response_format={"type": "text"},
+        tool_choice="none",
+        parallel_tool_calls=False,
+        store=False,
+        metadata={"team": "search"},
+    )
+    assert follow_up.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"store": True}, "store"),
+    ],
+)
+def test_options_that_would_change_the_answer_are_refused(client: openai.OpenAI, options: dict, param: str) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=3, **options)
+    assert refused.value.body["param"] == param
