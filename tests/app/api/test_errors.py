@@ -115,6 +115,27 @@ def test_503_with_retry_after_until_ready(service_settings: Settings, monkeypatc
         assert client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2}).status_code == 200
 
 
+def test_a_sigterm_during_the_load_keeps_the_replica_out_of_rotation(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = Runtime.load
+
+    def drained_while_loading(self: Runtime) -> None:
+        self.begin_draining()  # SIGTERM arrives while the model loads
+        original(self)
+
+    monkeypatch.setattr(Runtime, "load", drained_while_loading)
+    with make_client(service_settings, ready=False) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30
+        while runtime.load_seconds is None:  # the load goes on to its end
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.2)  # the few statements after it, where the gauge was set
+        assert_error(client.get("/ready"), 503, error_type="not_ready")
+        assert "tad_ready 0.0" in client.get("/metrics").text
+
+
 def test_a_stopped_worker_takes_the_replica_out_of_rotation(service_settings: Settings) -> None:
     with make_client(service_settings) as client:
         client.app.state.runtime.scheduler.stop()  # type: ignore[attr-defined]  # as if its thread had died
