@@ -168,9 +168,19 @@ class CompletionRequest(_SamplingFields):
     )
     max_tokens: PositiveInt | None = 16
     logprobs: LogprobCount | None = None
-    echo: bool = Field(False, description="not supported (must be false)", json_schema_extra={"const": False})
+    # Null means not set, as for every other optional field.
+    echo: bool | None = Field(
+        False, description="not supported (must be false)", json_schema_extra={"enum": [False, None]}
+    )
     best_of: OnlyOne | None = None
     suffix: None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
 
     @field_validator("prompt")
     @classmethod
@@ -181,13 +191,6 @@ class CompletionRequest(_SamplingFields):
         if is_blank(prompts[0]):
             raise ValueError("prompt must not be empty")
         return prompts[0]
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported")
-        return value
 
 
 class TopLogprob(BaseModel):

@@ -31,7 +31,8 @@ def test_null_means_not_set_as_in_the_openai_api(client: openai.OpenAI) -> None:
     nulls = {"n": None, "stream": None, "logprobs": None, "presence_penalty": None, "frequency_penalty": None}
     completion = client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=3, extra_body=nulls)
     assert completion.choices[0].logprobs is None and completion.usage.completion_tokens >= 1
-    text = client.completions.create(model="model", prompt="a", max_tokens=3, extra_body={**nulls, "logprobs": None})
+    text_nulls = {**nulls, "logprobs": None, "echo": None}
+    text = client.completions.create(model="model", prompt="a", max_tokens=3, extra_body=text_nulls)
     assert text.choices[0].logprobs is None
 
 
