@@ -83,13 +83,13 @@ class Distribution:
 LOADED_MODEL_SETTINGS = ("model_sha256", "dtype", "identity")
 
 
-def run_settings(options: GenerateOptions, identity: ModelIdentity, dtype: str) -> dict[str, Any]:
-    """What must be equal for a rerun to continue an existing run."""
+def run_settings(identity: ModelIdentity, dtype: str, model_free: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal for a rerun to continue an existing run (`model_free`: settings_before_loading's)."""
     return {
         "model_sha256": identity.sha256,
         "dtype": dtype,
         "identity": identity.model_dump(),
-        **settings_before_loading(options),
+        **model_free,
     }
 
 
@@ -265,12 +265,14 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         logger.warning("0 valid records in %s: the run will hold no answers", ", ".join(map(str, options.data)))
     shards = plan_shards(records, options.shard_size)
     out = options.out
+    model_free = settings_before_loading(options)  # hashes the data files: once
     if (out / RUN_FILE).is_file():  # the model-free settings now: a loaded model would tell nothing more of them
-        check_unchanged(out, settings_before_loading(options), options.out_option, ignored=LOADED_MODEL_SETTINGS)
+        check_unchanged(out, model_free, options.out_option, ignored=LOADED_MODEL_SETTINGS)
     device = distribution.device or options.device
     loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)
     dtype = str(loaded.model.dtype).removeprefix("torch.")
-    check_or_write_settings(out, run_settings(options, loaded.identity, dtype), distribution.rank, options.out_option)
+    settings = run_settings(loaded.identity, dtype, model_free)
+    check_or_write_settings(out, settings, distribution.rank, options.out_option)
     mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]
     todo = [i for i in mine if not shard_done(out, i)]
     logger.info(
