@@ -64,7 +64,9 @@ class OpenAIMessage(StrictModel):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        # Separate parts are separate pieces of text: vLLM (and TensorRT-LLM's OpenAI server) join them
+        # with a newline, so the same request gives the same prompt there and here.
+        return "\n".join(part.text for part in self.content)
 
 
 class _SamplingFields(StrictModel):

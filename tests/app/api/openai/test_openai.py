@@ -99,6 +99,17 @@ def test_text_completion(client: openai.OpenAI) -> None:
     assert [lp.tokens[0] for lp in streamed_logprobs] == choice.logprobs.tokens
 
 
+def test_text_parts_of_a_message_are_joined_by_newlines_as_in_vllm(client: openai.OpenAI) -> None:
+    parts = [{"type": "text", "text": "what is the capital"}, {"type": "text", "text": "of france ?"}]
+    joined = [{"role": "user", "content": "what is the capital\nof france ?"}]
+    as_parts = client.chat.completions.create(
+        model="model", messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0
+    )
+    as_text = client.chat.completions.create(model="model", messages=joined, max_tokens=4, temperature=0)
+    assert as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens
+    assert as_parts.choices[0].message.content == as_text.choices[0].message.content
+
+
 def test_seeded_sampling_reproduces(client: openai.OpenAI) -> None:
     kwargs = {"model": "model", "messages": MESSAGES, "max_tokens": 8, "temperature": 1.0, "seed": 3}
     first = client.chat.completions.create(**kwargs).choices[0].message.content
