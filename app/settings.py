@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(8, ge=1)
     max_queue: int = Field(64, ge=0, description="waiting requests beyond the running batch; more get 429")
     batch_window_ms: float = Field(10.0, ge=0.0, description="how long an idle scheduler waits to fill a batch")
+    broken_after_failed_steps: int = Field(
+        5,
+        ge=1,
+        description="model steps failing in a row after which the replica reports itself broken "
+        "(/ready and /health 503) until restarted",
+    )
     prefill_chunk_tokens: int = Field(
         512,
         ge=0,

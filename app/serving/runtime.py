@@ -139,6 +139,7 @@ class Runtime:
             batch_window_s=settings.batch_window_ms / 1000.0,
             on_batch=self.metrics.batch_size.observe,
             prefill_chunk_tokens=settings.prefill_chunk_tokens,
+            broken_after_failed_steps=settings.broken_after_failed_steps,
         )
         self.scheduler.start()
         self.load_seconds = round(time.monotonic() - started, 2)
@@ -304,7 +305,23 @@ class Runtime:
             # take this replica out of rotation.
             self.metrics.ready.set(0)
             raise NotReady("the generation worker has stopped; see the log", retry_after_s=60)
+        if self.scheduler.broken:
+            self.metrics.ready.set(0)
+            raise NotReady(
+                f"the last {self.scheduler.failed_steps_in_a_row} model steps all failed; see the log", retry_after_s=60
+            )
         return self.engine, self.scheduler
+
+    @property
+    def needs_restart(self) -> str | None:
+        """Why only a restart can bring this replica back (what liveness reports), or None."""
+        if self.state is not State.READY or self.scheduler is None:
+            return None  # loading, draining or failed at startup: readiness says so, and none of them hangs
+        if not self.scheduler.alive:
+            return "the generation worker has stopped"
+        if self.scheduler.broken:
+            return f"the last {self.scheduler.failed_steps_in_a_row} model steps all failed"
+        return None
 
     def default_policy(self) -> Policy:
         return resolve_policy(self.settings, self.artifact, None)

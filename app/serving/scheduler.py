@@ -106,9 +106,11 @@ class Scheduler:
         batch_window_s: float,
         on_batch: Callable[[int], None] | None = None,
         prefill_chunk_tokens: int = 0,
+        broken_after_failed_steps: int = 5,
     ) -> None:
         """`prefill_chunk_tokens`: prompt tokens a prefill or a scoring pass may run between two
-        decode steps of the running batch (0: they run whole)."""
+        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps
+        failing in a row, with no step succeeding between them, after which the worker counts as broken."""
         self.engine = engine
         self.scorer = scorer
         self.max_batch_size = max_batch_size
@@ -116,6 +118,8 @@ class Scheduler:
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.broken_after_failed_steps = broken_after_failed_steps
+        self.failed_steps_in_a_row = 0
         self.stats = SchedulerStats()
         self._waiting: deque[GenerationItem] = deque()
         self._scoring: deque[ScoringItem] = deque()
@@ -143,6 +147,12 @@ class Scheduler:
     def alive(self) -> bool:
         """The worker thread runs (it ends only on stop, or if it died: then nothing would be answered)."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def broken(self) -> bool:
+        """Every recent step failed: the device or the model is in a state (a CUDA error poisons the process's
+        context) that only a restart mends, so the replica should leave rotation and be restarted."""
+        return self.failed_steps_in_a_row >= self.broken_after_failed_steps
 
     @property
     def in_flight(self) -> int:
@@ -221,6 +231,15 @@ class Scheduler:
             except Exception:  # a model failure must not hang the waiting requests
                 logger.exception("scheduler step failed")
                 self._fail_everything(admitted, scoring)
+                self.failed_steps_in_a_row += 1
+                if self.failed_steps_in_a_row == self.broken_after_failed_steps:
+                    logger.error(
+                        "%d model steps failed in a row: this replica reports itself broken (/ready and /health "
+                        "503) until it is restarted",
+                        self.failed_steps_in_a_row,
+                    )
+            else:
+                self.failed_steps_in_a_row = 0
 
     def _work(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         if scoring:

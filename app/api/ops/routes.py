@@ -17,8 +17,16 @@ from app.serving.runtime import ArtifactReloadError, State
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/health", response_model=HealthResponse, summary="The process is alive")
-async def health() -> HealthResponse:
+@router.get(
+    "/health",
+    response_model=HealthResponse,
+    responses=errors(503),
+    summary="The process is alive (503 once only a restart can bring it back)",
+)
+async def health(runtime: RuntimeDep) -> HealthResponse:
+    reason = runtime.needs_restart
+    if reason is not None:
+        raise NotReady(f"{reason}; restart this replica", retry_after_s=60)
     return HealthResponse(status="ok")
 
 
@@ -46,6 +54,8 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
 async def metrics(runtime: RuntimeDep) -> Response:
     if runtime.scheduler is not None:
         runtime.metrics.queue_depth.set(runtime.scheduler.stats.queue_depth)
+    if runtime.needs_restart is not None:  # a scrape sees it even if nothing has asked /ready since
+        runtime.metrics.ready.set(0)
     body, content_type = runtime.metrics.exposition()
     return Response(content=body, media_type=content_type)
 

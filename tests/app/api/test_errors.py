@@ -139,10 +139,53 @@ def test_a_sigterm_during_the_load_keeps_the_replica_out_of_rotation(
 def test_a_stopped_worker_takes_the_replica_out_of_rotation(service_settings: Settings) -> None:
     with make_client(service_settings) as client:
         client.app.state.runtime.scheduler.stop()  # type: ignore[attr-defined]  # as if its thread had died
-        for response in (client.get("/ready"), client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2})):
+        generate = client.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 2})
+        for response in (client.get("/ready"), generate, client.get("/health")):  # /health: only a restart mends it
             error = assert_error(response, 503, error_type="not_ready")
             assert "worker has stopped" in error["message"]
         assert "tad_ready 0.0" in client.get("/metrics").text
+
+
+def test_a_model_failing_every_step_takes_the_replica_out_and_asks_for_a_restart(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine.decoding import DecodeBatch
+
+    def failing_step(self: DecodeBatch) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")  # what a poisoned context says
+
+    with make_client(service_settings, broken_after_failed_steps=2) as client:
+        assert client.get("/health").status_code == 200
+        monkeypatch.setattr(DecodeBatch, "step", failing_step)
+        body = {"prompt": "a", "max_new_tokens": 3}
+        assert_error(client.post("/v1/generate", json=body), 500)
+        assert client.get("/ready").status_code == 200  # one failure: the next request may well succeed
+        assert_error(client.post("/v1/generate", json=body), 500)
+        for response in (client.get("/ready"), client.get("/health"), client.post("/v1/generate", json=body)):
+            error = assert_error(response, 503, error_type="not_ready")
+            assert "model steps all failed" in error["message"] and "CUDA" not in error["message"]
+        assert "tad_ready 0.0" in client.get("/metrics").text
+
+
+def test_one_success_between_failures_keeps_the_replica_in(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine.decoding import DecodeBatch
+
+    original = DecodeBatch.step
+
+    def failing_step(self: DecodeBatch) -> None:
+        raise RuntimeError("out of memory")
+
+    with make_client(service_settings, broken_after_failed_steps=2) as client:
+        body = {"prompt": "a", "max_new_tokens": 3}
+        monkeypatch.setattr(DecodeBatch, "step", failing_step)
+        assert_error(client.post("/v1/generate", json=body), 500)
+        monkeypatch.setattr(DecodeBatch, "step", original)
+        assert client.post("/v1/generate", json=body).status_code == 200
+        monkeypatch.setattr(DecodeBatch, "step", failing_step)
+        assert_error(client.post("/v1/generate", json=body), 500)
+        assert client.get("/ready").status_code == 200 and client.get("/health").status_code == 200
 
 
 def test_failed_start_is_reported(service_settings: Settings, tmp_path) -> None:
