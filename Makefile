@@ -33,6 +33,7 @@ serve: $(VENV)/.serve-installed
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Prometheus, HAProxy and headless Chromium, which some tests drive for real (apt-get, when missing).
 test-packages:

@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     )
     reject_threshold: FiniteFloat | None = None
     reject_target: str | None = Field("default", description="'default' = the artifact's default target")
-    fallback_method: Method = Field(Method.PERPLEXITY, description="used when TAD is unavailable")
+    fallback_method: Method = Field(Method("perplexity"), description="used when TAD is unavailable")
     fallback_threshold: FiniteFloat | None = None
     reject_action: RejectAction = Field(
         RejectAction.FLAG,

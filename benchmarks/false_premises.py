@@ -34,7 +34,7 @@ MAX_NEW_TOKENS = 64
 def matched_msp_threshold(manifest: object, coverage: float) -> tuple[str, float] | None:
     """MSP's calibrated threshold at the default policy's calibration coverage, if calibrate wrote one."""
     name = f"coverage@{round(coverage, 2):g}"
-    entry = manifest.thresholds.get(Method.MSP, {}).get(name)  # type: ignore[attr-defined]
+    entry = manifest.thresholds.get(Method("msp"), {}).get(name)  # type: ignore[attr-defined]
     return (name, entry.threshold) if entry is not None else None
 
 
@@ -68,7 +68,7 @@ def main() -> None:
         scored = scorer.score(engine.trace(sequence))
         decision = decide(policy, scored.sequence)
         rejected_default += not decision.accept
-        msp = scored.sequence.get(Method.MSP)
+        msp = scored.sequence.get(Method("msp"))
         msp_rejects = matched is not None and msp is not None and msp > matched[1]
         rejected_msp += msp_rejects
         if args.show:

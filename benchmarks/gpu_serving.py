@@ -80,7 +80,7 @@ def serve(args: argparse.Namespace) -> None:
     (folder / MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))  # /info and the metrics hash it
     artifact = TadArtifact(path=folder, manifest=manifest, scorer=tad)
     # The runtime's own loading, with the model and artifact above in place of files on disk.
-    runtime_module.load_model = lambda *_, **__: loaded  # type: ignore[assignment]
+    runtime_module.load_model = lambda *_, **__: loaded
     runtime_module.Runtime._load_artifact = lambda self: artifact  # type: ignore[method-assign]
     settings = Settings(
         device=args.device,

@@ -498,7 +498,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target, args.order
         )
         decision = manifest.metrics["calibration"]["decision_method"]
-        for name, entry in manifest.thresholds.get(decision, {}).items():  # type: ignore[call-overload]
+        for name, entry in manifest.thresholds.get(decision, {}).items():
             print(
                 f"{decision} {name}: threshold {entry.threshold:.4f}, coverage {entry.coverage:.3f}, "
                 f"error {entry.error:.3f}"

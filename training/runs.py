@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from app.uncertainty.trace import TokenTrace
 
@@ -43,6 +44,13 @@ class TextTrace(TokenTrace):
         return str(self.meta["key"])
 
     @property
+    def rows(self) -> np.ndarray:
+        """The step rows: a run generates with capture, so every answer in it has them."""
+        if self.attention is None:
+            raise ValueError(f"answer {self.key} has no attention rows")
+        return self.attention
+
+    @property
     def answer_key(self) -> tuple[str, str]:
         """(record key, prompt style): one record asked in two prompt styles is two answers."""
         return self.key, str(self.meta.get("prompt_style", "task"))
@@ -57,7 +65,7 @@ class TextTrace(TokenTrace):
 
     def token_trace(self, n_lags: int | None = None) -> TokenTrace:
         """The trace the uncertainty methods read (step rows cut to keys 0..`n_lags` back)."""
-        attention = np.asarray(self.attention if n_lags is None else self.attention[..., : n_lags + 1])
+        attention = np.asarray(self.rows if n_lags is None else self.rows[..., : n_lags + 1])
         return TokenTrace(token_ids=tuple(int(t) for t in self.token_ids), stats=self.stats, attention=attention)
 
 
@@ -83,14 +91,14 @@ def write_shard(run_dir: Path, index: int, texts: Sequence[TextTrace], attention
     lengths = [len(text) for text in texts]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
-    def joined(arrays: list[np.ndarray], dtype: type, shape: tuple[int, ...] = ()) -> np.ndarray:
+    def joined(arrays: Sequence[ArrayLike], dtype: type, shape: tuple[int, ...] = ()) -> np.ndarray:
         return np.concatenate(arrays).astype(dtype) if arrays else np.zeros((0, *shape), dtype=dtype)
 
     np.save(staging / "offsets.npy", offsets)
     np.save(staging / "token_ids.npy", joined([t.token_ids for t in texts], np.int32))
     for name in texts[0].stats if texts else ():
         np.save(staging / f"{STAT_PREFIX}{name}.npy", joined([t.stats[name] for t in texts], np.float64))
-    attention = [t.attention for t in texts if len(t)]
+    attention = [t.rows for t in texts if len(t)]
     np.save(staging / "attention.npy", joined(attention, np.float32, attention_shape))
     (staging / "texts.json").write_text(json.dumps([t.meta for t in texts], ensure_ascii=False))
     if final.exists():

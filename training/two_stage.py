@@ -64,7 +64,7 @@ class FitText:
             group=f"{trace.dataset}/{trace.meta.get('prompt_style', 'task')}",
             stats={name: np.asarray(values) for name, values in trace.stats.items()},
             probs=token_probabilities(trace.logprobs),
-            attention=trace.attention[..., : n_lags + 1],
+            attention=trace.rows[..., : n_lags + 1],
         )
 
     def __len__(self) -> int:

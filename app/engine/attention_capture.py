@@ -22,7 +22,9 @@ Weights are always float32, whatever the model dtype.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from transformers import AttentionInterface
@@ -230,6 +232,17 @@ def _lag_window(scores: torch.Tensor, query_positions: torch.Tensor, n_lags: int
     return gathered.masked_fill(~valid, float("-inf"))
 
 
+def _layer(module: torch.nn.Module) -> int:
+    """The attention module's layer number (transformers sets `layer_idx`; torch types attributes as tensors)."""
+    return cast(int, module.layer_idx)
+
+
+_FusedKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float, "AttentionCapture"],
+    "tuple[torch.Tensor, torch.Tensor] | None",
+]
+
+
 def _decode_rows(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -242,6 +255,7 @@ def _decode_rows(
     """A decode step's output via a fused kernel that also returns the log-sum-exp, or None where none applies."""
     if not capture.allow_fused_kernel or key.shape[-1] != value.shape[-1] or query.dtype != key.dtype:
         return None
+    fused: _FusedKernel
     if query.device.type == "cpu" and _FUSED_CPU_KERNEL is not None:
         fused = _fused_cpu
     elif query.device.type == "cuda" and _FUSED_CUDA_KERNEL is not None:
@@ -259,7 +273,7 @@ def _decode_rows(
         return None
     output, log_sum_exp = result
     keys, window_mask = _last_keys(key, attention_mask, capture)
-    capture.decode_steps[module.layer_idx] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scaling)
+    capture.decode_steps[_layer(module)] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scaling)
     return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
 
 
@@ -322,7 +336,7 @@ def _record_decode_row(
         else:
             scores = scores + attention_mask.float()
     keys, window_mask = _last_keys(key, attention_mask, capture)
-    capture.decode_steps[module.layer_idx] = _DecodeStep(
+    capture.decode_steps[_layer(module)] = _DecodeStep(
         packed, keys, window_mask, torch.logsumexp(scores, dim=-1), scale
     )
 
@@ -401,12 +415,12 @@ def _explicit_attention(
             packed = query.reshape(batch, key.shape[1], groups, head_dim)
             log_sum_exp = torch.logsumexp(scores, dim=-1).reshape(batch, key.shape[1], groups)
             keys, window_mask = _last_keys(key, attention_mask, capture)
-            capture.decode_steps[module.layer_idx] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scale, softcap)
+            capture.decode_steps[_layer(module)] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scale, softcap)
         else:
             wanted = scores[:, :, capture.query_start :, :]
             log_sum_exp = torch.logsumexp(wanted, dim=-1, keepdim=True)
             window = _lag_window(wanted, query_positions[capture.query_start :], capture.n_lags)
-            capture.rows[module.layer_idx] = torch.exp(window - log_sum_exp)
+            capture.rows[_layer(module)] = torch.exp(window - log_sum_exp)
     return output.transpose(1, 2).contiguous()
 
 
@@ -419,7 +433,7 @@ def capture_attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     tad_capture: AttentionCapture | None = None,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """`sdpa` attention that also records TAD's attention rows when `tad_capture` is passed."""
     softcap = kwargs.get("softcap")
@@ -444,7 +458,7 @@ def capture_attention_forward(
     output, _ = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )
-    tad_capture.rows[module.layer_idx] = _scored_rows(query, key, attention_mask, scale, tad_capture)
+    tad_capture.rows[_layer(module)] = _scored_rows(query, key, attention_mask, scale, tad_capture)
     return output, None
 
 

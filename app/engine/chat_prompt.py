@@ -35,5 +35,6 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str,
     # the tokenizer would rebuild from plain text anyway.
     except (TemplateError, ValueError) as error:
         raise PromptError(f"the model's chat template refused these messages: {error}") from error
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    # A BatchEncoding, or the ids themselves, depending on the transformers version.
+    ids: Any = encoded["input_ids"] if hasattr(encoded, "keys") else encoded  # type: ignore[call-overload,index]
     return [int(i) for i in ids]

@@ -319,7 +319,7 @@ class DecodeBatch:
         return True
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.context.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return str(self.context.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     # ------------------------------------------------------------------ membership
     def pop_done(self) -> list[SequenceState]:

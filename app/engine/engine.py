@@ -106,7 +106,7 @@ class Engine:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids, with the decode loop's tokenizer (call it from the decode thread)."""
-        return self.context.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return str(self.context.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def stream_detokenizer(self) -> StreamDetokenizer:
         """Text pieces of one streamed answer (use it from the decode thread)."""

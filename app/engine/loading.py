@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -160,7 +160,7 @@ def _dequantised_copy(source: ModelSource, sha256: str, cache_dir: Path) -> Path
     tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
     model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file)
     # The dequantised weights are plain tensors; drop the GGUF marker so they can be saved.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types module attributes as tensors
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +219,7 @@ def load_model(
     except UnsupportedArchitecture as error:
         raise ModelLoadError(f"cannot serve model {spec!r}: {error}") from error
     if not placement:
-        model.to(resolved_device)
+        model.to(resolved_device)  # type: ignore[arg-type]  # transformers' `to` wrapper is typed for dtypes only
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -236,6 +236,6 @@ def load_model(
         model=model,
         tokenizer=tokenizer,
         identity=identity,
-        device=model.get_input_embeddings().weight.device,
+        device=cast(torch.device, model.get_input_embeddings().weight.device),
         architecture=architecture,
     )

@@ -71,7 +71,7 @@ class TokenBytes:
                 return bytes([int(match.group(1), 16)])
             if self._metaspace:
                 return piece.replace(_METASPACE, " ").encode("utf-8")
-        return self._tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        return str(self._tokenizer.decode([token_id], skip_special_tokens=False)).encode("utf-8")
 
     def text(self, token_id: int) -> str:
         return token_text(self(token_id))

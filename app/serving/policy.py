@@ -76,7 +76,7 @@ def default_method(settings: Settings, artifact: TadArtifact | None) -> Method:
     """The method decisions use unless a request names one: the settings', else the artifact's decision method."""
     if settings.reject_method is not None:
         return settings.reject_method
-    return artifact.decision_method if artifact is not None else Method.TAD
+    return artifact.decision_method if artifact is not None else Method("tad")
 
 
 def resolve_policy(settings: Settings, artifact: TadArtifact | None, override: PolicyRequest | None) -> Policy:

@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import joblib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -27,7 +27,7 @@ from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION: Final = 1
 
 
 class ArtifactError(RuntimeError):
@@ -99,7 +99,7 @@ class BlendInfo(BaseModel):
     @field_validator("terms")
     @classmethod
     def _not_itself(cls, terms: list[BlendTermInfo]) -> list[BlendTermInfo]:
-        if any(term.method is Method.TAD_BLEND for term in terms):
+        if any(term.method is Method("tad_blend") for term in terms):
             raise ValueError("a blend cannot contain tad_blend itself")
         return terms
 
@@ -153,7 +153,7 @@ class TadArtifact:
     @property
     def decision_method(self) -> Method:
         """What the service decides with unless told otherwise: the blend where the artifact has one."""
-        return Method.TAD_BLEND if self.manifest.blend is not None else Method.TAD
+        return Method("tad_blend") if self.manifest.blend is not None else Method("tad")
 
     def check_model(self, identity: ModelIdentity) -> None:
         """Refuse a model other than the one the regressor was trained on."""

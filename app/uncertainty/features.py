@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -172,7 +173,7 @@ def stage2_features(
 
 def stage2_feature_row(
     index: int,
-    probs: Sequence[float] | np.ndarray,
+    probs: Sequence[float | np.floating[Any]] | np.ndarray,
     confidences: Sequence[float] | np.ndarray,
     rows: Sequence[np.ndarray] | np.ndarray,
     spec: FeatureSpec,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,7 +12,7 @@ import numpy as np
 class TokenTrace:
     """One scored answer. `stats[name]` is `[n]` float64 per token statistic (see `app.engine.token_stats`)."""
 
-    token_ids: tuple[int, ...]
+    token_ids: Sequence[int] | np.ndarray  # a tuple when served; a slice of a run's array in training
     stats: Mapping[str, np.ndarray]
     attention: np.ndarray | None  # [n, layers, heads, n_lags] float32, or None without capture
 

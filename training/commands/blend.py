@@ -52,11 +52,11 @@ class Candidate:
 
 def candidates(weights: Sequence[float] = WEIGHTS) -> list[Candidate]:
     """TAD alone, then TAD with each baseline and with the unsupervised mean, at each weight."""
-    result = [Candidate(TAD_ALONE, {Method.TAD.value: 1.0})]
+    result = [Candidate(TAD_ALONE, {Method("tad").value: 1.0})]
     partners = [(m.value, (m.value,)) for m in BASELINES] + [("mean(" + ", ".join(UNSUPERVISED) + ")", UNSUPERVISED)]
     for label, methods in partners:
         for weight in weights:
-            parts = {Method.TAD.value: 1.0 - weight, **{m: weight / len(methods) for m in methods}}
+            parts = {Method("tad").value: 1.0 - weight, **{m: weight / len(methods) for m in methods}}
             result.append(Candidate(f"tad + {weight:g} {label}", parts))
     return result
 
@@ -190,7 +190,7 @@ def cross_validate(
         best = fixed if fixed is not None else options[choose(table)]
         chosen.append(best.name)
         blended[held] = standardisation.score(best, answers.table)[held]
-    scores = {"blend": blended, TAD_ALONE: answers.table[Method.TAD.value]}
+    scores = {"blend": blended, TAD_ALONE: answers.table[Method("tad").value]}
     everything = np.ones(len(positions), dtype=bool)
     within = {name: answers.within_group(values, everything) for name, values in scores.items()}
     pooled = {name: answers.pooled(values, everything) for name, values in scores.items()}

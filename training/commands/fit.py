@@ -70,7 +70,7 @@ logger = logging.getLogger(__name__)
 Alternative = TypeVar("Alternative", bound=StrEnum)  # a target centring or a row weighting
 
 ALPHAS = (10.0, 1.0, 0.1, 0.01, 0.001, 0.0001)
-MLP_GRIDS = {
+MLP_GRIDS: dict[str, dict[str, Sequence[float]]] = {
     # The paper's grid (36 configurations).
     "paper": {"layers": (2, 4), "epochs": (10, 20, 30), "learning_rate": (1e-5, 3e-5, 5e-5), "batch_size": (64, 128)},
     # One configuration from it, for a quick check.
@@ -371,6 +371,12 @@ class Choice:
         return cls(Variant(row["variant"]), float(row["alpha_stage1"]), float(row["alpha"]))
 
 
+def _required(stats: GramStats | None, variant: Variant) -> GramStats:
+    if stats is None:
+        raise ValueError(f"the {variant.value} variant needs statistics these folds were not prepared with")
+    return stats
+
+
 def fit_final(
     texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, chosen: Sequence[Choice], epsilon: float
 ) -> list[tuple[Regressor, Regressor]]:
@@ -383,13 +389,14 @@ def fit_final(
     cross = cross_stats(texts, confidences, spec)
     static_total = data.static_without(None)
     stage1_totals = {
+        # Only the authors' variant needs teacher-forced stage-1 statistics (prepare_folds makes them for it).
         Variant.AUTHORS: sum(data.teacher_forced[1:], data.teacher_forced[0]) if data.teacher_forced else None,
         Variant.LEAK_FREE: sum(data.stage1[1:], data.stage1[0]),
         Variant.ALGORITHM1_LITERAL: sum(data.stage1[1:], data.stage1[0]),
     }
     return [
         (
-            fit_ridge(stage1_totals[c.variant], c.alpha_stage1),
+            fit_ridge(_required(stage1_totals[c.variant], c.variant), c.alpha_stage1),
             fit_ridge(stage2_stats(static_total, cross, k, spec), c.alpha),
         )
         for k, c in enumerate(chosen)
@@ -428,7 +435,7 @@ def mlp_search(
             scored = held_out_prr(TadScorer(model, spec, options.epsilon), data.groups[f], data.informative)
             for aggregation, value in scored[selection].items():
                 score[aggregation].append(value)
-    table = [
+    table: list[dict[str, Any]] = [
         {**config, "aggregation": aggregation.value, "prr_mean": _mean(values), "prr_folds": values}
         for config, score in zip(configs, scores, strict=True)
         for aggregation, values in score.items()
@@ -506,7 +513,7 @@ def measure_combiner(
     metric = selection_metric(selection, data.informative)
 
     def fold_metric(scores: np.ndarray, held: np.ndarray) -> float:
-        return metric(scores, [texts[i] for i in np.flatnonzero(held)])
+        return metric(scores, [texts[int(i)] for i in np.flatnonzero(held)])
 
     training_targets = np.array([t.training_target for t in texts])
     result = cross_validate_combiner(features, training_targets, data.fold_of, fold_metric)
@@ -647,7 +654,8 @@ def choose_convention(results: dict[Convention, ConventionResult]) -> Convention
 def run_fit(options: FitOptions) -> Manifest:
     started = time.monotonic()
     check_out(options.out, options.runs)
-    texts, settings, lags = load_runs(options.runs, options.n_lags)
+    loaded, settings, lags = load_runs(options.runs, options.n_lags)
+    texts: Sequence[FitText] = loaded
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}
     for convention in options.conventions:
@@ -664,22 +672,19 @@ def run_fit(options: FitOptions) -> Manifest:
         results[convention] = cross_validate_convention(
             texts, spec, options, centring=options.centrings[0], weighting=options.weightings[0]
         )
-    result = results[choose_convention(results)]
+    base = result = results[choose_convention(results)]
     result, centrings = keep_by_trial_rule(
         result,
         result.centring.value,
         options.centrings[1:],
-        lambda c, base=result: cross_validate_convention(
-            texts, base.spec, options, centring=c, weighting=base.weighting
-        ),
+        lambda c: cross_validate_convention(texts, base.spec, options, centring=c, weighting=base.weighting),
     )
+    base = result
     result, weightings = keep_by_trial_rule(
         result,
         result.weighting.value,
         options.weightings[1:],
-        lambda w, base=result: cross_validate_convention(
-            texts, base.spec, options, centring=base.centring, weighting=w
-        ),
+        lambda w: cross_validate_convention(texts, base.spec, options, centring=base.centring, weighting=w),
     )
     texts = result.texts
     ablations: dict[str, Any] = {

@@ -143,8 +143,7 @@ def run_lodo(
         }
     report["mean_tad_minus_msp_informative"] = _informative_mean(report, lambda e: e["tad_minus_msp"])
     report["mean_tad_minus_msp_informative_by_aggregation"] = {
-        other.value: _informative_mean(report, lambda e, o=other.value: e["by_aggregation"][o]["tad_minus_msp"])
-        for other in Aggregation
+        other.value: _informative_mean(report, _tad_minus_msp_by(other)) for other in Aggregation
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "lodo.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -154,7 +153,7 @@ def run_lodo(
 
 def aggregation_column(other: Aggregation, served: Aggregation) -> str:
     """The score's column: `tad` under the artifact's aggregation, `tad_<aggregation>` under the others."""
-    return Method.TAD.value if other is served else f"{Method.TAD.value}_{other.value}"
+    return Method("tad").value if other is served else f"{Method('tad').value}_{other.value}"
 
 
 def _signed_with_interval(difference: float | None, ci: list[float] | None) -> str:
@@ -165,6 +164,10 @@ def _signed_with_interval(difference: float | None, ci: list[float] | None) -> s
 
 def _configuration_text(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _tad_minus_msp_by(aggregation: Aggregation) -> Callable[[dict[str, Any]], float | None]:
+    return lambda entry: entry["by_aggregation"][aggregation.value]["tad_minus_msp"]
 
 
 def _informative_mean(report: dict[str, Any], difference: Callable[[dict[str, Any]], float | None]) -> float | None:

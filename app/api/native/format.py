@@ -80,7 +80,7 @@ def _scored_fields(
 
 def score_response(outcome: ScoreOutcome, tokens: TokenDetail | None) -> ScoreResponse:
     """`tokens`: how to spell a token and what to add to each, or None to leave the per-token list out."""
-    return ScoreResponse(**_scored_fields(outcome.scored, outcome, tokens))  # type: ignore[arg-type]
+    return ScoreResponse(**_scored_fields(outcome.scored, outcome, tokens))
 
 
 def generate_response(outcome: GenerationOutcome, tokens: TokenDetail | None) -> GenerateResponse:
@@ -90,9 +90,9 @@ def generate_response(outcome: GenerationOutcome, tokens: TokenDetail | None) ->
         tokens = None  # they spell the answer
     return GenerateResponse(
         text=outcome.text,
-        finish_reason=sequence.finish_reason.reported if sequence.finish_reason else "stop",  # type: ignore[arg-type]
+        finish_reason=sequence.finish_reason.reported if sequence.finish_reason else "stop",
         seed=outcome.seed,
-        **_scored_fields(outcome.scored, outcome, tokens, alternatives),  # type: ignore[arg-type]
+        **_scored_fields(outcome.scored, outcome, tokens, alternatives),
     )
 
 

@@ -48,7 +48,7 @@ def _never_null(schema: dict[str, Any]) -> None:
         schema["contains"] = {"properties": {"content": {"pattern": NOT_BLANK}}}
 
 
-ONE_PROMPT = {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+ONE_PROMPT: dict[str, Any] = {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
 
 
 def _details_without_tokens(field: str, value: dict[str, Any], unless_streamed: bool) -> dict[str, Any]:
@@ -111,7 +111,8 @@ class PromptFields(StrictModel):
             if not value:
                 raise ValueError("messages must not be empty")
             contents = [m.get("content") if isinstance(m, dict) else getattr(m, "content", None) for m in value]
-            if all(isinstance(c, str) for c in contents) and all(is_blank(c) for c in contents):
+            texts = [c for c in contents if isinstance(c, str)]
+            if len(texts) == len(contents) and all(is_blank(c) for c in texts):
                 raise ValueError("messages must contain some text")
         return value
 
@@ -247,7 +248,7 @@ class Usage(BaseModel):
 
 class ScoreResponse(BaseModel):
     tokens: list[TokenInfo] | None
-    uncertainty: SequenceScores  # type: ignore[valid-type]
+    uncertainty: SequenceScores
     decision: DecisionInfo
     usage: Usage
     model: str

@@ -36,7 +36,7 @@ async def generate(body: GenerateRequest, request: Request, service: ServiceDep)
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
-        stop=body.stop,  # type: ignore[arg-type]
+        stop=body.stop,
         top_logprobs=body.top_logprobs,
         policy=policy_request(body.policy),
     )

@@ -113,7 +113,7 @@ def chat_response(outcome: GenerationOutcome, token_bytes: TokenBytes, logprobs:
                 index=0,
                 message=ChatMessageOut(content=outcome.text),
                 logprobs=ChoiceLogprobs(content=content) if logprobs else None,
-                finish_reason=openai_finish_reason(outcome),  # type: ignore[arg-type]
+                finish_reason=openai_finish_reason(outcome),
             )
         ],
         usage=usage(outcome),
@@ -163,7 +163,7 @@ def completion_response(
                 index=0,
                 text=outcome.text,
                 logprobs=choice_logprobs,
-                finish_reason=openai_finish_reason(outcome),  # type: ignore[arg-type]
+                finish_reason=openai_finish_reason(outcome),
             )
         ],
         usage=usage(outcome),
@@ -213,6 +213,7 @@ class OpenAIStreamEncoder:
     def token(self, event: StreamedToken) -> list[str]:
         text = event.text
         confidence = {"index": event.index, **TokenConfidence.fields(event.confidence)}
+        logprobs: dict[str, Any] | None
         if self.chat:
             logprobs = None
             if self.logprobs:

@@ -216,7 +216,7 @@ class IndexedConfidence(TokenConfidence):
 class UncertaintyExtension(BaseModel):
     """This service's addition to the OpenAI shapes."""
 
-    sequence: SequenceScores | None = None  # type: ignore[valid-type]
+    sequence: SequenceScores | None = None
     tokens: list[IndexedConfidence] | None = None
     decision: DecisionInfo | None = None
     finish_reason: str | None = Field(

@@ -54,7 +54,7 @@ def _submit(
             temperature=body.effective_temperature,
             top_p=body.effective_top_p,
             seed=body.seed,
-            stop=body.stop,  # type: ignore[arg-type]
+            stop=body.stop,
             top_logprobs=top_logprobs,
             policy=policy_request(body.tad.policy if body.tad else None),
             max_tokens_field="max_completion_tokens"
