@@ -38,11 +38,12 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         429: "Too many requests in flight; retry after `Retry-After` seconds",
         503: "Not ready yet (model loading) or shutting down; see `Retry-After`",
         504: "The request ran past its deadline",
+        500: "The model failed on this request (the body never carries the internal error; see the server log)",
     }
     return {code: {"model": ErrorBody, "description": descriptions[code]} for code in codes}
 
 
-V1_ERRORS = errors(401, 413, 422, 429, 503, 504)
+V1_ERRORS = errors(401, 413, 422, 429, 500, 503, 504)
 
 
 def client_gone() -> Response:

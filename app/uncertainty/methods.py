@@ -142,7 +142,8 @@ def _tad_blend(answer: MethodInput) -> float | None:
 METHODS: tuple[UncertaintyMethod, ...] = (
     UncertaintyMethod(
         "tad",
-        "TAD: 1 - mean c_i or -sum log c_i of the learned token confidences (the artifact says which)",
+        "TAD: 1 - mean c_i, -sum log c_i, -mean log c_i or 1 - min c_i of the learned token confidences "
+        "(the artifact says which)",
         ("logprob",),
         _tad,
         needs_artifact=True,

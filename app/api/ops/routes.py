@@ -126,7 +126,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
 @router.post(
     "/admin/reload-artifact",
     response_model=ArtifactReloadResponse,
-    responses=errors(401, 409, 503),
+    responses=errors(401, 409, 413, 503),
     dependencies=[ApiKeyDep],
     summary="Load the artifact at TAD_ARTIFACT_DIR again and serve it from the next request on (same as SIGHUP); "
     "requests in flight finish with the one they started with; a refused artifact (409) leaves the old one serving",
