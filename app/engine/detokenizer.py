@@ -81,18 +81,21 @@ class StreamDetokenizer:
             limit = min(limit, self._clear_of_stop_strings(sequence))
         pieces = []
         while self.emitted < limit:
-            piece = self._piece(sequence, self.emitted)
+            piece = self._piece(sequence, self.emitted, followed=self.emitted + 1 < limit)
             if piece is None:
                 break
             pieces.append((self.emitted, piece))
             self.emitted += 1
         return pieces
 
-    def _piece(self, sequence: SequenceState, index: int) -> str | None:
-        """The text token `index` adds to the answer, or None to wait for the final text.
+    def _piece(self, sequence: SequenceState, index: int, followed: bool) -> str | None:
+        """The text token `index` adds to the answer, or None to wait.
 
-        A trailing incomplete character is held back until complete. The last kept token gets
-        the rest of the final text (a stop string's first characters in that token are cut off).
+        A trailing U+FFFD (a character still incomplete, or one the model wrote) is left to a later
+        token's piece, so a token ending in one waits until a later token goes out with it
+        (`followed`) or the answer is over: were the answer to end at it, nothing would be left to
+        send it with. The last kept token gets the rest of the final text (a stop string's first
+        characters in that token are cut off).
         """
         last = sequence.finished and index == sequence.n_kept - 1
         if last and not sequence.text_final:
@@ -100,7 +103,10 @@ class StreamDetokenizer:
         if last:
             full = sequence.text
         else:
-            full = self.decode([t.token_id for t in sequence.tokens[: index + 1]]).rstrip("\ufffd")
+            decoded = self.decode([t.token_id for t in sequence.tokens[: index + 1]])
+            if decoded.endswith("\ufffd") and not followed and not sequence.finished:
+                return None
+            full = decoded.rstrip("\ufffd")
             if sequence.text_final:
                 full = full[: len(sequence.text)]
         piece = full[len(self.emitted_text) :] if full.startswith(self.emitted_text) else ""
@@ -127,4 +133,11 @@ class StreamDetokenizer:
         # way, holding its tokens back is safe.
         settled = len(self.text.rstrip("\ufffd"))
         horizon = settled - max(len(stop) for stop in sequence.params.stop) + 1
-        return sum(1 for end in self.text_ends if end <= horizon)
+        # A stop string found at `horizon` drops every token that starts there (find_stop_string keeps
+        # only tokens starting before the cut): an empty-text token ending at it is not yet clear.
+        clear = 0
+        for start, end in zip([0, *self.text_ends], self.text_ends, strict=False):
+            if end > horizon or start >= horizon:
+                break
+            clear += 1
+        return clear
