@@ -124,15 +124,16 @@ def chat_response(outcome: GenerationOutcome, token_bytes: TokenBytes, logprobs:
 def text_offsets(token_bytes: list[bytes], text: str) -> list[int]:
     """Where each token starts in the returned `text`, counted as the streamed chunks count it.
 
-    A token starts after the characters completed before it: the bytes of a character split over
-    several tokens give one character once its last byte is in, so those tokens share an offset.
+    A token starts after the characters settled before it: the bytes of a character split over
+    several tokens give one character once its last byte is in, so those tokens share an offset,
+    and a U+FFFD (an invalid byte) counts once a character after it is in, as a stream sends it.
     A SentencePiece decoder that strips the first token's leading space (Llama 2, Mistral, Gemma)
     returns the text without it, so offsets count from the text the client got.
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     starts, decoded = [], ""
     for raw in token_bytes:
-        starts.append(len(decoded))
+        starts.append(len(decoded.rstrip("\ufffd")))
         decoded += decoder.decode(raw)
     decoded += decoder.decode(b"", final=True)
     stripped = max(0, (len(decoded) - len(decoded.lstrip(" "))) - (len(text) - len(text.lstrip(" "))))

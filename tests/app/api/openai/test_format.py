@@ -25,6 +25,8 @@ TWO_EMOJI = "\N{GRINNING FACE}" * 2 + "!"
         ([EMOJI[:1], EMOJI[1:3], EMOJI[3:], EMOJI[:2], EMOJI[2:], b"!"], TWO_EMOJI, [0, 0, 0, 1, 1, 2]),
         # a character left incomplete at the end shows as U+FFFD; no offset points past the text
         ([b"a", EMOJI[:2]], "a\ufffd", [0, 1]),
+        # invalid bytes: their U+FFFD counts once a character follows, as the stream sends them
+        ([b"\x0e", b"\xb2", b"\xcb", b"A", b"B"], "\x0e\ufffd\ufffdAB", [0, 1, 1, 1, 4]),
         ([], "", []),
     ],
 )
