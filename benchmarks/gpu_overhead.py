@@ -42,6 +42,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -81,7 +82,7 @@ def llama_3_1_8b() -> PretrainedConfig:
         num_key_value_heads=8,
         head_dim=128,
         max_position_embeddings=131072,
-        rope_theta=500000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     )
@@ -96,7 +97,7 @@ def qwen_2_5_7b() -> PretrainedConfig:
         num_attention_heads=28,
         num_key_value_heads=4,
         max_position_embeddings=32768,
-        rope_theta=1000000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
     )  # Qwen2 attention has q/k/v biases by construction
@@ -154,7 +155,7 @@ def make_engine(
         num_heads=int(config.num_attention_heads),
         vocab_size=int(config.vocab_size),
     )
-    device = model.get_input_embeddings().weight.device
+    device = cast(torch.device, model.get_input_embeddings().weight.device)
     loaded = LoadedModel(
         model=model, tokenizer=tokenizer, identity=identity, device=device, architecture=check_architecture(model)
     )
@@ -258,7 +259,7 @@ def time_model(name: str, args: argparse.Namespace, rows: list[Row], started: fl
 
             def plain(tokens: int = new, inputs: torch.Tensor = inputs) -> None:
                 with torch.inference_mode():
-                    out = model.generate(
+                    out = model.generate(  # type: ignore[operator]  # torch types module attributes as tensors
                         inputs,
                         attention_mask=torch.ones_like(inputs),
                         max_new_tokens=tokens,
@@ -361,7 +362,7 @@ def format_row(row: Row, new: int) -> str:
 def check_configs() -> dict[str, PretrainedConfig]:
     """Small random models for `--check`: Llama (GQA) and Gemma-2 (soft-capping, a sliding window
     shorter than the longest prompt, so full and sliding layers both matter)."""
-    shape = {
+    shape: dict[str, Any] = {
         "vocab_size": 1000,
         "hidden_size": 256,
         "intermediate_size": 512,
@@ -407,8 +408,8 @@ def check(args: argparse.Namespace) -> None:
         prompts = [torch.randint(2, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
         tokenizer = id_tokenizer(config.vocab_size)
         for dtype in (torch.float32, torch.bfloat16):
-            capture_model.to(dtype)
-            eager_model.to(dtype)
+            capture_model.to(dtype)  # type: ignore[arg-type]  # transformers' `to` wrapper is typed for devices only
+            eager_model.to(dtype)  # type: ignore[arg-type]
             engine = make_engine(capture_model, tokenizer, "check", n_lags, fused=args.fused)
             requests = [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new)) for p in prompts]
             sequences = engine.generate(requests)

@@ -112,7 +112,8 @@ def features_of(runs: Sequence[Path], engine_for: Callable[[], Engine], features
             continue
         features = extract(run, engine_for(), LAYERS)
         features_dir.mkdir(parents=True, exist_ok=True)
-        np.savez(cache, keys=features.keys, targets=features.targets, datasets=features.datasets, **features.places)
+        arrays = {"keys": features.keys, "targets": features.targets, "datasets": features.datasets, **features.places}
+        np.savez(cache, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as its allow_pickle flag
         parts.append(features)
     return RunFeatures(
         keys=np.concatenate([p.keys for p in parts]),

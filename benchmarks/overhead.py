@@ -94,10 +94,12 @@ def main() -> None:
     loaded, artifact, capture = load_capturing_engine(args)  # stop tokens off: always exactly --new-tokens
     plain_engine = capture.with_lags(0)
     scorer = AnswerScorer(artifact)
-    model_dir = loaded.model.name_or_path
+    model_dir = str(loaded.model.name_or_path)
     device, dtype = loaded.device, loaded.model.dtype
-    sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").to(device).eval()
+    sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
+    for model in (sdpa, eager):
+        model.to(device).eval()  # type: ignore[arg-type]  # transformers' `to` wrapper is typed for dtypes only
     pad = capture.context.pad_token_id
     new = args.new_tokens
     short = capture.encode_prompt(messages=[{"role": "user", "content": "Write a short story about a cat."}])
@@ -116,7 +118,7 @@ def main() -> None:
     def hf_generate(model: torch.nn.Module, prompts: list[list[int]], **extra: object) -> torch.Tensor:
         ids, mask = batch_inputs(prompts)
         with torch.inference_mode():
-            out = model.generate(
+            out = model.generate(  # type: ignore[operator]  # torch types module attributes as tensors
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=new,
@@ -158,10 +160,10 @@ def main() -> None:
     # run many times, back to back and in rotating order; the slow alternatives run fewer times.
     core = [PLAIN, ENGINE, CAPTURE]
     slow = [m for m in methods if m not in core]
-    times = {(s.name, m): [] for s in settings for m in methods}
+    times: dict[tuple[str, str], list[float]] = {(s.name, m): [] for s in settings for m in methods}
     # A method's time over plain's, and over the engine without capture's, in the same repeat.
-    paired = {(s.name, m): [] for s in settings for m in methods}
-    paired_engine = {(s.name, m): [] for s in settings for m in methods}
+    paired: dict[tuple[str, str], list[float]] = {(s.name, m): [] for s in settings for m in methods}
+    paired_engine: dict[tuple[str, str], list[float]] = {(s.name, m): [] for s in settings for m in methods}
     for repeat in range(args.repeats):
         order = core[repeat % len(core) :] + core[: repeat % len(core)]
         if repeat < args.slow_repeats:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from sklearn.linear_model import Ridge
 
 from app.settings import DEFAULT_ARTIFACT
 from app.uncertainty.aggregation import Aggregation
@@ -85,6 +86,8 @@ def default_case() -> Case:
     """The committed artifact's own regressor and spec."""
     artifact = load_artifact(DEFAULT_ARTIFACT)
     spec, regressor = artifact.scorer.spec, artifact.scorer.regressor
+    if not isinstance(regressor, Ridge):  # an MLP stage 2 has no weight vector to time this way
+        raise SystemExit(f"{DEFAULT_ARTIFACT}: stage 2 is not a ridge model")
     weights = np.asarray(regressor.coef_, dtype=np.float64)
     name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads)"
     return case_of(name, weights, float(regressor.intercept_), spec, artifact.manifest.aggregation)
