@@ -22,6 +22,15 @@ class Aggregation(StrEnum):
     MIN = "min"  # U = 1 - min_i c_i
 
 
+LOG_FLOOR = 1e-300
+
+
+def _log(confidences: np.ndarray) -> np.ndarray:
+    # c_1 = p_1 is not clipped (METHOD.md): a first token of probability 0 would make the score inf,
+    # which JSON shows as null, like an empty answer's. Floored, it is finite and still the largest.
+    return np.log(np.maximum(confidences, LOG_FLOOR))
+
+
 def aggregate(confidences: np.ndarray, aggregation: Aggregation) -> float:
     """Sequence uncertainty from token confidences (NaN for an empty sequence)."""
     if len(confidences) == 0:
@@ -30,9 +39,9 @@ def aggregate(confidences: np.ndarray, aggregation: Aggregation) -> float:
         case Aggregation.MEAN:
             return float(1.0 - np.mean(confidences))
         case Aggregation.SUM_LOG:
-            return float(-np.sum(np.log(confidences)))
+            return float(-np.sum(_log(confidences)))
         case Aggregation.MEAN_LOG:
-            return float(-np.mean(np.log(confidences)))
+            return float(-np.mean(_log(confidences)))
         case Aggregation.MIN:
             return float(1.0 - np.min(confidences))
         case _:

@@ -10,6 +10,7 @@ feature spec against the regressor, then the LLM against the loaded model.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,15 @@ class Threshold(BaseModel):
     error: float  # share of wrong answers among those accepted
     n: int  # calibration answers
     guarantee: str | None = None
+
+    @field_validator("threshold")
+    @classmethod
+    def _a_number(cls, value: float) -> float:
+        # -inf (reject every answer: no share of the calibration answers is small enough) is a threshold;
+        # NaN would reject every answer too, but silently, as if it were one.
+        if math.isnan(value):
+            raise ValueError("a threshold must be a number, not NaN")
+        return value
 
 
 class BlendTermInfo(BaseModel):

@@ -69,6 +69,7 @@ def maximum_token_uncertainty(logprobs: np.ndarray) -> float:
 # RAUQ (Vazhentsev et al., 2025; LM-Polygraph `estimators/rauq.py`): alpha as its default for
 # instruction-tuned models; the middle third of the layers.
 RAUQ_ALPHA = 0.5
+RAUQ_FLOOR = 1e-300  # under log 0 (a token of probability 0 in float64): the score stays finite, and huge
 
 
 def rauq_layers(num_layers: int) -> range:
@@ -86,11 +87,13 @@ def rauq(logprobs: np.ndarray, step_rows: np.ndarray | None, alpha: float = RAUQ
     RAUQ is the largest over the middle third of the layers.
     """
     n = len(logprobs)
-    if n == 0 or step_rows is None or (n > 1 and len(step_rows) < n - 1):
+    if n == 0:
         return math.nan
     probs = np.exp(np.asarray(logprobs, dtype=np.float64))
-    if n == 1:
-        return float(1.0 - np.log(probs[0]))
+    if n == 1:  # no attention involved: a one-token answer has no rows when its last step is not captured
+        return float(1.0 - np.log(max(probs[0], RAUQ_FLOOR)))
+    if step_rows is None or len(step_rows) < n - 1:
+        return math.nan
     previous = np.asarray(step_rows[: n - 1, :, :, 0], dtype=np.float64)  # [n - 1, layers, heads]
     layers = np.array(rauq_layers(previous.shape[1]))
     heads = previous[:, layers, :].mean(axis=0).argmax(axis=1)
@@ -100,7 +103,7 @@ def rauq(logprobs: np.ndarray, step_rows: np.ndarray | None, alpha: float = RAUQ
     confidences[0] = probs[0]
     for j in range(1, n):
         confidences[j] = fresh[j] + carried[j - 1] * confidences[j - 1]
-    log_sums = np.log(np.maximum(confidences, 1e-300)).sum(axis=0)
+    log_sums = np.log(np.maximum(confidences, RAUQ_FLOOR)).sum(axis=0)
     return float(np.max(1.0 - log_sums / n))
 
 
@@ -118,10 +121,12 @@ def attention_score(step_rows: np.ndarray | None, n_tokens: int) -> float:
     less trusted). The diagonal entry of token j (0-based) is slot 0 of the step that consumes it,
     `step_rows[j]`, which exists for every token but the last under both conventions.
     """
-    if n_tokens == 0 or step_rows is None or len(step_rows) < n_tokens - 1:
+    if n_tokens == 0:
         return math.nan
     if n_tokens == 1:
         return 0.0  # no diagonal entry before the last token: an empty sum, as in the reference
+    if step_rows is None or len(step_rows) < n_tokens - 1:
+        return math.nan
     layer = step_rows.shape[1] // 2
     diagonal = np.asarray(step_rows[: n_tokens - 1, layer, :, 0], dtype=np.float64)  # [n - 1, heads]
     return float(-np.log(diagonal + ATTENTION_SCORE_FLOOR).sum(axis=0).mean())

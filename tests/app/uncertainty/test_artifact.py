@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -72,6 +73,16 @@ def test_feature_spec_mismatch_is_refused(artifact_copy: Path) -> None:
     manifest["features"]["order"] = "something-else"
     _write_manifest(artifact_copy, manifest)
     with pytest.raises(ArtifactError, match="feature order"):
+        load_artifact(artifact_copy)
+
+
+def test_a_nan_threshold_is_refused(artifact_copy: Path) -> None:
+    manifest = _manifest(artifact_copy)
+    method = next(iter(manifest["thresholds"]))
+    target = next(iter(manifest["thresholds"][method]))
+    manifest["thresholds"][method][target]["threshold"] = math.nan  # json writes NaN, and reads it back
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError, match="not NaN"):
         load_artifact(artifact_copy)
 
 

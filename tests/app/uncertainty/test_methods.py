@@ -36,6 +36,10 @@ def test_aggregations() -> None:
     assert aggregate(c, Aggregation.MIN) == pytest.approx(0.5)
     for aggregation in Aggregation:
         assert math.isnan(aggregate(np.zeros(0), aggregation))
+    # c_1 = p_1 is not clipped: a first token of probability 0 gives a finite score, the largest one.
+    zero_first = np.array([0.0, 0.5])
+    for aggregation in (Aggregation.SUM_LOG, Aggregation.MEAN_LOG):
+        assert math.isfinite(aggregate(zero_first, aggregation)) and aggregate(zero_first, aggregation) > 300
 
 
 def test_aggregations_rank_as_documented() -> None:
@@ -120,3 +124,13 @@ def test_attention_score_on_a_hand_made_case() -> None:
     assert attention_score(rows, 1) == 0.0  # one token: no diagonal entry before the last
     assert math.isnan(attention_score(None, 3)) and math.isnan(attention_score(rows[:1], 3))
     assert math.isnan(attention_score(rows, 0))
+
+
+def test_a_one_token_answer_needs_no_attention_rows() -> None:
+    # Under the generating convention the last token's own step is not run, so a one-token answer
+    # (max_new_tokens 1, a multiple-choice letter) has no rows at all: neither method reads any.
+    from app.uncertainty.methods import attention_score, rauq
+
+    assert rauq(np.log([0.5]), None) == pytest.approx(1.0 - math.log(0.5))
+    assert attention_score(None, 1) == 0.0
+    assert math.isfinite(rauq(np.array([-math.inf]), None))  # probability 0: huge, not inf

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -196,3 +197,14 @@ def test_chat_messages_to_a_base_model_are_a_clear_422(service_settings: Setting
             error = error["error"] if isinstance(error["error"], dict) else error  # the OpenAI routes nest it
             assert "no chat template" in (error.get("message") or error["error"]) and error["param"] == "messages"
         assert client.post("/v1/generate", json={"prompt": "what is", "max_new_tokens": 4}).status_code == 200
+
+
+def test_a_one_token_answer_has_every_baseline(service_settings: Settings) -> None:
+    """RAUQ and Attention Score read no attention for one token: finite even when its step is not run
+    (the generating convention's engine; the answer was rejected for a null before)."""
+    with make_client(service_settings) as client:
+        engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+        engine.context = dataclasses.replace(engine.context, last_row=False)
+        body = client.post("/v1/generate", json={"prompt": "the capital of", "max_new_tokens": 1}).json()
+    assert body["usage"]["completion_tokens"] == 1
+    assert body["uncertainty"]["rauq"] is not None and body["uncertainty"]["attention_score"] == 0.0
