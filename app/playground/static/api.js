@@ -4,17 +4,32 @@
 const KEY_STORAGE = "tad-playground-api-key";
 
 // The API key lives in memory, and in sessionStorage (this tab only) if the user asks for it.
-// It is only ever sent as a header, never put in a URL.
-let apiKey = sessionStorage.getItem(KEY_STORAGE);
+// It is only ever sent as a header, never put in a URL. A browser that blocks site data throws on
+// any storage access: the key then lives in memory only.
+function stored(action) {
+  try {
+    return action(window.sessionStorage);
+  } catch {
+    return null;
+  }
+}
+
+let apiKey = stored((storage) => storage.getItem(KEY_STORAGE));
 
 export function hasApiKey() {
   return Boolean(apiKey);
 }
 
+/** What is wrong with `key` as a header value, or null. fetch refuses a header with other characters,
+ * which would read as the service being unreachable. */
+export function apiKeyProblem(key) {
+  return /^[\x21-\x7e]*$/.test(key) ? null : "an API key is printable ASCII without spaces";
+}
+
 export function setApiKey(key, remember) {
   apiKey = key || null;
-  if (remember && apiKey) sessionStorage.setItem(KEY_STORAGE, apiKey);
-  else sessionStorage.removeItem(KEY_STORAGE);
+  if (remember && apiKey) stored((storage) => storage.setItem(KEY_STORAGE, apiKey));
+  else stored((storage) => storage.removeItem(KEY_STORAGE));
 }
 
 /** An error response of the service: {"error": {"message", "type", "param", "code"}}, or no answer at all. */
@@ -98,20 +113,26 @@ export async function* streamEvents(path, body, signal) {
   const response = await send(path, { method: "POST", body: { ...body, stream: true }, signal });
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += value.replace(/\r\n/g, "\n");
-    let end = buffer.indexOf("\n\n");
-    while (end >= 0) {
-      const parsed = parseEvent(buffer.slice(0, end));
-      buffer = buffer.slice(end + 2);
-      if (parsed) yield parsed;
-      end = buffer.indexOf("\n\n");
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value.replace(/\r\n/g, "\n");
+      let end = buffer.indexOf("\n\n");
+      while (end >= 0) {
+        const parsed = parseEvent(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+        if (parsed) yield parsed;
+        end = buffer.indexOf("\n\n");
+      }
     }
+    const last = parseEvent(buffer.trim());
+    if (last) yield last;
+  } finally {
+    // The page stopped reading early (an error while showing a token): closing the stream tells the
+    // service, which cancels the generation instead of finishing it for nobody.
+    reader.cancel().catch(() => {});
   }
-  const last = parseEvent(buffer.trim());
-  if (last) yield last;
 }
 
 const FIELD_NAMES = {

@@ -1,7 +1,7 @@
 // The playground: ask a question (streamed, token by token) or score a given answer, and see each
 // token's uncertainty, the verdict, and the artifact's calibration. Talks only to this service.
 
-import { ApiError, describeError, getJson, hasApiKey, postJson, setApiKey, streamEvents } from "./api.js";
+import { ApiError, apiKeyProblem, describeError, getJson, hasApiKey, postJson, setApiKey, streamEvents } from "./api.js";
 import { renderCalibration, renderReport } from "./calibration.js";
 import { MEASURES, formatNumber, gradientStops } from "./scale.js";
 import { TokenView } from "./tokens.js";
@@ -74,7 +74,14 @@ $("key-button").addEventListener("click", () => {
 
 $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  setApiKey($("api-key").value.trim(), $("remember-key").checked);
+  const key = $("api-key").value.trim();
+  const problem = apiKeyProblem(key);
+  if (problem) {
+    showMessage(`That key cannot be sent: ${problem}.`);
+    $("api-key").focus();
+    return;
+  }
+  setApiKey(key, $("remember-key").checked);
   $("api-key").value = "";
   $("key-form").hidden = true;
   $("key-button").setAttribute("aria-expanded", "false");
@@ -83,7 +90,11 @@ $("key-form").addEventListener("submit", (event) => {
 });
 
 // ------------------------------------------------------------------ start-up
+let bootRetry = null; // the pending retry while the service loads: one boot loop at a time
+
 async function boot() {
+  clearTimeout(bootRetry);
+  bootRetry = null;
   try {
     info = await getJson("info");
   } catch (error) {
@@ -92,7 +103,7 @@ async function boot() {
       const seconds = error.retryAfter ?? 3;
       const why = error.status === 503 ? `not ready yet (${error.message})` : "unreachable";
       showMessage(`The service is ${why}. Retrying in ${seconds} s…`, "info");
-      setTimeout(boot, seconds * 1000);
+      bootRetry = setTimeout(boot, seconds * 1000);
     } else {
       showError(error);
     }
@@ -363,11 +374,23 @@ function numberField(id) {
   return input.value === "" ? undefined : input.valueAsNumber;
 }
 
+let startedFrom = null; // the button a keyboard user started the request with
+
 function setRunning(controller) {
   running = controller;
+  // A button disabled while it has focus drops the keyboard user's focus to the page: move it to Stop
+  // (where it is shown), and back to the starting button at the end.
+  const focused = document.activeElement;
   $("generate").disabled = Boolean(controller);
   $("score").disabled = Boolean(controller);
   $("stop").disabled = !controller;
+  if (controller) {
+    startedFrom = focused === $("generate") || focused === $("score") ? focused : null;
+    if (startedFrom && $("stop").offsetParent !== null) $("stop").focus();
+  } else if (startedFrom) {
+    if (focused === $("stop") || focused === startedFrom || focused === document.body) startedFrom.focus();
+    startedFrom = null;
+  }
 }
 
 /** The form's request body, or null (the reason shown) when the page is busy or a field is invalid. */
@@ -480,4 +503,5 @@ for (const [name, tab] of TABS) {
   });
 }
 
+$("key-button").textContent = hasApiKey() ? "API key ✓" : "API key";
 boot();

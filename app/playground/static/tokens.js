@@ -47,10 +47,14 @@ export class TokenView {
   /** Append one token (a streamed `token` event or an entry of a response's `tokens`). */
   add(token) {
     const span = element("span", "tok", visible(token.text));
-    span.tabIndex = 0;
+    // One tab stop for the whole answer (a roving tabindex): Tab moves past it, the arrows walk it.
+    span.tabIndex = this.spans.length === 0 ? 0 : -1;
     span.dataset.index = String(this.tokens.length);
     span.setAttribute("aria-describedby", TIP_ID);
-    span.addEventListener("focus", () => this.showTip(span));
+    span.addEventListener("focus", () => {
+      for (const other of this.spans) other.tabIndex = other === span ? 0 : -1;
+      this.showTip(span);
+    });
     span.addEventListener("blur", () => this.hideTip());
     span.addEventListener("mouseenter", () => this.showTip(span));
     span.addEventListener("mouseleave", () => {

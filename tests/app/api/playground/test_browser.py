@@ -72,12 +72,14 @@ def test_ask_streams_shaded_tokens_with_tooltips_and_a_verdict(page: Playground,
     tokens = page.tokens()
     finish = page.by_id("finish").text
     assert tokens and f"({len(tokens)} tokens)" in finish, finish
+    # One tab stop for the answer, which moves with the focus (a roving tabindex).
+    assert [t.get_attribute("tabindex") for t in tokens] == ["0"] + ["-1"] * (len(tokens) - 1)
     for token in tokens:
         shade = token.value_of_css_property("background-color")
         assert shade and shade not in ("rgba(0, 0, 0, 0)", "transparent"), shade
         assert token.get_attribute("aria-describedby") == "token-tip"
-        assert token.get_attribute("tabindex") == "0"
         text = page.focus(token)
+        assert [t.get_attribute("tabindex") for t in tokens].count("0") == 1 and token.get_attribute("tabindex") == "0"
         assert "probability" in text and "entropy" in text and "TAD confidence" in text
         assert "Top alternatives" in text and "Attention to the previous tokens" in text
     # Keyboard: arrows walk the tokens, Escape closes the tooltip.
@@ -156,6 +158,12 @@ def test_the_page_asks_for_the_api_key_and_sends_it_as_a_header(
         page = Playground(browser, url)
         page.driver.get(f"{url}/")
         assert "API key" in page.wait_for_message()
+        # A key fetch could not send as a header is refused in the form, not taken for an unreachable service.
+        page.by_id("api-key").send_keys("s3crét")
+        page.by_id("key-form").submit()
+        page.wait(lambda d: "cannot be sent" in page.by_id("message").text)
+        assert page.by_id("key-form").is_displayed()
+        page.by_id("api-key").clear()
         page.open(api_key="s3cret")
         page.ask(QUESTION, max_new_tokens=3)
         page.wait_for_verdict()
