@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.api.deps import ApiKeyDep, RuntimeDep
@@ -38,9 +39,19 @@ class ReportFileNotFound(ServiceError):
     error_type = "not_found"
 
 
+class RevalidatedStaticFiles(StaticFiles):
+    """Assets a browser revalidates on every load (a 304 while unchanged): after an upgrade, no cached
+    module of the old page runs against the new one."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
 def static_files() -> StaticFiles:
     """The page's assets, mounted at STATIC_PREFIX."""
-    return StaticFiles(directory=STATIC_DIR)
+    return RevalidatedStaticFiles(directory=STATIC_DIR)
 
 
 @cache

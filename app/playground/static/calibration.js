@@ -126,6 +126,8 @@ export async function renderReport(container) {
         const image = element("img");
         image.alt = `Rejection curve from the artifact's report: ${file}`;
         image.src = await blobUrl(`playground/report/${file.split("/").map(encodeURIComponent).join("/")}`);
+        // Once shown, the image no longer needs its blob: free it (the page may load the report again).
+        image.addEventListener("load", () => URL.revokeObjectURL(image.src), { once: true });
         figure.append(image, element("figcaption", null, file));
         return figure;
       }),

@@ -65,6 +65,9 @@ def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(page_clien
     for name in files:
         response = page_client.get(f"/playground/static/{name}")
         assert response.status_code == 200, name
+        assert response.headers["cache-control"] == "no-cache", name  # no stale module after an upgrade
+        unchanged = page_client.get(f"/playground/static/{name}", headers={"If-None-Match": response.headers["etag"]})
+        assert unchanged.status_code == 304, name
         # No CDN: the only absolute URL any asset holds is the SVG namespace (an identifier, never fetched).
         assert set(re.findall(r"https?://[^\s\"'`)]+", response.text)) <= {SVG_NAMESPACE}, name
     for source in STATIC_DIR.glob("*.js"):
