@@ -19,6 +19,7 @@ import time
 from types import FrameType
 
 import uvicorn
+from pydantic import ValidationError
 
 from app.main import create_app
 from app.serving.runtime import ArtifactReloadError, Runtime
@@ -73,8 +74,23 @@ def reload_on_sighup(runtime: Runtime) -> None:
     signal.signal(signal.SIGHUP, handler)
 
 
+def load_settings() -> Settings:
+    """The settings, or exit 1 with one line naming each bad variable (a traceback says less)."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        prefix = Settings.model_config.get("env_prefix", "")
+        problems = "; ".join(
+            f"{prefix}{str(item['loc'][0]).upper() if item['loc'] else '?'}: "
+            f"{str(item['msg']).removeprefix('Value error, ')}"
+            for item in error.errors()  # never the value itself: it may be the API key
+        )
+        print(f"tad-serve: cannot start: {problems}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
 def main() -> None:
-    settings = Settings()
+    settings = load_settings()
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
