@@ -164,8 +164,11 @@ class GenerationService:
             )
         return ids
 
+    def _context(self) -> int | None:
+        return getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
+
     def _check_context(self, prompt_tokens: int, answer_tokens: int, field: str) -> None:
-        context = getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
+        context = self._context()
         if context is not None and prompt_tokens + answer_tokens > context:
             raise InvalidRequest(
                 f"prompt ({prompt_tokens} tokens) plus {field} ({answer_tokens}) exceeds the model's context of "
@@ -208,6 +211,18 @@ class GenerationService:
                 f"{top_logprobs_field} must be at most {self.settings.max_top_logprobs}", param=top_logprobs_field
             )
         prompt_ids = self.encode(prompt)
+        context = self._context()
+        if max_new_tokens is None and context is not None:
+            # The default is a default: a prompt near the end of the context gets what room is left (as
+            # vLLM does), and one that fills it is the prompt's problem, not that of a field never sent.
+            room = context - len(prompt_ids)
+            if room < 1:
+                raise InvalidRequest(
+                    f"the prompt ({len(prompt_ids)} tokens) leaves no room for an answer in the model's context "
+                    f"of {context} tokens",
+                    param=prompt.field,
+                )
+            wanted = min(wanted, room)
         self._check_context(len(prompt_ids), wanted, max_tokens_field)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)

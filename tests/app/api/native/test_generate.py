@@ -208,3 +208,28 @@ def test_a_one_token_answer_has_every_baseline(service_settings: Settings) -> No
         body = client.post("/v1/generate", json={"prompt": "the capital of", "max_new_tokens": 1}).json()
     assert body["usage"]["completion_tokens"] == 1
     assert body["uncertainty"]["rauq"] is not None and body["uncertainty"]["attention_score"] == 0.0
+
+
+def test_the_default_answer_length_gives_way_at_the_end_of_the_context(service_settings: Settings) -> None:
+    """Near the end of the context (2,048 for the tiny model) a request that did not set max_new_tokens
+    gets the room that is left; one that set it is refused naming it; a full prompt is the prompt's fault."""
+    overrides = {"max_prompt_tokens": 4000, "default_max_new_tokens": 16, "max_new_tokens_limit": 32}
+    with make_client(service_settings, **overrides) as client:
+        one_word = client.post("/v1/generate", json={"prompt": "the", "max_new_tokens": 1}).json()
+        two_words = client.post("/v1/generate", json={"prompt": "the the", "max_new_tokens": 1}).json()
+        per_word = two_words["usage"]["prompt_tokens"] - one_word["usage"]["prompt_tokens"]
+        assert per_word == 1  # so a prompt of any length can be built to the token
+        fixed = one_word["usage"]["prompt_tokens"] - 1
+
+        def prompt_of(tokens: int) -> str:
+            return " ".join(["the"] * (tokens - fixed))
+
+        near_end = {"prompt": prompt_of(2048 - 3), "temperature": 0}
+        answered = client.post("/v1/generate", json=near_end)
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["usage"]["prompt_tokens"] == 2045 and answered.json()["usage"]["completion_tokens"] <= 3
+        refused = client.post("/v1/generate", json={**near_end, "max_new_tokens": 16})
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "max_new_tokens"
+        full = client.post("/v1/generate", json={"prompt": prompt_of(2048)})
+        assert full.status_code == 422 and full.json()["error"]["param"] == "prompt"
+        assert "no room for an answer" in full.json()["error"]["message"]
