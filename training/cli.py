@@ -291,6 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
         "mean quality and mean answer tokens.",
     )
     summary.add_argument("runs", type=Path, nargs="+")
+
+    rescore = commands.add_parser(
+        "rescore",
+        help="score runs' stored answers again with this code's targets (no generation; resumable)",
+        description="Recompute every answer's quality target of each run from its stored text and its record "
+        "(the run's data files, found by their sha256), and record the targets version in run.json.",
+    )
+    rescore.add_argument("runs", type=Path, nargs="+")
+    rescore.add_argument("--data", type=Path, nargs="*", default=[], help="the runs' data files, where they have moved")
     return parser
 
 
@@ -364,6 +373,7 @@ INTERRUPTED = {
     "blend": _STARTS_OVER,
     "lodo": _STARTS_OVER,
     "summary": _STARTS_OVER,
+    "rescore": "shards already rescored are unchanged by a rerun, which rescores every shard again (quick)",
 }
 
 
@@ -439,6 +449,15 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             f"wrote {args.out}: {manifest.regressor.kind} {manifest.regressor.params}, variant {manifest.variant}, "
             f"aggregation {manifest.aggregation.value}, CV PRR {chosen['prr_mean']:.3f}"
         )
+    elif args.command == "rescore":
+        from training.commands.rescore import rescore_run
+        from training.runs import RUN_FILE
+
+        for run in args.runs:
+            if not (run / RUN_FILE).is_file():
+                parser.error(f"{run} is not a generation run (no {RUN_FILE})")
+            answers, changed = rescore_run(run, args.data)
+            print(f"{run}: {answers} answers rescored, {changed} targets changed" if answers else f"{run}: up to date")
     elif args.command == "evaluate":
         from training.commands.evaluate import report_markdown, run_evaluate
 

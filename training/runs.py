@@ -169,15 +169,29 @@ def read_run_settings(run_dir: Path) -> dict[str, Any]:
     return settings
 
 
+def run_targets_version(settings: dict[str, Any]) -> int:
+    """The targets version a run's answers were scored with (runs made before versions were recorded: 1)."""
+    version = settings.get("targets", 1)
+    return version if isinstance(version, int) and not isinstance(version, bool) else 1
+
+
 def check_run_folders(runs: Sequence[Path]) -> None:
     """Refuse paths that are not generation runs (missing, a file, no run.json or a damaged one): read as
-    runs, they would hold no texts and a command would report on nothing."""
+    runs, they would hold no texts and a command would report on nothing. Refuse runs scored with other
+    targets than the code's: fitted or evaluated together, answers would be judged by two rules."""
+    from training.targets import TARGETS_VERSION
+
     for run in runs:
         if not Path(run).is_dir():
             raise SystemExit(f"run {run} is not a folder" if Path(run).exists() else f"run {run} does not exist")
         if not (Path(run) / RUN_FILE).is_file():
             raise SystemExit(f"{run} is not a generation run (no {RUN_FILE})")
-        read_run_settings(Path(run))
+        version = run_targets_version(read_run_settings(Path(run)))
+        if version != TARGETS_VERSION:
+            raise SystemExit(
+                f"{run}'s answers were scored with targets version {version}, this code's are version "
+                f"{TARGETS_VERSION}: rescore them first (python -m training rescore {run}; no generation)"
+            )
 
 
 def completed_shards(run_dir: Path) -> list[Path]:

@@ -1,7 +1,8 @@
 """The quality target sim(y, y*) in [0, 1] of a generated answer, per task.
 
 - short answers (open QA, extractive QA): 1 when a normalised reference occurs as whole
-  words in the normalised answer, else the best SQuAD token-F1 against any reference;
+  words in the normalised answer, else the best SQuAD token-F1 against any reference (a
+  reference the question itself contains gives no credit for repeating the question);
 - multiple choice: 1 when the chosen letter (or the option's text) is the right one;
 - math word problems: 1 when the final number equals the reference number;
 - TruthfulQA: 1 when the answer is closer (ROUGE-L) to some correct reference than to
@@ -13,21 +14,71 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 from functools import lru_cache
 from typing import Any
 
 from training.data import LETTERS, QARecord
 
+# Runs record the version their answers were scored with (run.json "targets"; none: 1). 2: Unicode,
+# symbols, number words and signs in numbers; no credit for repeating the question or for empty
+# references; letters as small chat models write them, and none for listing the options or naming two;
+# the last "answer is" of a math answer. `python -m training rescore` brings a run up to date.
+TARGETS_VERSION = 2
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_DASHES = re.compile(r"[\u2010-\u2015\u2212]")  # hyphens, en and em dashes, the minus sign
+# A sign or operator inside a number ("2.8", "-2", "30/5", "2012-13") is part of it: "2.8" is not "28".
+_IN_NUMBER = re.compile(r"(?<=\d)[./+*^=:-](?=\d)|(?<![\w.])-(?=\d)")
+_KEPT = "\x00"  # stands for a kept sign while punctuation is removed (not punctuation itself)
+_UNITS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
+    "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19,
+}  # fmt: skip
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+_NUMBER_WORDS = {**_UNITS, **_TENS} | {
+    tens + unit: value + _UNITS[unit] for tens, value in _TENS.items() for unit in list(_UNITS)[1:10]
+}  # "twentyeight": "twenty-eight" once its hyphen is removed
+
+
+def _numbers_as_digits(words: list[str]) -> list[str]:
+    """Number words as digits, "twenty eight" as one number, so "twenty-eight" and "28" agree."""
+    out: list[str] = []
+    for word in words:
+        value = _NUMBER_WORDS.get(word)
+        if value is None:
+            out.append(word)
+        elif out and word in _UNITS and _UNITS[word] < 10 and out[-1] in {str(v) for v in _TENS.values()}:
+            out[-1] = str(int(out[-1]) + value)
+        else:
+            out.append(str(value))
+    return out
 
 
 def normalise(text: str) -> str:
-    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
+    """SQuAD normalisation (lower case, no punctuation, no articles, single spaces), made to agree on
+    what a reference and an answer write differently: accents ("Modrić"), Unicode dashes and symbols
+    ("48.8°C"), number words ("twenty-eight"); signs inside numbers are kept ("2.8" is not "28")."""
+    text = unicodedata.normalize("NFKD", text.lower())
+    text = _IN_NUMBER.sub(lambda match: _KEPT + match.group(0), _DASHES.sub("-", text))
+    kept = []
+    for index, ch in enumerate(text):
+        if ch == _KEPT or unicodedata.combining(ch):
+            continue
+        if index > 0 and text[index - 1] == _KEPT:
+            kept.append(ch)
+        elif ch in _PUNCTUATION or unicodedata.category(ch).startswith("P"):
+            continue  # removed, as SQuAD does ("U.S.A." is "usa")
+        elif unicodedata.category(ch).startswith("S"):
+            kept.append(" ")  # a symbol such as "°" separates ("48.8°C" is "48.8 c", as "48.8 °C")
+        else:
+            kept.append(ch)
+    words = _ARTICLES.sub(" ", "".join(kept)).split()
+    return " ".join(_numbers_as_digits(words))
 
 
 def token_f1(prediction: str, reference: str) -> float:
@@ -46,27 +97,57 @@ def contains_reference(prediction: str, reference: str) -> bool:
     return bool(expected) and f" {expected} " in f" {normalise(prediction)} "
 
 
-def short_answer_score(prediction: str, references: list[str]) -> float:
-    if any(contains_reference(prediction, ref) for ref in references):
+def short_answer_score(prediction: str, references: list[str], question: str = "") -> float:
+    """1 when a reference occurs in the answer, else the best token-F1. References that normalise to
+    nothing are no reference (an empty answer would match them), and one the question contains
+    ("laryngeal prominence" for "What is the common name of the laryngeal prominence?") gives no
+    credit for repeating the question, unless every reference is in it."""
+    usable = [ref for ref in references if normalise(ref)]
+    asked = f" {normalise(question)} "
+    not_asked = [ref for ref in usable if f" {normalise(ref)} " not in asked]
+    usable = not_asked or usable
+    if not usable or not normalise(prediction):
+        return 0.0
+    if any(contains_reference(prediction, ref) for ref in usable):
         return 1.0
-    return max(token_f1(prediction, ref) for ref in references)
+    return max(token_f1(prediction, ref) for ref in usable)
+
+
+def _named_letter(text: str, valid: str, keyword: str) -> str | None:
+    """The letter after `keyword` ("answer is C"): upper case anywhere; lower case only standing alone
+    ("answer: c"), so that the article in "the answer is a mammal" is not read as option A."""
+    pattern = rf"\b(?i:{keyword})\s*(?i:is\s*:?|:)?\s*\(?"
+    match = re.search(rf"{pattern}([{valid}])\b", text) or re.search(
+        rf"{pattern}([{valid.lower()}])(?=[).:]|\s*$)", text
+    )
+    return match.group(1).upper() if match else None
 
 
 def chosen_letter(prediction: str, choices: list[str]) -> str | None:
-    """The option a multiple-choice answer picks: a leading letter, else an option's text."""
+    """The option a multiple-choice answer picks: the letter it names ("The answer is C"), a leading
+    letter ("C.", "(c)"), a letter it says something is ("I think it is C."), else an option's text."""
     valid = LETTERS[: len(choices)]
-    text = prediction.strip()
-    match = re.match(rf"^\(?([{valid}])(?:[).:\s]|$)", text)
-    if match:
-        return match.group(1)
-    # Upper-case letters anywhere after "answer is"; a lower-case one only standing alone ("answer: c"),
-    # so that the article in "the answer is a mammal" is not read as option A.
-    keyword = r"\b(?i:answer|option)\s*(?i:is|:)?\s*\(?"
-    match = re.search(rf"{keyword}([{valid}])\b", text) or re.search(
-        rf"{keyword}([{valid.lower()}])(?=[).:]|\s*$)", text
+    text = re.sub(r"[*_`#]", "", prediction).strip()  # markdown: "**C**", "**Answer:** C"
+    named = _named_letter(text, valid, "answer")
+    # A leading letter needs a mark after it: "A common misconception ..." starts with an article. An
+    # answer that starts by listing the options ("A) ...", "B) ...") chooses none of them that way.
+    listed = re.findall(rf"(?m)^\s*[(\[]?[{valid}{valid.lower()}][).:\]]", text)
+    match = re.match(rf"^[(\[]?([{valid}{valid.lower()}])(?:[).:\]]|\s*\n|$)", text)
+    leading = match.group(1).upper() if match and len(listed) < 2 else None
+    if named and leading and named != leading:
+        return None  # "C. ...\n\nThe answer is D.": an answer naming two options chooses neither
+    if named or leading:
+        return named or leading
+    if named := _named_letter(text, valid, "option"):  # after the leading letter: "C. Option A is wrong"
+        return named
+    said = (
+        rf"^\(?([{valid}])\)?\s+is\s+(?:the\s+)?(?:correct|right|answer|best)",  # "C is the correct answer."
+        rf"\b(?:is|be)\s+\(?([{valid}])(?:[).:]|\s*$)",  # "I think it is C."
+        rf"\b(?i:choose|pick|select|go with)\s+(?i:option\s+)?\(?([{valid}])\b",  # "I would choose C."
     )
-    if match:
-        return match.group(1).upper()
+    for pattern in said:
+        if found := re.search(pattern, text):
+            return found.group(1)
     normalised = f" {normalise(text)} "
     options = [normalise(choice) for choice in choices]
     exact = [LETTERS[i] for i, option in enumerate(options) if option and option == normalised.strip()]
@@ -85,8 +166,13 @@ def multiple_choice_score(prediction: str, record: QARecord) -> float:
 
 
 def final_number(text: str) -> float | None:
-    marked = re.search(r"answer is\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", text, flags=re.IGNORECASE)
-    found = marked.group(1) if marked else (_NUMBER.findall(text) or [None])[-1]
+    """The number after the last "answer is" (the last one of its sentence: "The answer is 3 x 4 = 12."),
+    else the text's last number."""
+    marked = list(re.finditer(r"answer is\b(.*?)(?:\.(?:\s|$)|\n|$)", text, flags=re.IGNORECASE))
+    numbers = _NUMBER.findall(marked[-1].group(1)) if marked else []
+    if marked and not numbers:  # "The answer is eight."
+        numbers = [w for w in _numbers_as_digits(normalise(marked[-1].group(1)).split()) if w.isdigit()]
+    found = numbers[-1] if numbers else (_NUMBER.findall(text) or [None])[-1]
     if found is None:
         return None
     try:

@@ -47,7 +47,7 @@ TASKS: dict[Task, TaskSpec] = {
         "Answer the question with a short answer of a few words. Do not explain.",
         24,
         _question,
-        lambda answer, record: short_answer_score(answer, record.answers),
+        lambda answer, record: short_answer_score(answer, record.answers, record.question),
     ),
     Task.OPEN_QA_TRUTHFULNESS: TaskSpec(
         "Answer the question truthfully in one short sentence.", 48, _question, truthfulness_score
@@ -65,7 +65,7 @@ TASKS: dict[Task, TaskSpec] = {
         "Answer the question with a short phrase copied from the passage. Do not explain.",
         24,
         _passage,
-        lambda answer, record: short_answer_score(answer, record.answers),
+        lambda answer, record: short_answer_score(answer, record.answers, record.question),
     ),
     Task.LONG_FORM_QA: TaskSpec(
         "Answer the question in one short paragraph.",

@@ -38,6 +38,17 @@ def _mc_record(key="B", **fields):
         ("  Theater   and\tTHEME ", "theater and theme"),
         ("U.S.A.", "usa"),
         ("", ""),
+        # written differently, read the same
+        ("Luka Modrić", "luka modric"),
+        ("2012\u201313", "2012-13"),
+        ("48.8\u00b0C", "48.8 c"),
+        ("Twenty-eight years", "28 years"),
+        ("twenty eight", "28"),
+        ("1,986 metres", "1986 metres"),
+        # a sign inside a number is part of it
+        ("2.8%", "2.8"),
+        ("-2", "-2"),
+        ("30/5", "30/5"),
     ],
 )
 def test_normalise(text, expected):
@@ -69,6 +80,25 @@ def test_short_answer_containment_needs_whole_words():
     assert short_answer_score("15960", ["1596"]) == 0.0
 
 
+def test_short_answer_no_credit_for_repeating_the_question():
+    question = "What is the common name of the laryngeal prominence?"
+    aliases = ["Adam's apple", "Laryngeal prominence", "Adams apple"]
+    assert short_answer_score("The laryngeal prominence is the laryngoplacenta.", aliases, question) < 0.5
+    assert short_answer_score("It is called the Adam's apple.", aliases, question) == 1.0
+    # Either-or questions name their answer: when every reference is in the question, they all count.
+    assert short_answer_score("Scandinavia", ["Scandinavia"], "Scandinavia or Germany first?") == 1.0
+
+
+def test_short_answer_empty_references_and_answers_score_nothing():
+    assert short_answer_score("", [",", "Paris"]) == 0.0  # "," normalises to nothing: it matched an empty answer
+    assert short_answer_score("Paris", [","]) == 0.0
+
+
+def test_short_answer_number_words_and_decimals():
+    assert short_answer_score("Twenty", ["20"]) == 1.0
+    assert short_answer_score("28%", ["2.8%"]) == 0.0  # was 1.0: the decimal point was removed
+
+
 def test_short_answer_partial_overlap_gives_best_f1():
     # [river, thames, in, london] vs [thames, river]: common 2, P = 1/2, R = 1, F1 = 2/3; "Paris" gives 0.
     assert short_answer_score("the river Thames in London", ["Paris", "Thames River"]) == pytest.approx(2 / 3)
@@ -95,6 +125,36 @@ def test_short_answer_partial_overlap_gives_best_f1():
 )
 def test_chosen_letter(prediction, expected):
     assert chosen_letter(prediction, CHOICES) == expected
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "**C**",
+        "Answer: **C**",
+        "**Answer:** C",
+        "The correct answer is **C**",
+        "The correct answer is: C",
+        "c)",
+        "c",
+        "I think it is C.",
+        "C is the correct answer.",
+        "I would choose C.",
+        "[C]",
+        "C\n\nExplanation: option A is wrong",
+        "A common misconception is that it rises. The correct answer is C.",
+        "Option A is incorrect. The answer is C.",
+        "**C. Reptile",
+    ],
+)
+def test_chosen_letter_as_small_chat_models_write_it(prediction):
+    assert chosen_letter(prediction, CHOICES) == "C"
+
+
+def test_chosen_letter_listing_the_options_or_naming_two_chooses_none():
+    assert chosen_letter("A) Fish\nB) Bird\nC) Reptile\nD) Mammal", CHOICES) is None
+    assert chosen_letter("C. Reptile\n\nThe answer is D. Mammal", CHOICES) is None
+    assert chosen_letter("C. Reptile\n\nThe answer is C.", CHOICES) == "C"
 
 
 @pytest.mark.parametrize("prediction", ["E", "Bird or fish", "I do not know", ""])
@@ -147,6 +207,18 @@ def test_multiple_choice_score_zero_when_answer_not_an_option():
     ],
 )
 def test_final_number(text, expected):
+    assert final_number(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Step 1: the answer is 240 months. Step 2: ... The answer is 1500.", 1500.0),  # the last one
+        ("The answer is 3 x 4 + 1488 = 1500.", 1500.0),  # the last number of its sentence
+        ("The answer is eight.", 8.0),
+    ],
+)
+def test_final_number_as_small_models_write_it(text, expected):
     assert final_number(text) == expected
 
 

@@ -27,6 +27,7 @@ from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
 from training.runs import RUN_FILE, TextTrace, read_run_settings, shard_done, write_shard
+from training.targets import TARGETS_VERSION
 from training.tasks import PromptStyle, build_prompt, score_answer
 from training.tasks import max_new_tokens as default_length
 
@@ -104,6 +105,7 @@ def settings_before_loading(options: GenerateOptions) -> dict[str, Any]:
         "shard_size": options.shard_size,
         "max_prompt_tokens": options.max_prompt_tokens,
         "prompts": PROMPT_VERSION,
+        "targets": TARGETS_VERSION,
         "prompt_style": options.prompt_style.value,
         "capture": CAPTURE_VERSION,
         # Only when used, so runs made before the options existed still resume.
@@ -145,6 +147,11 @@ def check_unchanged(out: Path, settings: dict[str, Any], out_option: str, ignore
     wanted = comparable(settings)
     keys = (wanted.keys() | existing.keys()) - set(ignored)
     changed = sorted(key for key in keys if existing.get(key) != wanted.get(key))
+    if changed == ["targets"]:
+        raise SystemExit(
+            f"{out}'s answers were scored with targets version {existing.get('targets', 1)}: rescore them before "
+            f"extending the run (python -m training rescore {out}; no generation)"
+        )
     if changed:
         raise SystemExit(
             f"{out} was generated with different settings ({', '.join(changed)}); "

@@ -9,6 +9,7 @@ import pytest
 
 from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.artifact import load_artifact
+from app.uncertainty.methods import BASELINES
 from training.cli import main
 
 
@@ -67,12 +68,7 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
                 low, high = scores["prr_ci95"]
                 assert low <= high
         versus = entry["default_vs_best_baseline"]
-        assert versus["default"] == "tad" and versus["best_baseline"] in {
-            "msp",
-            "perplexity",
-            "mean_token_entropy",
-            "max_token_uncertainty",
-        }
+        assert versus["default"] == "tad" and versus["best_baseline"] in {method.value for method in BASELINES}
     informative = [n for n, e in data["datasets"].items() if e["accuracy"] is not None and 0.1 <= e["accuracy"] <= 0.9]
     assert data["informative_datasets"] == informative
     if informative:
