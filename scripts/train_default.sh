@@ -73,6 +73,14 @@ DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
 
 files() { local split=$1; for name in "${DATASETS[@]}"; do printf '%s ' "$DATA/${name}_${split}.jsonl"; done; }
 
+# Runs made before the targets last changed are scored again from their stored answers first
+# (seconds, no generation; README "Targets have a version"): generate refuses to extend them otherwise.
+shopt -s nullglob
+for run in "$RUNS"/smollm2-*/; do
+    if [ -f "$run/run.json" ]; then $PY -m training rescore "$run"; fi
+done
+shopt -u nullglob
+
 TRAIN_RUNS=()
 for style in task bare; do
     for ((start = 0; start < TRAIN_LIMIT; start += CHUNK)); do
