@@ -20,6 +20,7 @@ from types import FrameType
 
 import uvicorn
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from app.main import create_app
 from app.serving.runtime import ArtifactReloadError, Runtime
@@ -86,6 +87,9 @@ def load_settings() -> Settings:
             for item in error.errors()  # never the value itself: it may be the API key
         )
         print(f"tad-serve: cannot start: {problems}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except SettingsError as error:  # a value the source cannot parse at all (a list setting not in JSON)
+        print(f'tad-serve: cannot start: {error} (list settings are JSON, e.g. ["a", "b"])', file=sys.stderr)
         sys.exit(1)
 
 

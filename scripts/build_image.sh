@@ -11,7 +11,7 @@
 # $BASE_TAG and passes it as --build-arg BASE_IMAGE. The base is built once and reused.
 #
 # Settings (environment):
-#   IMAGE=localhost/tad-serve:latest  the image to build and run
+#   IMAGE=localhost/tad-serve:<version>  the image to build and run (the version in pyproject.toml)
 #   LOCAL_BASE=0|1                    build on the debootstrapped Debian base (needs root, debootstrap)
 #   BASE_TAG=localhost/tad-base:<suite>  REBUILD_BASE=0|1
 #   DEBIAN_SUITE=<this machine's codename, else bookworm>  DEBIAN_MIRROR=http://deb.debian.org/debian
@@ -43,7 +43,9 @@ set -Eeuo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-IMAGE=${IMAGE:-localhost/tad-serve:latest}
+# Tagged with the package version, as deploy/k8s and docker-compose.yml name it.
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE=${IMAGE:-localhost/tad-serve:$VERSION}
 LOCAL_BASE=${LOCAL_BASE:-0}
 LOCAL_WHEELS=${LOCAL_WHEELS:-$LOCAL_BASE}
 # shellcheck disable=SC1091

@@ -48,12 +48,13 @@ _NUMBER_WORDS = {**_UNITS, **_TENS} | {
 def _numbers_as_digits(words: list[str]) -> list[str]:
     """Number words as digits, "twenty eight" as one number, so "twenty-eight" and "28" agree."""
     out: list[str] = []
+    tens = {str(v) for v in _TENS.values()}
     for word in words:
         value = _NUMBER_WORDS.get(word)
-        if value is None:
+        if value is not None and out and word in _UNITS and 0 < value < 10 and out[-1] in tens:
+            out[-1] = str(int(out[-1]) + value)  # "twenty one"
+        elif value is None or (word == "one" and len(words) > 1):  # "no one", "the one": a pronoun
             out.append(word)
-        elif out and word in _UNITS and _UNITS[word] < 10 and out[-1] in {str(v) for v in _TENS.values()}:
-            out[-1] = str(int(out[-1]) + value)
         else:
             out.append(str(value))
     return out
@@ -113,14 +114,21 @@ def short_answer_score(prediction: str, references: list[str], question: str = "
     return max(token_f1(prediction, ref) for ref in usable)
 
 
-def _named_letter(text: str, valid: str, keyword: str) -> str | None:
-    """The letter after `keyword` ("answer is C"): upper case anywhere; lower case only standing alone
+def _named_letters(text: str, valid: str, keyword: str) -> set[str]:
+    """Every letter after `keyword` ("answer is C"): upper case anywhere; lower case only standing alone
     ("answer: c"), so that the article in "the answer is a mammal" is not read as option A."""
     pattern = rf"\b(?i:{keyword})\s*(?i:is\s*:?|:)?\s*\(?"
-    match = re.search(rf"{pattern}([{valid}])\b", text) or re.search(
-        rf"{pattern}([{valid.lower()}])(?=[).:]|\s*$)", text
-    )
-    return match.group(1).upper() if match else None
+    upper = re.findall(rf"{pattern}([{valid}])\b", text)
+    lower = re.findall(rf"{pattern}([{valid.lower()}])(?=[).:]|\s*$)", text)
+    return {letter.upper() for letter in [*upper, *lower]}
+
+
+def _lists_the_options(text: str, valid: str) -> bool:
+    """Whether the answer starts by listing the options in order ("A) ..., B) ..., C) ..."), on one line
+    or several: then its first letter is no choice. Options discussed after a choice come in another order."""
+    marks = re.findall(rf"(?:^|\s)[(\[]?([{valid}{valid.lower()}])[).:\]](?=\s|$)", text)
+    order = [mark.upper() for mark in marks[:3]]
+    return len(order) >= 2 and order == list(valid[: len(order)]) and (len(order) == 3 or len(valid) == 2)
 
 
 def chosen_letter(prediction: str, choices: list[str]) -> str | None:
@@ -128,26 +136,27 @@ def chosen_letter(prediction: str, choices: list[str]) -> str | None:
     letter ("C.", "(c)"), a letter it says something is ("I think it is C."), else an option's text."""
     valid = LETTERS[: len(choices)]
     text = re.sub(r"[*_`#]", "", prediction).strip()  # markdown: "**C**", "**Answer:** C"
-    named = _named_letter(text, valid, "answer")
+    named = _named_letters(text, valid, "answer")
     # A leading letter needs a mark after it: "A common misconception ..." starts with an article. An
     # answer that starts by listing the options ("A) ...", "B) ...") chooses none of them that way.
-    listed = re.findall(rf"(?m)^\s*[(\[]?[{valid}{valid.lower()}][).:\]]", text)
     match = re.match(rf"^[(\[]?([{valid}{valid.lower()}])(?:[).:\]]|\s*\n|$)", text)
-    leading = match.group(1).upper() if match and len(listed) < 2 else None
-    if named and leading and named != leading:
-        return None  # "C. ...\n\nThe answer is D.": an answer naming two options chooses neither
+    leading = {match.group(1).upper()} if match and not _lists_the_options(text, valid) else set()
     if named or leading:
-        return named or leading
-    if named := _named_letter(text, valid, "option"):  # after the leading letter: "C. Option A is wrong"
-        return named
+        # "C. ...\n\nThe answer is D." or "The answer is A. Wait, the answer is B.": naming two, it chooses neither.
+        chosen = named | leading
+        return chosen.pop() if len(chosen) == 1 else None
+    option = _named_letters(text, valid, "option")  # after the leading letter: "C. Option A is wrong"
+    if option:
+        return option.pop() if len(option) == 1 else None
     said = (
         rf"^\(?([{valid}])\)?\s+is\s+(?:the\s+)?(?:correct|right|answer|best)",  # "C is the correct answer."
         rf"\b(?:is|be)\s+\(?([{valid}])(?:[).:]|\s*$)",  # "I think it is C."
         rf"\b(?i:choose|pick|select|go with)\s+(?i:option\s+)?\(?([{valid}])\b",  # "I would choose C."
     )
     for pattern in said:
-        if found := re.search(pattern, text):
-            return found.group(1)
+        for found in re.finditer(pattern, text):
+            if not re.search(r"\b(?:not|never|cannot)\s*$|n't\s*$", text[: found.start()].lower()):
+                return found.group(1)
     normalised = f" {normalise(text)} "
     options = [normalise(choice) for choice in choices]
     exact = [LETTERS[i] for i, option in enumerate(options) if option and option == normalised.strip()]
@@ -165,14 +174,29 @@ def multiple_choice_score(prediction: str, record: QARecord) -> float:
     return float(key is not None and chosen_letter(prediction, choices) == key)
 
 
+def _stated_number(sentence: str) -> str | None:
+    """The number a sentence after "answer is" states: after its last "=" ("3 x 4 = 12"), else its first,
+    before any aside ("4 (2 + 2)", "24 because ...", "3.5 hours, or 210 minutes"); a lone number word."""
+    statement = re.split(r"\(|, |\b(?:because|since|as|which|so)\b", sentence, maxsplit=1)[0]
+    if "=" in statement:
+        statement = statement.rsplit("=", 1)[1]
+    numbers = _NUMBER.findall(statement)
+    if numbers:
+        return str(numbers[0])
+    words = normalise(statement).split()
+    if any(word in ("hundred", "thousand", "million", "billion") for word in words):
+        return None  # "one hundred": not a number these words make
+    digits = [word for word in _numbers_as_digits(words) if word.isdigit()]
+    return digits[0] if len(digits) == 1 else None
+
+
 def final_number(text: str) -> float | None:
     """The number after the last "answer is" (the last one of its sentence: "The answer is 3 x 4 = 12."),
     else the text's last number."""
     marked = list(re.finditer(r"answer is\b(.*?)(?:\.(?:\s|$)|\n|$)", text, flags=re.IGNORECASE))
-    numbers = _NUMBER.findall(marked[-1].group(1)) if marked else []
-    if marked and not numbers:  # "The answer is eight."
-        numbers = [w for w in _numbers_as_digits(normalise(marked[-1].group(1)).split()) if w.isdigit()]
-    found = numbers[-1] if numbers else (_NUMBER.findall(text) or [None])[-1]
+    found = _stated_number(marked[-1].group(1)) if marked else None
+    if found is None:
+        found = (_NUMBER.findall(text) or [None])[-1]
     if found is None:
         return None
     try:

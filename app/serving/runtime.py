@@ -312,6 +312,11 @@ class Runtime:
             )
         return self.engine, self.scheduler
 
+    def refresh_ready_gauge(self) -> None:
+        """tad_ready from the state now: a replica whose failing steps stopped (one succeeded) is back."""
+        serving = self.state is State.READY and self.scheduler is not None and self.needs_restart is None
+        self.metrics.ready.set(1 if serving else 0)
+
     @property
     def needs_restart(self) -> str | None:
         """Why only a restart can bring this replica back (what liveness reports), or None."""

@@ -231,15 +231,21 @@ class Scheduler:
             except Exception:  # a model failure must not hang the waiting requests
                 logger.exception("scheduler step failed")
                 self._fail_everything(admitted, scoring)
-                self.failed_steps_in_a_row += 1
-                if self.failed_steps_in_a_row == self.broken_after_failed_steps:
-                    logger.error(
-                        "%d model steps failed in a row: this replica reports itself broken (/ready and /health "
-                        "503) until it is restarted",
-                        self.failed_steps_in_a_row,
-                    )
-            else:
-                self.failed_steps_in_a_row = 0
+                self._model_step(succeeded=False)
+
+    def _model_step(self, succeeded: bool) -> None:
+        """Count a forward (a decode step, a prefill or scoring chunk) that succeeded or failed: only a
+        success ends a run of failures (a pass that ran no model, all its requests gone, proves nothing)."""
+        if succeeded:
+            self.failed_steps_in_a_row = 0
+            return
+        self.failed_steps_in_a_row += 1
+        if self.failed_steps_in_a_row == self.broken_after_failed_steps:
+            logger.error(
+                "%d model steps failed in a row: this replica reports itself broken (/ready and /health 503) "
+                "until it is restarted",
+                self.failed_steps_in_a_row,
+            )
 
     def _work(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         if scoring:
@@ -253,6 +259,7 @@ class Scheduler:
         if self._batch is not None and self._batch.sequences:
             self._check_abandoned()
             self._batch.step()
+            self._model_step(succeeded=True)
             self._after_step(computed=len(self._batch.sequences))
         self.stats.running = len(self._items) + self._prefilling()
 
@@ -297,6 +304,7 @@ class Scheduler:
             except Exception:
                 logger.exception("scoring failed")
                 self._fail_scoring(group)
+                self._model_step(succeeded=False)
                 continue
             tokens = len(group) * max(len(item.prompt_ids) + len(item.response_ids) for item in group)
             if budget is None or spent + tokens <= budget:
@@ -309,6 +317,7 @@ class Scheduler:
         """One step of a scoring pass; answers its items when done (or failed). True once finished."""
         try:
             traces = scoring.advance(budget)
+            self._model_step(succeeded=True)
             if traces is None:
                 return False
             now = time.monotonic()
@@ -318,6 +327,7 @@ class Scheduler:
         except Exception:  # a failure fails its own group only
             logger.exception("scoring failed")
             self._fail_scoring(items)
+            self._model_step(succeeded=False)
         return True
 
     def _fail_scoring(self, items: list[ScoringItem]) -> None:
@@ -347,6 +357,7 @@ class Scheduler:
             prefill = self.engine.start_prefill([item.request for item in at_once if item.request is not None])
             batch = prefill.advance()
             assert batch is not None
+            self._model_step(succeeded=True)
             self._join(at_once, batch)
 
     def _advance_pending(self) -> None:
@@ -367,6 +378,7 @@ class Scheduler:
                 self._pending.popleft()
             return
         batch = pending.job.advance(budget)
+        self._model_step(succeeded=True)
         if batch is None:
             return
         self._pending.popleft()

@@ -198,9 +198,12 @@ class GenerationService:
         policy: PolicyRequest | None = None,
         max_tokens_field: str = "max_new_tokens",
         top_logprobs_field: str = "top_logprobs",
+        default_max_new_tokens: int | None = None,
     ) -> PreparedGeneration:
+        """`default_max_new_tokens`: the route's own default when the client sets none (else the service's)."""
         limit = self.settings.max_new_tokens_limit
-        wanted = max_new_tokens if max_new_tokens is not None else min(self.settings.default_max_new_tokens, limit)
+        default = default_max_new_tokens or self.settings.default_max_new_tokens
+        wanted = max_new_tokens if max_new_tokens is not None else min(default, limit)
         if wanted > limit:
             raise InvalidRequest(f"{max_tokens_field} must be between 1 and {limit}", param=max_tokens_field)
         stops = tuple(stop or ())

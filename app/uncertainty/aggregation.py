@@ -27,7 +27,8 @@ LOG_FLOOR = 1e-300
 
 def _log(confidences: np.ndarray) -> np.ndarray:
     # c_1 = p_1 is not clipped (METHOD.md): a first token of probability 0 would make the score inf,
-    # which JSON shows as null, like an empty answer's. Floored, it is finite and still the largest.
+    # which JSON shows as null, like an empty answer's. Floored, it is finite and very large (690 for
+    # that token alone under sum-log).
     return np.log(np.maximum(confidences, LOG_FLOOR))
 
 

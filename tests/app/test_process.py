@@ -88,6 +88,9 @@ def test_a_bad_setting_exits_non_zero_naming_the_variable() -> None:
     assert process.returncode == 1 and "Traceback" not in output
     assert "cannot start: TAD_PORT: Input should be a valid integer" in output and "TAD_REJECT_THRESHOLD" in output
     assert "eighty" not in output  # a value is never echoed: it could be a secret
+    process = start_server({"TAD_CORS_ORIGINS": "https://a.example"})  # a list setting that is not JSON
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1 and "Traceback" not in output and "cors_origins" in output
 
 
 def test_a_tampered_artifact_stops_the_start(tiny_model_dir: Path, tiny_artifact: Path, tmp_path: Path) -> None:

@@ -85,3 +85,15 @@ def test_the_grace_period_covers_pre_stop_and_the_drain() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     mounted = {mount["mountPath"] for mount in container["volumeMounts"]}
     assert environment["TAD_CACHE_DIR"] in mounted and "/tmp" in mounted
+
+
+def test_the_image_is_tagged_with_the_package_version_everywhere() -> None:
+    # A tag a node already holds is not pulled again: "latest" would let a rollout mix builds.
+    import tomllib
+
+    repo = K8S.parents[1]
+    version = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
+    assert _container()["image"] == f"tad-serve:{version}"
+    compose = yaml.safe_load((repo / "docker-compose.yml").read_text())
+    assert compose["x-tad"]["image"] == f"tad-serve:{version}"
+    assert "localhost/tad-serve:$VERSION" in (repo / "scripts" / "build_image.sh").read_text()

@@ -96,6 +96,9 @@ def test_short_answer_empty_references_and_answers_score_nothing():
 
 def test_short_answer_number_words_and_decimals():
     assert short_answer_score("Twenty", ["20"]) == 1.0
+    assert short_answer_score("twenty one", ["21"]) == 1.0
+    assert short_answer_score("one", ["1"]) == 1.0
+    assert short_answer_score("No one knows.", ["1"]) == 0.0  # "one" in a sentence is a pronoun
     assert short_answer_score("28%", ["2.8%"]) == 0.0  # was 1.0: the decimal point was removed
 
 
@@ -153,8 +156,17 @@ def test_chosen_letter_as_small_chat_models_write_it(prediction):
 
 def test_chosen_letter_listing_the_options_or_naming_two_chooses_none():
     assert chosen_letter("A) Fish\nB) Bird\nC) Reptile\nD) Mammal", CHOICES) is None
+    assert chosen_letter("A) Fish, B) Bird, C) Reptile, D) Mammal", CHOICES) is None  # on one line too
     assert chosen_letter("C. Reptile\n\nThe answer is D. Mammal", CHOICES) is None
+    assert chosen_letter("The answer is A. Wait, actually the answer is B.", CHOICES) is None
     assert chosen_letter("C. Reptile\n\nThe answer is C.", CHOICES) == "C"
+    # A choice first, the other options discussed after it (in another order than a listing's).
+    assert chosen_letter("B) Bird\n\nA) Fish is wrong.\nC) Reptile is wrong.", CHOICES) == "B"
+    assert chosen_letter("D. Mammal\n\nWhy not the others:\nA) gills\nB) feathers", CHOICES) == "D"
+
+
+def test_chosen_letter_skips_a_letter_said_not_to_be_it():
+    assert chosen_letter("It cannot be C. It must be D.", CHOICES) == "D"
 
 
 @pytest.mark.parametrize("prediction", ["E", "Bird or fish", "I do not know", ""])
@@ -216,6 +228,10 @@ def test_final_number(text, expected):
         ("Step 1: the answer is 240 months. Step 2: ... The answer is 1500.", 1500.0),  # the last one
         ("The answer is 3 x 4 + 1488 = 1500.", 1500.0),  # the last number of its sentence
         ("The answer is eight.", 8.0),
+        # the stated number, not one of an aside after it
+        ("The answer is 4 (2 + 2).", 4.0),
+        ("The answer is 24 because he had 30 and ate 6.", 24.0),
+        ("The answer is 3.5 hours, or 210 minutes.", 3.5),
     ],
 )
 def test_final_number_as_small_models_write_it(text, expected):

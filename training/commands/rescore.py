@@ -54,6 +54,8 @@ def rescore_run(run: Path, extra_data: Sequence[Path] = ()) -> tuple[int, int]:
     if version == TARGETS_VERSION:
         logger.info("%s: targets are already version %d", run, TARGETS_VERSION)
         return 0, 0
+    if version > TARGETS_VERSION:
+        raise SystemExit(f"{run} was scored with targets version {version}, newer than this code's {TARGETS_VERSION}")
     records: dict[str, QARecord] = {
         f"{item.dataset}/{item.record.id}": item.record for item in read_records(_data_files(run, settings, extra_data))
     }

@@ -40,6 +40,9 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
 class TextPart(StrictModel):
     type: Literal["text"]
     text: str = Field(max_length=MAX_TEXT_CHARS)
@@ -168,7 +171,10 @@ class CompletionRequest(_SamplingFields):
             ]
         },
     )
-    max_tokens: PositiveInt | None = 16
+    max_tokens: PositiveInt | None = Field(
+        None,
+        description=f"default {COMPLETIONS_DEFAULT_MAX_TOKENS}, as in the OpenAI API (less where the context ends)",
+    )
     logprobs: LogprobCount | None = None
     # Null means not set, as for every other optional field.
     echo: bool | None = Field(

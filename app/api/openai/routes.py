@@ -8,6 +8,7 @@ from app.api.common import policy_request
 from app.api.deps import ApiKeyDep, RuntimeDep, ServiceDep
 from app.api.openai.format import OpenAIStreamEncoder, chat_response, completion_response
 from app.api.openai.protocol import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -60,6 +61,7 @@ def _submit(
             max_tokens_field="max_completion_tokens"
             if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens
             else "max_tokens",
+            default_max_new_tokens=None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS,
             top_logprobs_field="top_logprobs" if chat else "logprobs",
         )
     except InvalidRequest as error:

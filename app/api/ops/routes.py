@@ -54,8 +54,7 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
 async def metrics(runtime: RuntimeDep) -> Response:
     if runtime.scheduler is not None:
         runtime.metrics.queue_depth.set(runtime.scheduler.stats.queue_depth)
-    if runtime.needs_restart is not None:  # a scrape sees it even if nothing has asked /ready since
-        runtime.metrics.ready.set(0)
+    runtime.refresh_ready_gauge()  # a scrape sees the state now, whether or not anything asked /ready since
     body, content_type = runtime.metrics.exposition()
     return Response(content=body, media_type=content_type)
 

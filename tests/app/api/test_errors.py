@@ -156,7 +156,9 @@ def test_a_model_failing_every_step_takes_the_replica_out_and_asks_for_a_restart
 
     with make_client(service_settings, broken_after_failed_steps=2) as client:
         assert client.get("/health").status_code == 200
+        # A poisoned context fails every forward: the prefill as well as the decode steps.
         monkeypatch.setattr(DecodeBatch, "step", failing_step)
+        monkeypatch.setattr(client.app.state.runtime.engine, "start_prefill", failing_step)  # type: ignore[attr-defined]
         body = {"prompt": "a", "max_new_tokens": 3}
         assert_error(client.post("/v1/generate", json=body), 500)
         assert client.get("/ready").status_code == 200  # one failure: the next request may well succeed
@@ -186,6 +188,26 @@ def test_one_success_between_failures_keeps_the_replica_in(
         monkeypatch.setattr(DecodeBatch, "step", failing_step)
         assert_error(client.post("/v1/generate", json=body), 500)
         assert client.get("/ready").status_code == 200 and client.get("/health").status_code == 200
+
+
+def test_failing_scoring_passes_count_too_and_tad_ready_follows_the_state(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with make_client(service_settings, broken_after_failed_steps=2) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+
+        def failing_scoring(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("CUDA error: device-side assert triggered")
+
+        monkeypatch.setattr(runtime.engine, "start_scoring", failing_scoring)
+        body = {"prompt": "a", "response": "b"}
+        assert_error(client.post("/v1/score", json=body), 500)
+        assert_error(client.post("/v1/score", json=body), 500)
+        assert_error(client.get("/health"), 503)  # score-only traffic on a broken device is noticed
+        assert "tad_ready 0.0" in client.get("/metrics").text
+        runtime.scheduler.failed_steps_in_a_row = 0  # as after a step that succeeded
+        assert client.get("/health").status_code == 200
+        assert "tad_ready 1.0" in client.get("/metrics").text  # back in rotation, not stuck at 0
 
 
 def test_failed_start_is_reported(service_settings: Settings, tmp_path) -> None:

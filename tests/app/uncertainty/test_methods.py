@@ -36,7 +36,7 @@ def test_aggregations() -> None:
     assert aggregate(c, Aggregation.MIN) == pytest.approx(0.5)
     for aggregation in Aggregation:
         assert math.isnan(aggregate(np.zeros(0), aggregation))
-    # c_1 = p_1 is not clipped: a first token of probability 0 gives a finite score, the largest one.
+    # c_1 = p_1 is not clipped: a first token of probability 0 gives a finite, very large score.
     zero_first = np.array([0.0, 0.5])
     for aggregation in (Aggregation.SUM_LOG, Aggregation.MEAN_LOG):
         assert math.isfinite(aggregate(zero_first, aggregation)) and aggregate(zero_first, aggregation) > 300

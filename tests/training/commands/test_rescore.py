@@ -21,7 +21,7 @@ def _as_made_with_old_targets(run: Path) -> str:
     (run / RUN_FILE).write_text(json.dumps(settings))
     texts_file = completed_shards(run)[0] / "texts.json"
     metas = json.loads(texts_file.read_text())
-    metas[0]["target"] = 1.0 - metas[0]["target"]
+    metas[0]["target"] = -1.0  # no target is: rescoring must replace it
     texts_file.write_text(json.dumps(metas))
     return metas[0]["key"]
 
@@ -37,7 +37,9 @@ def test_a_run_with_old_targets_is_refused_until_rescored(tmp_path: Path, tiny_r
     rescored = {text.meta["key"]: text.meta["target"] for text in iter_texts([run])}
     assert rescored == expected and rescored[spoiled] == expected[spoiled]
     assert json.loads((run / RUN_FILE).read_text())["targets"] == TARGETS_VERSION
+    before = [json.loads((shard / "texts.json").read_text()) for shard in completed_shards(run)]
     main(["rescore", str(run)])  # up to date: nothing to do
+    assert [json.loads((shard / "texts.json").read_text()) for shard in completed_shards(run)] == before
 
 
 def test_rescore_finds_moved_data_by_its_hash(tmp_path: Path, tiny_runs: dict[str, Path]) -> None:

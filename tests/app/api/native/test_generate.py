@@ -233,3 +233,10 @@ def test_the_default_answer_length_gives_way_at_the_end_of_the_context(service_s
         full = client.post("/v1/generate", json={"prompt": prompt_of(2048)})
         assert full.status_code == 422 and full.json()["error"]["param"] == "prompt"
         assert "no room for an answer" in full.json()["error"]["message"]
+        # /v1/completions' own default (16, OpenAI's) gives way the same; a max_tokens sent does not.
+        completion = {"model": "model", "prompt": near_end["prompt"], "temperature": 0}
+        answered = client.post("/v1/completions", json=completion)
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["usage"]["completion_tokens"] <= 3
+        refused = client.post("/v1/completions", json={**completion, "max_tokens": 16})
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "max_tokens"
