@@ -47,8 +47,9 @@ from training.rejection import (
     paired_bootstrap_prr,
     prediction_rejection_ratio,
 )
-from training.runs import TextTrace, iter_texts, read_run_settings
+from training.runs import TextTrace, check_run_folders, iter_texts, read_run_settings
 from training.scoring import uncertainty_table
+from training.targets import TARGETS_VERSION
 from training.tasks import PromptStyle, build_prompt
 
 # Hidden-state indices (0 = embeddings, the model's last layer = num_layers); SmolLM2-135M has 30 layers.
@@ -66,7 +67,9 @@ class RunFeatures:
 
 
 def _cache_path(features_dir: Path, run: Path) -> Path:
-    digest = hashlib.sha256(str(run.resolve()).encode()).hexdigest()[:12]
+    # The cache holds the targets too: a rescored run (a new targets version) gets a new cache.
+    key = f"{run.resolve()}:{TARGETS_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return features_dir / f"{run.name}-{digest}.npz"
 
 
@@ -163,6 +166,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     args = parser.parse_args()
 
+    check_run_folders([*args.train, *args.dev])  # runs whose targets are current (else: rescore them)
     models = {read_run_settings(run)["model"] for run in [*args.train, *args.dev]}
     if len(models) != 1:
         raise SystemExit(f"the runs were made with different models: {sorted(models)}")
