@@ -9,6 +9,11 @@ scores are those stored, TAD's from the artifact that scored them (fitted on the
 
     python -m benchmarks.retarget --answers runs/sampled/answers.jsonl \\
         --data ../shared/data/{squad,mmlu,truthfulqa,triviaqa}_dev.jsonl
+
+With `--artifacts OLD NEW`, the same greedy answers are also scored again, teacher-forced as
+/v1/score does (their text re-tokenized after the bare prompt), under each artifact, and each
+one's TAD is compared with the baselines and with the first artifact's TAD under the current
+targets (paired bootstrap over the same answers).
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ import json
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from app.engine.engine import Engine
+from app.engine.loading import load_model
+from app.settings import DEFAULT_CACHE_DIR, DEFAULT_MODEL
+from app.uncertainty.answer import AnswerScorer
+from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import BASELINES
 from training.commands.evaluate import best_baseline
-from training.data import read_records
+from training.data import QARecord, read_records
 from training.rejection import (
     CORRECT_THRESHOLD,
     accuracy,
@@ -30,7 +41,7 @@ from training.rejection import (
     paired_bootstrap_prr,
     prediction_rejection_ratio,
 )
-from training.tasks import score_answer
+from training.tasks import PromptStyle, build_prompt, score_answer
 
 RESAMPLES = 1000
 
@@ -96,10 +107,92 @@ def report(rows: list[dict], new_quality: dict[tuple[str, str], float]) -> list[
     return lines
 
 
+def teacher_forced_scores(
+    rows: list[dict], records: dict[tuple[str, str], QARecord], artifacts: list[Path], model: str, batch: int = 16
+) -> dict[str, dict[tuple[str, str], dict[str, float | None]]]:
+    """Per artifact (by folder name), per answer: every method's score of its greedy answer, teacher-forced."""
+    loaded_artifacts = [load_artifact(path) for path in artifacts]
+    lags = {artifact.n_lags for artifact in loaded_artifacts}
+    if len(lags) != 1:
+        raise SystemExit(f"the artifacts read different lag counts {sorted(lags)}: compare them one engine each")
+    loaded = load_model(model, cache_dir=DEFAULT_CACHE_DIR)
+    for artifact in loaded_artifacts:
+        artifact.check_model(loaded.identity)
+    engine = Engine(loaded, n_lags=lags.pop())
+    keys = [(row["dataset"], row["id"]) for row in rows]
+    pairs = []
+    for row, key in zip(rows, keys, strict=True):
+        prompt = build_prompt(records[key], PromptStyle.BARE)
+        pairs.append(
+            (engine.encode_prompt(messages=prompt.messages), engine.encode_response(row["answers"][0]["text"]))
+        )
+    traces = []
+    for start in tqdm(range(0, len(pairs), batch), desc="teacher-forced scoring", unit="batch"):
+        traces.extend(engine.score(pairs[start : start + batch]))
+    return {
+        path.name: {
+            key: AnswerScorer(artifact).score(trace).sequence.as_dict() for key, trace in zip(keys, traces, strict=True)
+        }
+        for path, artifact in zip(artifacts, loaded_artifacts, strict=True)
+    }
+
+
+def artifacts_report(
+    rows: list[dict], new_quality: dict[tuple[str, str], float], scored: dict[str, dict[tuple[str, str], dict]]
+) -> list[str]:
+    names = list(scored)
+    first = names[0]
+    header = " | ".join(f"TAD {name}" for name in names)
+    others = names[1:]
+    lines = [
+        f"| dataset | n | accuracy | {header} | best baseline | "
+        + " | ".join([*(f"{name} − {first}" for name in others), *(f"{name} − best" for name in names)])
+        + " |",
+        "|---|---|---|" + "---|" * (len(names) + 1 + len(others) + len(names)),
+    ]
+    labels = [*(f"{name} − {first}" for name in others), *(f"{name} − best" for name in names)]
+    gaps: dict[str, list[np.ndarray]] = {label: [] for label in labels}
+    for dataset in sorted({row["dataset"] for row in rows}):
+        keys = [(row["dataset"], row["id"]) for row in rows if row["dataset"] == dataset]
+        quality = np.asarray([new_quality[key] for key in keys], dtype=float)
+        baseline_scores = {m.value: np.asarray([scored[first][key][m.value] for key in keys]) for m in BASELINES}
+        scores = {name: values for name, values in baseline_scores.items() if np.isfinite(values).all()}
+        for name in names:
+            scores[f"tad:{name}"] = np.asarray([scored[name][key]["tad"] for key in keys])
+        prr = {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()}
+        best = best_baseline({k: v for k, v in prr.items() if not k.startswith("tad:")})
+        draws = paired_bootstrap_prr(scores, quality, resamples=RESAMPLES)
+        cells = []
+        for name in others:
+            gap = draws[f"tad:{name}"] - draws[f"tad:{first}"]
+            cells.append(_cell(prr[f"tad:{name}"] - prr[f"tad:{first}"], gap))
+            if informative(accuracy(quality)):
+                gaps[f"{name} − {first}"].append(gap)
+        for name in names:
+            gap = draws[f"tad:{name}"] - draws[best]
+            cells.append(_cell(prr[f"tad:{name}"] - prr[best], gap))
+            if informative(accuracy(quality)):
+                gaps[f"{name} − best"].append(gap)
+        tads = " | ".join(f"{prr[f'tad:{name}']:.3f}" for name in names)
+        lines.append(
+            f"| {dataset} | {len(keys)} | {accuracy(quality):.2f} | {tads} | {best} {prr[best]:.3f} "
+            f"| {' | '.join(cells)} |"
+        )
+    for label, parts in gaps.items():
+        if parts:
+            mean = np.nanmean(np.vstack(parts), axis=0)
+            low_high = interval(mean)
+            shown = f" [{low_high[0]:+.3f}, {low_high[1]:+.3f}]" if low_high else ""
+            lines.append(f"mean over the informative datasets ({len(parts)}), {label}: {np.nanmean(mean):+.3f}{shown}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--answers", type=Path, required=True, help="the JSONL benchmarks.sampled_answers wrote")
     parser.add_argument("--data", type=Path, nargs="+", required=True, help="the dev JSONL files they answer")
+    parser.add_argument("--artifacts", type=Path, nargs="*", default=[], help="score the answers again under each")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     args = parser.parse_args()
     rows = [json.loads(line) for line in args.answers.read_text().splitlines() if line.strip()]
     records = {(item.dataset, item.record.id): item.record for item in read_records(args.data)}
@@ -112,6 +205,13 @@ def main() -> None:
     }
     print("Greedy chat-style answers scored again with the current targets (PRR; paired bootstrap 95% intervals)")
     print("\n".join(report(rows, new_quality)))
+    if args.artifacts:
+        scored = teacher_forced_scores(rows, records, args.artifacts, args.model)
+        print()
+        print(
+            "The same answers teacher-forced under each artifact, current targets (PRR; paired bootstrap 95% intervals)"
+        )
+        print("\n".join(artifacts_report(rows, new_quality, scored)))
 
 
 if __name__ == "__main__":
