@@ -31,7 +31,7 @@ from app.settings import DEFAULT_CACHE_DIR, DEFAULT_MODEL
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import BASELINES
-from training.commands.evaluate import best_baseline
+from training.commands.evaluate import best_baseline, mean_interval
 from training.data import QARecord, read_records
 from training.rejection import (
     CORRECT_THRESHOLD,
@@ -95,16 +95,16 @@ def report(rows: list[dict], new_quality: dict[tuple[str, str], float]) -> list[
             f"| {_cell(prr_old['tad'] - prr_old[best_old], gap_old)} "
             f"| {_cell(prr_new['tad'] - prr_new[best_new], gap_new)} |"
         )
-    for when, parts in gaps.items():
-        if parts:
-            mean = np.nanmean(np.vstack(parts), axis=0)  # the same resample index is one draw per dataset
-            low_high = interval(mean)
-            shown = f" [{low_high[0]:+.3f}, {low_high[1]:+.3f}]" if low_high else ""
-            lines.append(
-                f"mean over the informative datasets ({len(parts)}), TAD − best baseline, targets {when}: "
-                f"{np.nanmean(mean):+.3f}{shown}"
-            )
+    lines += [_mean_line(f"TAD − best baseline, targets {when}", parts) for when, parts in gaps.items() if parts]
     return lines
+
+
+def _mean_line(label: str, parts: list[np.ndarray]) -> str:
+    """A difference's mean over the informative datasets, from each one's paired bootstrap draws."""
+    low_high = mean_interval(parts)
+    shown = f" [{low_high[0]:+.3f}, {low_high[1]:+.3f}]" if low_high else ""
+    mean = float(np.nanmean(np.mean(np.stack(parts), axis=0)))  # one draw: the same resample index per dataset
+    return f"mean over the informative datasets ({len(parts)}), {label}: {mean:+.3f}{shown}"
 
 
 def teacher_forced_scores(
@@ -178,12 +178,7 @@ def artifacts_report(
             f"| {dataset} | {len(keys)} | {accuracy(quality):.2f} | {tads} | {best} {prr[best]:.3f} "
             f"| {' | '.join(cells)} |"
         )
-    for label, parts in gaps.items():
-        if parts:
-            mean = np.nanmean(np.vstack(parts), axis=0)
-            low_high = interval(mean)
-            shown = f" [{low_high[0]:+.3f}, {low_high[1]:+.3f}]" if low_high else ""
-            lines.append(f"mean over the informative datasets ({len(parts)}), {label}: {np.nanmean(mean):+.3f}{shown}")
+    lines += [_mean_line(label, parts) for label, parts in gaps.items() if parts]
     return lines
 
 
