@@ -99,11 +99,12 @@ class FeatureSpec:
         Entry l - 1 is `a_{i,i-l}` (l = 1..N) from the same step row and slot as the stage-2
         features, so a display shows exactly what the regressor saw. An entry is None where
         lag l reaches before the answer (the features hold a zero there); the whole list is
-        None when the token has no step row (the first token under the generating convention,
-        or a row not captured yet).
+        None when no lag is read (the first token under either convention: c_1 = p_1; a stream
+        sends it before the consuming convention's first row exists, so a row of Nones there
+        would make the stream and the whole response disagree) or its row is not captured yet.
         """
         position = index - self.row_shift
-        if position < 0 or position >= len(rows):
+        if index == 0 or position < 0 or position >= len(rows):
             return None
         means = np.asarray(rows[position], dtype=np.float64).mean(axis=(0, 1))
         return [float(means[lag - 1 + self.slot_shift]) if lag <= index else None for lag in range(1, self.n_lags + 1)]

@@ -237,7 +237,8 @@ class TokenInfo(BaseModel):
     attention: list[float | None] | None = Field(
         None,
         description="with return_attention: entry l-1 is this token's attention to the token l back (l = 1..N), "
-        "mean over layers and heads, as TAD's features read it; null entries reach before the answer",
+        "mean over layers and heads, as TAD's features read it; null entries reach before the answer; "
+        "null for the first token, which reads none",
     )
 
 

@@ -33,6 +33,8 @@ def test_the_first_token_has_no_attention_to_show() -> None:
     rows = np.ones((2, 1, 1, 3), dtype=np.float32)
     consuming = FeatureSpec(n_lags=2, num_layers=1, num_heads=1)
     generating = FeatureSpec(n_lags=2, num_layers=1, num_heads=1, convention=Convention.GENERATING)
-    assert consuming.lag_attention(rows, 0) == [None, None]  # c_1 = p_1: no lag is read
-    assert generating.lag_attention(rows, 0) is None  # no step produced it inside the answer
+    # c_1 = p_1 under both conventions: nothing is read, whether or not a row exists yet
+    assert consuming.lag_attention(rows, 0) is None
+    assert consuming.lag_attention(rows[:0], 0) is None
+    assert generating.lag_attention(rows, 0) is None
     assert consuming.lag_attention(rows[:1], 1) is None  # its row has not arrived yet
