@@ -99,9 +99,8 @@ class FeatureSpec:
         Entry l - 1 is `a_{i,i-l}` (l = 1..N) from the same step row and slot as the stage-2
         features, so a display shows exactly what the regressor saw. An entry is None where
         lag l reaches before the answer (the features hold a zero there); the whole list is
-        None when no lag is read (the first token under either convention: c_1 = p_1; a stream
-        sends it before the consuming convention's first row exists, so a row of Nones there
-        would make the stream and the whole response disagree) or its row is not captured yet.
+        None when no lag is read (the first token, c_1 = p_1, under either convention: a stream
+        sends it before any row exists) or the token's row is not captured yet.
         """
         position = index - self.row_shift
         if index == 0 or position < 0 or position >= len(rows):
