@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-combiner",
         dest="combiner",
         action="store_false",
-        help="skip measuring the sequence-level combiner over TAD and the baselines (training/combiner.py)",
+        help="skip measuring the sequence-level combiner (training/combiner.py) and the decision blend on "
+        "out-of-fold TAD scores",
     )
     fit.add_argument("--mlp-width", type=_int_at_least(1), default=256)
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")

@@ -131,11 +131,16 @@ class Answers:
         return within, pooled
 
 
+def answers_from(table: dict[str, np.ndarray], quality: np.ndarray, groups: np.ndarray, keys: np.ndarray) -> Answers:
+    """The answers with their informative groups (accuracy in [0.1, 0.9]), the ones selection ranks within."""
+    chosen = sorted(g for g in set(groups) if informative(accuracy(quality[groups == g])))
+    return Answers(table, quality, groups, keys, chosen)
+
+
 def answers_of(table: dict[str, np.ndarray], texts: Sequence[TextTrace]) -> Answers:
     groups = np.array([f"{t.dataset}/{t.meta.get('prompt_style', 'task')}" for t in texts])
     quality = np.array([t.target for t in texts], dtype=np.float64)
-    chosen = sorted(g for g in set(groups) if informative(accuracy(quality[groups == g])))
-    return Answers(table, quality, groups, np.array([t.key for t in texts]), chosen)
+    return answers_from(table, quality, groups, np.array([t.key for t in texts]))
 
 
 def evaluate_candidates(
@@ -209,6 +214,39 @@ def cross_validate(
         "pooled_change": {"mean": pooled["blend"] - pooled[TAD_ALONE], "ci95": pooled_ci},
         "rule": "kept when the within-group gain's 95% interval is above 0 and the pooled change's is not below 0",
         "kept": kept,
+    }
+
+
+def measure_out_of_fold(
+    table: dict[str, np.ndarray],
+    quality: np.ndarray,
+    groups: np.ndarray,
+    keys: np.ndarray,
+    folds: int = 5,
+    seed: int = 0,
+    resamples: int = 1000,
+) -> dict[str, Any]:
+    """The blend measured on the training answers themselves, with TAD's out-of-fold scores (`fit` reports it).
+
+    Each answer's TAD comes from a regressor fitted without it, so these answers can choose a blend as
+    answers the regressor never saw would, with no generation beyond the training runs; the grid and its
+    nested cross-validation are `blend`'s. A measurement, never installed: `blend` installs one from answers
+    the artifact's final regressor was not fitted on.
+    """
+    options = candidates()
+    terms = {name for option in options for name in option.weights}
+    answers = answers_from({name: table[name] for name in terms}, quality, groups, keys)
+    if not answers.informative_groups:
+        return {"n": len(quality), "informative_groups": [], "skipped": "no informative group to rank within"}
+    _, grid = evaluate_candidates(answers, np.ones(len(quality), dtype=bool), options)
+    return {
+        "n": len(quality),
+        "informative_groups": answers.informative_groups,
+        "pooled_tolerance": POOLED_TOLERANCE,
+        "chosen": options[choose(grid)].name,
+        "best_candidates": sorted(grid, key=lambda row: -row["within_group_prr"])[:5],
+        "tad_alone": grid[0],
+        "cv": cross_validate(answers, options, folds, seed, resamples, None),
     }
 
 

@@ -40,6 +40,7 @@ from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES
 from app.uncertainty.tad import Regressor, TadScorer
 from training.combiner import combiner_inputs, cross_validate_combiner, informative_mean, per_dataset_prr
+from training.commands.blend import measure_out_of_fold
 from training.folds import FoldUnit, assign_folds
 from training.groups import (
     Selection,
@@ -97,7 +98,7 @@ class FitOptions:
     # their fold-by-fold gain is significant (paired_gain).
     extra_feature_sets: Sequence[tuple[str, ...]] = (("entropy",), ("top2_margin",), ("entropy", "top2_margin"))
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
-    combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) out of fold
+    combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) and blend's grid out of fold
     selection: Selection = Selection.WITHIN_GROUP
     # Tried in this order; each replaces the one kept so far only when the trial rule keeps it.
     centrings: Sequence[TargetCentring] = tuple(TargetCentring)
@@ -532,6 +533,9 @@ def measure_combiner(
         "informative_mean": {name: informative_mean(table, name) for name in scores},
         "per_group": by_group,
         "informative_group_mean": {name: informative_mean(by_group, name) for name in scores},
+        "blend_out_of_fold": measure_out_of_fold(
+            scores, targets, np.array([t.group for t in texts]), np.array([t.key for t in texts])
+        ),
     }
 
 

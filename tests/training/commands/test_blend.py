@@ -21,6 +21,7 @@ from training.commands.blend import (
     choose,
     cross_validate,
     evaluate_candidates,
+    measure_out_of_fold,
     run_blend,
 )
 from training.commands.calibrate import run_calibrate
@@ -88,6 +89,23 @@ def test_noise_partners_are_not_kept() -> None:
     options = candidates()
     validation = cross_validate(answers, options, folds=5, seed=0, resamples=200, fixed=None)
     assert not validation["kept"]
+
+
+def test_out_of_fold_measurement_chooses_and_cross_validates_as_blend_does() -> None:
+    answers = _answers(np.random.default_rng(0))
+    measured = measure_out_of_fold(answers.table, answers.quality, answers.groups, answers.keys, resamples=200)
+    assert measured["informative_groups"] == ["a/task", "b/bare"]
+    assert "perplexity" in measured["chosen"]
+    assert measured["best_candidates"][0]["candidate"] == measured["chosen"]
+    assert measured["tad_alone"]["candidate"] == TAD_ALONE
+    assert measured["cv"]["kept"] and measured["cv"]["gain"]["ci95"][0] > 0
+
+
+def test_out_of_fold_measurement_without_an_informative_group_says_so() -> None:
+    answers = _answers(np.random.default_rng(4))
+    always_right = np.ones(len(answers.quality))
+    measured = measure_out_of_fold(answers.table, always_right, answers.groups, answers.keys, resamples=50)
+    assert measured["informative_groups"] == [] and "skipped" in measured
 
 
 def test_choose_refuses_candidates_that_give_up_the_pooled_ranking() -> None:

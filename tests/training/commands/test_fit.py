@@ -144,6 +144,12 @@ def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, 
         row["n"] for row in combiner["per_dataset"].values()
     )
     assert {"tad", "combined", "msp"} <= set(combiner["informative_mean"])
+    # The blend grid on the same out-of-fold TAD scores (test_blend.py measures it on informative groups):
+    # the tiny model answers nothing right, so fit records why it measured nothing.
+    blend = combiner["blend_out_of_fold"]
+    assert blend["n"] == manifest.training["texts"]
+    assert blend["informative_groups"] == cv["informative_groups"] == []
+    assert "skipped" in blend
 
 
 def test_a_refit_into_the_same_folder_keeps_only_its_own_alternatives(
