@@ -238,16 +238,28 @@ def measure_out_of_fold(
     answers = answers_from({name: table[name] for name in terms}, quality, groups, keys)
     if not answers.informative_groups:
         return {"n": len(quality), "informative_groups": [], "skipped": "no informative group to rank within"}
+    if len(set(keys)) < folds:
+        return {
+            "n": len(quality),
+            "informative_groups": answers.informative_groups,
+            "skipped": f"fewer records than the {folds} folds of the cross-validation",
+        }
     _, grid = evaluate_candidates(answers, np.ones(len(quality), dtype=bool), options)
+    by_within_group = sorted(grid, key=lambda row: _finite_or_lowest(row["within_group_prr"]), reverse=True)
     return {
         "n": len(quality),
         "informative_groups": answers.informative_groups,
         "pooled_tolerance": POOLED_TOLERANCE,
         "chosen": options[choose(grid)].name,
-        "best_candidates": sorted(grid, key=lambda row: -row["within_group_prr"])[:5],
+        "best_candidates": by_within_group[:5],
         "tad_alone": grid[0],
         "cv": cross_validate(answers, options, folds, seed, resamples, None),
     }
+
+
+def _finite_or_lowest(value: float) -> float:
+    """Sort key: an undefined PRR ranks last."""
+    return value if math.isfinite(value) else -math.inf
 
 
 def fitted_keys(manifest: Manifest) -> set[tuple[str, str]]:

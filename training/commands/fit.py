@@ -505,6 +505,7 @@ def measure_combiner(
     chosen_row: dict[str, Any],
     epsilon: float,
     selection: Selection,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """The sequence-level combiner against TAD alone on the same folds (an ablation: reported, not shipped)."""
     confidences = out_of_fold_confidences(texts, spec, data, Choice.of(chosen_row), epsilon)
@@ -534,7 +535,12 @@ def measure_combiner(
         "per_group": by_group,
         "informative_group_mean": {name: informative_mean(by_group, name) for name in scores},
         "blend_out_of_fold": measure_out_of_fold(
-            scores, targets, np.array([t.group for t in texts]), np.array([t.key for t in texts])
+            scores,
+            targets,
+            np.array([t.group for t in texts]),
+            np.array([t.key for t in texts]),
+            folds=data.count,
+            seed=seed,
         ),
     }
 
@@ -724,7 +730,9 @@ def run_fit(options: FitOptions) -> Manifest:
         result.baselines,
     )
     combiner = (
-        measure_combiner(texts, spec, data, chosen_row, options.epsilon, result.selection) if options.combiner else None
+        measure_combiner(texts, spec, data, chosen_row, options.epsilon, result.selection, options.seed)
+        if options.combiner
+        else None
     )
     chosen = Choice.of(chosen_row)
     others = [Choice.of(best[v.value]) for v in options.variants if v is not chosen.variant and v.value in best]

@@ -97,8 +97,22 @@ def test_out_of_fold_measurement_chooses_and_cross_validates_as_blend_does() -> 
     assert measured["informative_groups"] == ["a/task", "b/bare"]
     assert "perplexity" in measured["chosen"]
     assert measured["best_candidates"][0]["candidate"] == measured["chosen"]
+    everything = np.ones(len(answers.quality), dtype=bool)
+    assert measured["n"] == len(answers.quality)
     assert measured["tad_alone"]["candidate"] == TAD_ALONE
+    assert measured["tad_alone"]["within_group_prr"] == pytest.approx(
+        answers.within_group(answers.table[TAD_ALONE], everything)
+    )
+    # Nested: every fold chooses on the others (five choices), and the chosen blend is kept.
+    assert len(measured["cv"]["chosen_per_fold"]) == 5
     assert measured["cv"]["kept"] and measured["cv"]["gain"]["ci95"][0] > 0
+
+
+def test_out_of_fold_measurement_with_fewer_records_than_folds_says_so() -> None:
+    answers = _answers(np.random.default_rng(5))
+    four_records = np.array([f"record-{i % 4}" for i in range(len(answers.quality))])
+    measured = measure_out_of_fold(answers.table, answers.quality, answers.groups, four_records, resamples=50)
+    assert "skipped" in measured and "cv" not in measured
 
 
 def test_out_of_fold_measurement_without_an_informative_group_says_so() -> None:

@@ -152,6 +152,32 @@ def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, 
     assert "skipped" in blend
 
 
+def test_the_blend_is_measured_on_every_training_answer_by_record_and_raw_target(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import training.commands.fit as fit_module
+    from training.runs import iter_texts
+
+    recorded: dict[str, Any] = {}
+
+    def recorder(table: dict[str, np.ndarray], quality: np.ndarray, groups: np.ndarray, keys: np.ndarray, **kw: Any):
+        recorded.update(table=table, quality=quality, groups=groups, keys=keys, **kw)
+        return {"recorded": True}
+
+    monkeypatch.setattr(fit_module, "measure_out_of_fold", recorder)
+    options = {**QUICK_FIT, "combiner": True}
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", seed=3, **options))
+    assert manifest.metrics["cv"]["combiner"]["blend_out_of_fold"] == {"recorded": True}
+    texts = list(iter_texts([tiny_runs["train"]]))
+    assert len(recorded["quality"]) == len(texts)
+    assert sorted(recorded["quality"]) == sorted(t.target for t in texts)
+    assert set(recorded["keys"]) == {t.key for t in texts}  # record keys: a record's styles share a fold
+    assert set(recorded["groups"]) == {f"{t.dataset}/{t.meta.get('prompt_style', 'task')}" for t in texts}
+    assert recorded["folds"] == 5 and recorded["seed"] == 3
+    assert {"tad", "msp", "perplexity", "mean_token_entropy", "rauq"} <= set(recorded["table"])
+    assert all(len(values) == len(texts) for values in recorded["table"].values())
+
+
 def test_a_refit_into_the_same_folder_keeps_only_its_own_alternatives(
     tiny_runs: dict[str, Path], tmp_path: Path
 ) -> None:
