@@ -61,6 +61,11 @@ def candidates(weights: Sequence[float] = WEIGHTS) -> list[Candidate]:
     return result
 
 
+def terms_table(table: dict[str, np.ndarray], options: Sequence[Candidate]) -> dict[str, np.ndarray]:
+    """The scores the candidates blend, out of a table of every method's."""
+    return {name: table[name] for name in {name for option in options for name in option.weights}}
+
+
 @dataclass(frozen=True)
 class Standardisation:
     means: dict[str, float]
@@ -234,8 +239,7 @@ def measure_out_of_fold(
     the artifact's final regressor was not fitted on.
     """
     options = candidates()
-    terms = {name for option in options for name in option.weights}
-    answers = answers_from({name: table[name] for name in terms}, quality, groups, keys)
+    answers = answers_from(terms_table(table, options), quality, groups, keys)
     if not answers.informative_groups:
         return {"n": len(quality), "informative_groups": [], "skipped": "no informative group to rank within"}
     if len(set(keys)) < folds:
@@ -319,7 +323,7 @@ def run_blend(
     bare = artifact.manifest.model_copy(update={"blend": None})
     scored = uncertainty_table(replace(artifact, manifest=bare), texts)
     options = candidates(weights)
-    table = {name: scored[name] for name in {n for c in options for n in c.weights}}
+    table = terms_table(scored, options)
     answers = answers_of(table, texts)
     if not answers.informative_groups and not (force and candidate is not None):
         raise SystemExit(

@@ -152,7 +152,7 @@ def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, 
     assert "skipped" in blend
 
 
-def test_the_blend_is_measured_on_every_training_answer_by_record_and_raw_target(
+def test_the_blend_is_measured_on_every_training_answer_with_record_keys_and_fit_folds(
     tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import training.commands.fit as fit_module
