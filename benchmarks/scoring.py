@@ -8,7 +8,8 @@ the real shapes of larger models, it times, interleaved and repeated:
 - feature vector: the recurrent scorer building each token's stage-2 vector and taking
   its dot product with the weights (how every artifact was scored before the split);
 - split weights:  the scorer as it runs now (`LinearStage2`: one dot product over the step
-  row as captured, N products with the earlier p's and c's);
+  row as captured, N products with the earlier p's and c's; for an MLP stage 2, `MLPStage2`:
+  its first layer split the same way, the rows' products for a whole answer in one);
 - whole answer:   everything the server computes when an answer ends (TAD with split
   weights, then MSP, perplexity, entropy, maximum token uncertainty and RAUQ).
 
@@ -32,7 +33,7 @@ from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import MethodInput, score_all
-from app.uncertainty.tad import TadScorer
+from app.uncertainty.tad import Regressor, TadScorer
 from app.uncertainty.trace import TokenTrace
 
 # (name, layers, query heads) of the real configs the GPU benchmark uses.
@@ -66,6 +67,16 @@ class FeatureVectorLinear:
 
 
 @dataclass(frozen=True)
+class FeatureVectorModel:
+    """Any regressor behind `predict` alone, so the scorer takes the feature-vector path."""
+
+    model: Regressor
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return self.model.predict(features)
+
+
+@dataclass(frozen=True)
 class Case:
     name: str
     split: TadScorer
@@ -86,11 +97,14 @@ def default_case() -> Case:
     """The committed artifact's own regressor and spec."""
     artifact = load_artifact(DEFAULT_ARTIFACT)
     spec, regressor = artifact.scorer.spec, artifact.scorer.regressor
-    if not isinstance(regressor, Ridge):  # an MLP stage 2 has no weight vector to time this way
-        raise SystemExit(f"{DEFAULT_ARTIFACT}: stage 2 is not a ridge model")
-    weights = np.asarray(regressor.coef_, dtype=np.float64)
-    name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads)"
-    return case_of(name, weights, float(regressor.intercept_), spec, artifact.manifest.aggregation)
+    name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads, {artifact.manifest.regressor.kind})"
+    if isinstance(regressor, Ridge):
+        weights = np.asarray(regressor.coef_, dtype=np.float64)
+        return case_of(name, weights, float(regressor.intercept_), spec, artifact.manifest.aggregation)
+    if artifact.scorer.split is None:
+        raise SystemExit(f"{DEFAULT_ARTIFACT}: the scorer has no split weights for this stage 2")
+    generic = TadScorer(FeatureVectorModel(regressor), spec, artifact.scorer.epsilon)
+    return Case(name, artifact.scorer, generic, artifact.manifest.aggregation)
 
 
 def random_case(name: str, layers: int, heads: int, n_lags: int) -> Case:

@@ -19,7 +19,7 @@ def test_served_confidences_are_the_regressor_on_training_features(
     """What the server computes per token is the trained regressor on the training builder's vectors."""
     artifact = load_artifact(tiny_artifact)
     scorer = artifact.scorer
-    assert scorer.linear is not None  # the server's fast path, not the feature-vector one
+    assert scorer.split is not None  # the server's fast path, not the feature-vector one
     checked = 0
     for text in iter_texts([tiny_runs["dev"]]):
         if len(text) < 2:

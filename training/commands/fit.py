@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 Alternative = TypeVar("Alternative", bound=StrEnum)  # a target centring or a row weighting
 
 ALPHAS = (10.0, 1.0, 0.1, 0.01, 0.001, 0.0001)
+MLP_CONFIG_KEYS = ("layers", "epochs", "learning_rate", "batch_size")
 MLP_GRIDS: dict[str, dict[str, Sequence[float]]] = {
     # The paper's grid (36 configurations).
     "paper": {"layers": (2, 4), "epochs": (10, 20, 30), "learning_rate": (1e-5, 3e-5, 5e-5), "batch_size": (64, 128)},
@@ -418,8 +419,7 @@ def mlp_search(
 
     grid = options.mlp_grid
     configs = [
-        dict(zip(("layers", "epochs", "learning_rate", "batch_size"), values, strict=True))
-        for values in product(grid["layers"], grid["epochs"], grid["learning_rate"], grid["batch_size"])
+        dict(zip(MLP_CONFIG_KEYS, values, strict=True)) for values in product(*(grid[key] for key in MLP_CONFIG_KEYS))
     ]
     scores: list[dict[Aggregation, list[float]]] = [{a: [] for a in Aggregation} for _ in configs]
     selection = effective_selection(options.selection, data)
@@ -455,7 +455,7 @@ def _mlp(config: dict[str, Any], options: FitOptions, factory: Any) -> Any:
     )
 
 
-def _fit_final_mlp(
+def fit_final_mlp(
     texts: Sequence[FitText],
     spec: FeatureSpec,
     data: FoldData,
@@ -750,10 +750,10 @@ def run_fit(options: FitOptions) -> Manifest:
         best_mlp, mlp_table = mlp_search(texts, spec, data, chosen.variant, chosen.alpha_stage1, options)
         mlp_summary = {"best": best_mlp, "grid": mlp_table, "width": options.mlp_width}
         if best_mlp is not None and best_mlp["prr_mean"] > chosen_row["prr_mean"]:
-            stage2_main = _fit_final_mlp(texts, spec, data, chosen.variant, chosen.alpha_stage1, best_mlp, options)
+            stage2_main = fit_final_mlp(texts, spec, data, chosen.variant, chosen.alpha_stage1, best_mlp, options)
             aggregation = Aggregation(best_mlp["aggregation"])
             regressor_kind = "mlp"
-            regressor_params = {k: best_mlp[k] for k in ("layers", "epochs", "learning_rate", "batch_size")}
+            regressor_params = {k: best_mlp[k] for k in MLP_CONFIG_KEYS}
             regressor_params.update(
                 width=options.mlp_width,
                 alpha_stage1=chosen.alpha_stage1,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,15 @@ from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import TadScorer
-from training.commands.fit import Choice, FitOptions, fit_final, load_runs, prepare_folds
+from training.commands.fit import (
+    MLP_CONFIG_KEYS,
+    Choice,
+    FitOptions,
+    fit_final,
+    fit_final_mlp,
+    load_runs,
+    prepare_folds,
+)
 from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.rejection import (
@@ -57,9 +66,11 @@ def run_lodo(
     alpha_stage1: float | None = None,
     alpha: float | None = None,
     only_datasets: Sequence[str] | None = None,
+    held_out: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """`alpha_stage1` / `alpha`: fit with these instead of the artifact's (None keeps the artifact's).
-    `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold)."""
+    `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold).
+    `held_out`: hold out these datasets alone, each in turn (None: every one both sides hold)."""
     artifact = load_artifact(artifact_dir)
     # Both sides must be the artifact's model with enough lags: its configuration is refitted on the
     # training runs' features and scored on the test runs' (another model's features would mean nothing).
@@ -69,7 +80,9 @@ def run_lodo(
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
     params = manifest.regressor.params
     variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
-    artifact_alpha = float(params["alpha"])
+    # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused.
+    artifact_alpha = float(params.get("alpha", math.nan))
+    mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if manifest.regressor.kind == "mlp" else None
     choice = Choice(
         variant,
         float(params.get("alpha_stage1", artifact_alpha)) if alpha_stage1 is None else alpha_stage1,
@@ -93,25 +106,42 @@ def run_lodo(
         texts = [t for t in texts if t.dataset in kept]
         tests = [t for t in tests if t.dataset in kept]
     datasets = sorted({t.dataset for t in tests} & {t.dataset for t in texts})
+    if held_out is not None:
+        missing = sorted(set(held_out) - set(datasets))
+        if missing:
+            raise SystemExit(f"--held-out: {', '.join(missing)} is not in both the training and the test runs")
+        datasets = sorted(set(held_out))
     report: dict[str, Any] = {
         "configuration": {
             "convention": spec.convention.value,
             "variant": variant.value,
-            "alpha": choice.alpha,
+            "alpha": choice.alpha if mlp_config is None else None,  # an MLP stage 2 has none
             "alpha_stage1": choice.alpha_stage1,
             "aggregation": aggregation.value,
             "target_centring": centring.value,
             "row_weighting": weighting.value,
             "fold_unit": fold_unit.value,
+            "stage2": "ridge" if mlp_config is None else {"mlp": mlp_config, "width": params["width"]},
             "datasets": sorted({t.dataset for t in texts}),
         },
         "datasets": {},
     }
-    options = FitOptions(runs=train_runs, out=out, variants=(variant,), seed=seed, fold_unit=fold_unit)
+    options = FitOptions(
+        runs=train_runs,
+        out=out,
+        variants=(variant,),
+        seed=seed,
+        fold_unit=fold_unit,
+        epsilon=epsilon,
+        mlp_width=int(params.get("width", FitOptions.mlp_width)),
+    )
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
         train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
         data = prepare_folds(train, spec, options)
-        ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
+        if mlp_config is None:
+            ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
+        else:
+            stage2 = fit_final_mlp(train, spec, data, variant, choice.alpha_stage1, mlp_config, options)
         scorer = TadScorer(stage2, spec, epsilon)
         held = [t for t in tests if t.dataset == dataset]
         traces = [t.token_trace(spec.n_lags) for t in held]
@@ -185,7 +215,10 @@ def lodo_markdown(report: dict[str, Any]) -> str:
     lines = [
         "Leave one dataset out: TAD fitted on the other datasets, PRR on this one (paired bootstrap 95%):",
         "",
-        "Fit: " + ", ".join(f"{key} {_configuration_text(value)}" for key, value in report["configuration"].items()),
+        "Fit: "
+        + ", ".join(
+            f"{key} {_configuration_text(value)}" for key, value in report["configuration"].items() if value is not None
+        ),
         "",
         "| held-out dataset | n | accuracy | " + " | ".join(methods) + " | TAD − MSP |",
         "|---|---|---|" + "---|" * (len(methods) + 1),

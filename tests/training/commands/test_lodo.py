@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.uncertainty.aggregation import Aggregation
@@ -144,3 +145,71 @@ def test_runs_the_artifact_cannot_score_are_refused(
     runs = {**tiny_runs, ("train" if side == "train" else "dev"): altered}
     with pytest.raises(SystemExit, match=message):
         _lodo(runs, tiny_artifact, tmp_path / "out")
+
+
+def _as_mlp_artifact(artifact: Path, out: Path) -> Path:
+    """The tiny artifact with its stage-2 ridge replaced by a small MLP, as `fit --mlp` writes one."""
+    import hashlib
+    import warnings
+
+    import joblib
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    shutil.copytree(artifact, out)
+    width = int(joblib.load(artifact / "regressor.joblib").n_features_in_)
+    rng = np.random.default_rng(0)
+    mlp = MLPRegressor(hidden_layer_sizes=(8, 8), max_iter=3, random_state=0)
+    with warnings.catch_warnings():  # three epochs do not converge, and need not
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        mlp.fit(rng.normal(size=(64, width)), rng.uniform(size=64))
+    joblib.dump(mlp, out / "regressor.joblib")
+    manifest = json.loads((out / "manifest.json").read_text())
+    kept = {k: v for k, v in manifest["regressor"]["params"].items() if k != "alpha"}
+    config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64, "width": 8}
+    manifest["regressor"] = {**manifest["regressor"], "kind": "mlp", "params": {**config, **kept}}
+    manifest["files"]["regressor.joblib"] = hashlib.sha256((out / "regressor.joblib").read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_an_mlp_artifact_is_refitted_as_an_mlp(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sklearn.neural_network import MLPRegressor
+
+    fitted: list[Any] = []
+    real_fit_final_mlp = lodo.fit_final_mlp
+
+    def recording_fit_final_mlp(*args: Any) -> Any:
+        fitted.append(real_fit_final_mlp(*args))
+        return fitted[-1]
+
+    def no_ridge(*args: Any) -> Any:
+        raise AssertionError("an MLP artifact was refitted with a ridge stage 2")
+
+    monkeypatch.setattr(lodo, "fit_final_mlp", recording_fit_final_mlp)
+    monkeypatch.setattr(lodo, "fit_final", no_ridge)
+    artifact = _as_mlp_artifact(tiny_artifact, tmp_path / "mlp")
+    report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
+    assert report["configuration"]["stage2"] == {
+        "mlp": {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64},
+        "width": 8,
+    }
+    assert report["configuration"]["alpha"] is None  # no stage-2 ridge
+    assert "alpha None" not in (tmp_path / "lodo" / "lodo.md").read_text()
+    # One MLP per held-out dataset, with the artifact's shape.
+    assert len(fitted) == 2
+    assert all(isinstance(m, MLPRegressor) and m.hidden_layer_sizes == (8, 8) for m in fitted)
+    assert all(entry["prr"]["tad"] is None or np.isfinite(entry["prr"]["tad"]) for entry in report["datasets"].values())
+
+
+def test_held_out_restricts_testing_not_training(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    report = _lodo(tiny_runs, tiny_artifact, tmp_path / "one", "--held-out", "squad")
+    assert set(report["datasets"]) == {"squad"}
+    assert report["datasets"]["squad"]["train_texts"] == 24  # every other dataset, as without --held-out
+    assert report["configuration"]["datasets"] == ["mmlu", "squad"]
+    with pytest.raises(SystemExit, match="--held-out: nq_open is not in both"):
+        _lodo(tiny_runs, tiny_artifact, tmp_path / "unknown", "--held-out", "nq_open")
