@@ -2,7 +2,9 @@
 
 c_1 = p_1; for i >= 2, c_i = clip(C2(z_i), eps, 1), where z_i holds the confidences of
 the N tokens before i. Streaming and whole-sequence scoring run the same per-token code,
-so a streamed answer gets exactly the confidences of the same answer scored at once.
+so a streamed answer gets the confidences of the same answer scored at once: to the bit for
+a linear stage 2, up to float rounding for an MLP (whose attention products are taken over
+the tokens that arrive together).
 
 A linear C2 (ridge) is applied without building z_i: its weights are split by what they
 multiply (`LinearStage2`), so each token costs one dot product over its step row as captured

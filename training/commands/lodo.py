@@ -83,6 +83,8 @@ def run_lodo(
     # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused.
     artifact_alpha = float(params.get("alpha", math.nan))
     mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if manifest.regressor.kind == "mlp" else None
+    if mlp_config is not None and alpha is not None:
+        raise SystemExit("--alpha: the artifact's stage 2 is an MLP, which has no ridge alpha")
     choice = Choice(
         variant,
         float(params.get("alpha_stage1", artifact_alpha)) if alpha_stage1 is None else alpha_stage1,
@@ -130,7 +132,7 @@ def run_lodo(
         runs=train_runs,
         out=out,
         variants=(variant,),
-        seed=seed,
+        seed=int(manifest.metrics.get("cv", {}).get("seed", seed)),  # the artifact's folds and MLP initialisation
         fold_unit=fold_unit,
         epsilon=epsilon,
         mlp_width=int(params.get("width", FitOptions.mlp_width)),

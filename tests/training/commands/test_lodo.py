@@ -197,6 +197,8 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
         "width": 8,
     }
     assert report["configuration"]["alpha"] is None  # no stage-2 ridge
+    with pytest.raises(SystemExit, match="--alpha: the artifact's stage 2 is an MLP"):
+        _lodo(tiny_runs, artifact, tmp_path / "alpha", "--alpha", "1")
     assert "alpha None" not in (tmp_path / "lodo" / "lodo.md").read_text()
     # One MLP per held-out dataset, with the artifact's shape.
     assert len(fitted) == 2
