@@ -104,9 +104,10 @@ class LinearStage2:
         confidences: Sequence[float],
         row: np.ndarray,
         extras_row: np.ndarray | None,
+        attention_term: np.ndarray | None = None,
     ) -> float:
         """C2 of the token at 0-based `index >= 1`, whose step row is `row`."""
-        return float(self.outputs(index, probs, confidences, row, extras_row))
+        return float(self.outputs(index, probs, confidences, row, extras_row, attention_term))
 
     def outputs(
         self,
@@ -280,12 +281,9 @@ class TadStream:
         attention_term: np.ndarray | None,
     ) -> float:
         spec, split = self.scorer.spec, self.scorer.split
-        if isinstance(split, MLPStage2):
-            return split.predict(
-                index, probs, self.confidences, rows[index - spec.row_shift], extras_row, attention_term
-            )
         if split is not None:
-            return split.predict(index, probs, self.confidences, rows[index - spec.row_shift], extras_row)
+            row = rows[index - spec.row_shift]
+            return split.predict(index, probs, self.confidences, row, extras_row, attention_term)
         row = stage2_feature_row(index, probs, self.confidences, rows, spec, extras_row)
         return predict_one(self.scorer.regressor, row)
 

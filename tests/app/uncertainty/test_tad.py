@@ -73,18 +73,26 @@ def test_linear_weights_split_equal_the_feature_vector_path(
     spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
     rng = np.random.default_rng(5)
     model = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
+    got, expected, fast = _split_and_feature_vector(model, spec, slots, rng)
+    assert isinstance(fast.split, LinearStage2)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+
+def _split_and_feature_vector(
+    model: Ridge | MLPRegressor, spec: FeatureSpec, slots: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, TadScorer]:
+    """Confidences of one random 9-token answer with split weights and on the feature vector, and the split scorer."""
     n = 9
     logprobs = np.log(rng.uniform(0.05, 1.0, n))
-    attention = rng.uniform(0, 1, (n, 2, 3, slots)).astype(np.float32)
-    extras = rng.uniform(0, 3, (n, len(extra_stats))).astype(np.float32) if extra_stats else None
+    attention = rng.uniform(0, 1, (n, spec.num_layers, spec.num_heads, slots)).astype(np.float32)
+    extras = rng.uniform(0, 3, (n, len(spec.extra_stats))).astype(np.float32) if spec.extra_stats else None
     fast = TadScorer(model, spec, epsilon=1e-4)
-    assert isinstance(fast.split, LinearStage2)
     generic = TadScorer(_OpaqueRegressor(model), spec, epsilon=1e-4)
     assert generic.split is None
     got = fast.confidences(logprobs, attention, extras)
     expected = generic.confidences(logprobs, attention, extras)
     assert np.all((expected[1:] > 1e-4) & (expected[1:] < 1.0))  # no clipping hides a difference
-    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+    return got, expected, fast
 
 
 @pytest.mark.parametrize(
@@ -107,17 +115,8 @@ def test_mlp_split_equals_scikit_learn_on_the_feature_vector(
     # Small weights around an output of 0.5, so that no confidence is clipped.
     model.coefs_ = [rng.normal(0, 0.2, w.shape) for w in model.coefs_]
     model.intercepts_ = [rng.normal(0, 0.1, b.shape) for b in model.intercepts_[:-1]] + [np.array([0.5])]
-    n = 9
-    logprobs = np.log(rng.uniform(0.05, 1.0, n))
-    attention = rng.uniform(0, 1, (n, 2, 3, slots)).astype(np.float32)
-    extras = rng.uniform(0, 3, (n, len(extra_stats))).astype(np.float32) if extra_stats else None
-    fast = TadScorer(model, spec, epsilon=1e-4)
+    got, expected, fast = _split_and_feature_vector(model, spec, slots, rng)
     assert isinstance(fast.split, MLPStage2)
-    generic = TadScorer(_OpaqueRegressor(model), spec, epsilon=1e-4)
-    assert generic.split is None
-    got = fast.confidences(logprobs, attention, extras)
-    expected = generic.confidences(logprobs, attention, extras)
-    assert np.all((expected[1:] > 1e-4) & (expected[1:] < 1.0))  # no clipping hides a difference
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
