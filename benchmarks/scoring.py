@@ -56,17 +56,6 @@ class Linear:
 
 
 @dataclass(frozen=True)
-class FeatureVectorLinear:
-    """The same model without `coef_` on view, so the scorer takes the feature-vector path."""
-
-    weights: np.ndarray
-    bias: float
-
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        return features.astype(np.float64) @ self.weights + self.bias
-
-
-@dataclass(frozen=True)
 class FeatureVectorModel:
     """Any regressor behind `predict` alone, so the scorer takes the feature-vector path."""
 
@@ -88,7 +77,7 @@ def case_of(name: str, weights: np.ndarray, bias: float, spec: FeatureSpec, aggr
     return Case(
         name=name,
         split=TadScorer(Linear(weights, bias), spec, 1e-4),
-        feature_vector=TadScorer(FeatureVectorLinear(weights, bias), spec, 1e-4),
+        feature_vector=TadScorer(FeatureVectorModel(Linear(weights, bias)), spec, 1e-4),
         aggregation=aggregation,
     )
 
