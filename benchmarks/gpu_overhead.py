@@ -67,7 +67,7 @@ from app.engine.sequence import GenerationRequest
 from app.identity import ModelIdentity
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.features import Convention, FeatureSpec
-from app.uncertainty.tad import TadScorer
+from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
 
 PLAIN, ENGINE, CAPTURE = "plain", "engine", "capture"
 
@@ -176,10 +176,20 @@ class RandomLinear:
         return features.astype(np.float64) @ self.coef_ + self.intercept_
 
 
-def random_tad(num_layers: int, num_heads: int, n_lags: int) -> TadScorer:
+def random_tad(num_layers: int, num_heads: int, n_lags: int, stage2: str = "ridge") -> TadScorer:
+    """A scorer of the given shape with a random stage 2: `ridge` (linear), `mlp` (two ReLU layers of 256, the
+    default artifact's size) or `mlp+ridge` (the two averaged, `AveragedRegressor`)."""
+    from benchmarks.scoring import random_mlp
+
     spec = FeatureSpec(n_lags=n_lags, num_layers=num_layers, num_heads=num_heads, convention=Convention.GENERATING)
-    coef = np.random.default_rng(0).normal(0.0, 1e-3, spec.stage2_size)
-    return TadScorer(regressor=RandomLinear(coef, 0.5), spec=spec, epsilon=1e-4)
+    rng = np.random.default_rng(0)
+    linear = RandomLinear(rng.normal(0.0, 1e-3, spec.stage2_size), 0.5)
+    regressors: dict[str, Callable[[], Regressor]] = {
+        "ridge": lambda: linear,
+        "mlp": lambda: random_mlp(spec.stage2_size, 256, rng),
+        "mlp+ridge": lambda: AveragedRegressor((linear, random_mlp(spec.stage2_size, 256, rng))),
+    }
+    return TadScorer(regressor=regressors[stage2](), spec=spec, epsilon=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------- timing

@@ -13,7 +13,12 @@ model almost never emits its end token, so answers run to the limit, and usage c
 generated either way). Prints both throughputs and the latency percentiles; the last line is
 `scheduler_vs_generate=<server tokens/s over generate tokens/s>`.
 
+`--stage2 mlp` or `mlp+ridge` gives the artifact a random MLP stage 2 of the default artifact's size
+(alone, or averaged with the ridge); `--stream` makes every client stream, so that each token is
+scored the step it is sampled (and checks that every token event carries its confidence).
+
     python -m benchmarks.gpu_serving --model llama --clients 32 --requests 128
+    python -m benchmarks.gpu_serving --model llama --clients 32 --requests 128 --stage2 mlp+ridge --stream
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ def serve(args: argparse.Namespace) -> None:
     loaded = make_engine(model, tokenizer, args.model, args.n_lags).loaded
     time_generate(model, args)
 
-    tad = random_tad(config.num_hidden_layers, config.num_attention_heads, args.n_lags)
+    tad = random_tad(config.num_hidden_layers, config.num_attention_heads, args.n_lags, args.stage2)
     manifest = Manifest.model_validate(json.loads(DEFAULT_MANIFEST.read_text()))
     features = manifest.features.model_copy(
         update={
@@ -160,18 +165,41 @@ def clients(args: argparse.Namespace) -> None:
         def payload() -> dict:
             # Ids 2000..9999: the id tokenizer's special tokens "t0"/"t1" would split words that start like them.
             prompt = " ".join(f"t{rng.randrange(2000, min(vocab, 10_000))}" for _ in range(args.prompt_tokens))
-            return {"prompt": prompt, "max_new_tokens": args.new_tokens, "return_tokens": False}
+            return {"prompt": prompt, "max_new_tokens": args.new_tokens, "return_tokens": False, "stream": args.stream}
 
         def one(body: dict) -> tuple[float, int, bool]:
             started = time.perf_counter()
-            response = httpx.post(f"{url}/v1/generate", json=body, timeout=600)
-            if response.status_code != 200:
-                raise SystemExit(f"request failed: {response.status_code} {response.text[:300]}")
-            result = response.json()
+            if args.stream:
+                result = streamed(body)
+            else:
+                response = httpx.post(f"{url}/v1/generate", json=body, timeout=600)
+                if response.status_code != 200:
+                    raise SystemExit(f"request failed: {response.status_code} {response.text[:300]}")
+                result = response.json()
             scored = result["decision"]["method"] == "tad" and result["decision"]["score"] is not None
             if result["usage"]["prompt_tokens"] != args.prompt_tokens:
                 raise SystemExit(f"prompt of {result['usage']['prompt_tokens']} tokens, not {args.prompt_tokens}")
             return time.perf_counter() - started, int(result["usage"]["completion_tokens"]), scored
+
+        def streamed(body: dict) -> dict:
+            """The `final` event's response after every `token` event (each carrying its confidence)."""
+            tokens, event = 0, ""
+            with httpx.stream("POST", f"{url}/v1/generate", json=body, timeout=600) as response:
+                if response.status_code != 200:
+                    raise SystemExit(f"request failed: {response.status_code} {response.read()[:300]!r}")
+                for line in response.iter_lines():
+                    if line.startswith("event: "):
+                        event = line.removeprefix("event: ")
+                    elif line.startswith("data: ") and event == "token":
+                        tokens += 1
+                        if json.loads(line.removeprefix("data: "))["confidence"] is None:
+                            raise SystemExit("a streamed token came without its TAD confidence")
+                    elif line.startswith("data: ") and event == "final":
+                        final = json.loads(line.removeprefix("data: "))
+                        if tokens != final["usage"]["completion_tokens"]:
+                            raise SystemExit(f"{tokens} token events for {final['usage']['completion_tokens']} tokens")
+                        return final
+            raise SystemExit("the stream ended without its final event")
 
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(one, [payload() for _ in range(args.clients)]))  # warm-up
@@ -206,6 +234,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--n-lags", type=int, default=10)
+    parser.add_argument(
+        "--stage2", choices=("ridge", "mlp", "mlp+ridge"), default="ridge", help="the random artifact's stage 2"
+    )
+    parser.add_argument("--stream", action="store_true", help="clients stream (each token scored as it is sampled)")
     parser.add_argument("--generate-repeats", type=int, default=3)
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--ready-timeout", type=float, default=300.0)

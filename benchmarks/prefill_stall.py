@@ -49,6 +49,9 @@ class TokenClock:
             self.seen += 1
         return []
 
+    def tad_pending(self, sequence: SequenceState) -> None:
+        return None  # no TAD stream to prime
+
     def on_finish(self, sequence: SequenceState, timing: Timing) -> list[Event]:
         self.on_step(sequence)
         return [("done", time.perf_counter())]  # type: ignore[list-item]

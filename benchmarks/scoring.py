@@ -11,7 +11,13 @@ the real shapes of larger models, it times, interleaved and repeated:
   row as captured, N products with the earlier p's and c's; for an MLP stage 2, `MLPStage2`:
   its first layer split the same way, the rows' products for a whole answer in one);
 - whole answer:   everything the server computes when an answer ends (TAD with split
-  weights, then MSP, perplexity, entropy, maximum token uncertainty and RAUQ).
+  weights, then MSP, perplexity, entropy, maximum token uncertainty and RAUQ);
+- streamed:       split weights fed one token at a time, as a streamed or early-stopped
+  answer is scored (each token's confidence the step it is sampled): an MLP's attention
+  products then come one row at a time instead of one matrix product per answer.
+
+`--stage2 mlp` gives the larger shapes random MLP stage 2s of the default artifact's size
+(two hidden layers of 256) in place of linear ones.
 
 Prints microseconds per token (medians) and the speed-up; the last line is
 `scoring_speedup=<smallest feature-vector / split-weights ratio over the shapes>`.
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sklearn.linear_model import Ridge
+from sklearn.neural_network import MLPRegressor
 
 from app.settings import DEFAULT_ARTIFACT
 from app.uncertainty.aggregation import Aggregation
@@ -96,10 +103,24 @@ def default_case() -> Case:
     return Case(name, artifact.scorer, generic, artifact.manifest.aggregation)
 
 
-def random_case(name: str, layers: int, heads: int, n_lags: int) -> Case:
+def random_case(name: str, layers: int, heads: int, n_lags: int, stage2: str = "ridge") -> Case:
     spec = FeatureSpec(n_lags=n_lags, num_layers=layers, num_heads=heads, convention=Convention.GENERATING)
-    weights = np.random.default_rng(0).normal(0.0, 1e-3, spec.stage2_size)
-    return case_of(name, weights, 0.5, spec, Aggregation.MEAN)
+    rng = np.random.default_rng(0)
+    if stage2 == "ridge":
+        return case_of(name, rng.normal(0.0, 1e-3, spec.stage2_size), 0.5, spec, Aggregation.MEAN)
+    mlp = random_mlp(spec.stage2_size, 256, rng)
+    split = TadScorer(mlp, spec, 1e-4)
+    return Case(f"{name}, MLP 256 x 256", split, TadScorer(FeatureVectorModel(mlp), spec, 1e-4), Aggregation.MEAN)
+
+
+def random_mlp(inputs: int, width: int, rng: np.random.Generator) -> MLPRegressor:
+    """A fitted-looking scikit-learn MLP of two ReLU layers (float32 weights, as fit leaves them)."""
+    model = MLPRegressor(hidden_layer_sizes=(width, width))
+    shapes = [(inputs, width), (width, width), (width, 1)]
+    model.coefs_ = [rng.normal(0.0, 1.0 / np.sqrt(rows), (rows, cols)).astype(np.float32) for rows, cols in shapes]
+    model.intercepts_ = [np.zeros(width, np.float32), np.zeros(width, np.float32), np.array([0.5], np.float32)]
+    model.n_layers_, model.n_outputs_, model.out_activation_, model.n_features_in_ = 4, 1, "identity", inputs
+    return model
 
 
 def answer_inputs(spec: FeatureSpec, tokens: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -132,7 +153,15 @@ def measure(case: Case, tokens: int, repeats: int) -> dict[str, float]:
         confidences = case.split.confidences_of(trace)
         return score_all(MethodInput(trace, confidences, case.aggregation), tad_available=True)
 
+    def streamed() -> object:  # `AnswerProgress.on_step` for a streamed answer: one token per step
+        stream = case.split.stream()
+        for step in range(1, tokens + 1):
+            stream.advance(logprob_list[:step], row_list[:step])
+        return stream.confidences
+
+    logprob_list, row_list = list(logprobs), list(rows)
     runs["whole answer"] = whole_answer
+    runs["streamed"] = streamed
     times: dict[str, list[float]] = {name: [] for name in runs}
     for repeat in range(repeats):
         names = list(runs)
@@ -148,15 +177,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="answer length")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--n-lags", type=int, default=10, help="N for the larger shapes")
+    parser.add_argument("--stage2", choices=("ridge", "mlp"), default="ridge", help="the larger shapes' stage 2")
     args = parser.parse_args()
 
-    cases = [default_case()] + [random_case(name, layers, heads, args.n_lags) for name, layers, heads in LARGER_SHAPES]
+    cases = [default_case()] + [
+        random_case(name, layers, heads, args.n_lags, args.stage2) for name, layers, heads in LARGER_SHAPES
+    ]
     print(f"{args.tokens}-token answers, {args.repeats} interleaved repeats, medians (microseconds per token)\n")
     print(
         "| regressor | features | feature vector | split weights | speed-up | whole answer (TAD + baselines) "
-        "| max abs difference |"
+        "| streamed | max abs difference |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     speedups = []
     for case in cases:
         result = measure(case, args.tokens, args.repeats)
@@ -165,7 +197,7 @@ def main() -> None:
         print(
             f"| {case.name} | {case.split.spec.stage2_size:,} | {result['feature vector']:.1f} | "
             f"{result['split weights']:.1f} | {speedup:.2f}x | {result['whole answer']:.1f} | "
-            f"{result['max |difference|']:.1e} |"
+            f"{result['streamed']:.1f} | {result['max |difference|']:.1e} |"
         )
     print(f"\nscoring_speedup={min(speedups):.2f}")
 

@@ -172,6 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
         "out-of-fold TAD scores",
     )
     fit.add_argument("--mlp-width", type=_int_at_least(1), default=256)
+    fit.add_argument(
+        "--mlp-average",
+        action="store_true",
+        help="with --mlp: also cross-validate each MLP averaged with the chosen ridge stage 2; the average is "
+        "kept under the trial rule (a significant fold-by-fold gain over the model it would replace)",
+    )
+    fit.add_argument(
+        "--force-average",
+        action="store_true",
+        help="with --mlp-average: install the average even when the trial rule does not keep it (the verdict "
+        "is still recorded); the default artifact's was adopted on the dev split this way",
+    )
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
     fit.add_argument(
         "--conventions",
@@ -426,6 +438,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         from training.two_stage import Variant
         from training.weighting import RowWeighting
 
+        if args.mlp_average and not args.mlp:
+            parser.error("--mlp-average needs --mlp (it averages the MLP with the ridge stage 2)")
+        if args.force_average and not args.mlp_average:
+            parser.error("--force-average needs --mlp-average")
         manifest = run_fit(
             FitOptions(
                 runs=args.runs,
@@ -438,6 +454,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 epsilon=args.epsilon,
                 mlp=args.mlp,
                 mlp_width=args.mlp_width,
+                mlp_average=args.mlp_average,
+                mlp_average_force=args.force_average,
                 mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
                 conventions=tuple(Convention(c) for c in args.conventions),
                 variants=tuple(Variant(v) for v in args.variants),
@@ -452,6 +470,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         chosen = manifest.metrics["cv"]["chosen"]
         if manifest.regressor.kind == "mlp":
             chosen = manifest.metrics["cv"]["mlp"]["best"]
+        elif manifest.regressor.kind == "mlp+ridge":
+            chosen = manifest.metrics["cv"]["mlp"]["average"]["best"]
         print(
             f"wrote {args.out}: {manifest.regressor.kind} {manifest.regressor.params}, variant {manifest.variant}, "
             f"aggregation {manifest.aggregation.value}, CV PRR {chosen['prr_mean']:.3f}"

@@ -15,6 +15,7 @@ from app.serving.events import Event, GenerationResult, StreamedToken, Timing
 from app.serving.policy import EARLY_STOP_MIN_TOKENS, Policy
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.methods import REGISTRY, MethodInput
+from app.uncertainty.tad import TadStream
 
 
 class AnswerProgress:
@@ -38,6 +39,14 @@ class AnswerProgress:
         wants_confidences = stream_tokens or (self.early_stop and policy.needs_artifact)
         self.tad_stream = scorer.stream() if wants_confidences else None
         self.detokenizer = engine.stream_detokenizer() if stream_tokens else None
+
+    def tad_pending(self, sequence: SequenceState) -> tuple[TadStream, int, list[np.ndarray]] | None:
+        """What the next `on_step` will hand TAD's stream (the stream, the number of log-probs, the step
+        rows), so that the scheduler can prime one step's streams together (`prime_streams`); None
+        without a stream."""
+        if self.tad_stream is None:
+            return None
+        return self.tad_stream, len(sequence.tokens), sequence.attention_rows
 
     def on_step(self, sequence: SequenceState) -> list[Event]:
         """Tokens that can be sent now; cuts the answer off if the policy says so."""

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
@@ -32,6 +34,7 @@ from app.engine.teacher_forcing import ScoringPass
 from app.errors import DeadlineExceeded, Overloaded, ServiceError
 from app.serving.events import Event, Failure, Timing
 from app.uncertainty.answer import AnswerScorer
+from app.uncertainty.tad import TadStream, prime_streams
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,11 @@ class SequenceObserver(Protocol):
 
     def on_step(self, sequence: SequenceState) -> list[Event]:
         """Events to send now; may finish the sequence (an early stop)."""
+        ...
+
+    def tad_pending(self, sequence: SequenceState) -> tuple[TadStream, int, list[np.ndarray]] | None:
+        """The TAD stream `on_step` will advance, with its number of log-probs and its step rows (None: no
+        stream), so that the scheduler can prime it with the step's others."""
         ...
 
     def on_finish(self, sequence: SequenceState, timing: Timing) -> list[Event]:
@@ -128,6 +136,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
+        self._prime_failure_logged = False
         self._pending: deque[PendingWork] = deque()  # chunked work under way, oldest first; the worker's own
         self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
 
@@ -413,6 +422,7 @@ class Scheduler:
         if self.on_batch is not None:  # once per forward: the batch size histogram counts rows computed together
             self.on_batch(computed)
         now = time.monotonic()
+        self._prime_tad_streams()
         for sequence in self._batch.sequences:
             item = self._items[id(sequence)]
             if item.first_token_at is None and sequence.tokens:
@@ -430,6 +440,22 @@ class Scheduler:
             except Exception:  # one answer that cannot be scored must not fail its neighbours
                 logger.exception("finishing a request failed")
                 self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
+
+    def _prime_tad_streams(self) -> None:
+        """The streamed answers' TAD inputs of this step, batched (one product per MLP stage 2, not one each)."""
+        assert self._batch is not None
+        try:
+            pending = []
+            for sequence in self._batch.sequences:
+                observer = self._items[id(sequence)].observer
+                entry = observer.tad_pending(sequence) if observer is not None else None
+                if entry is not None:
+                    pending.append(entry)
+            prime_streams(pending)
+        except Exception:  # each stream then computes its own in on_step, where a failure is that answer's
+            if not self._prime_failure_logged:  # once: a bad answer would fail every step's priming
+                logger.exception("priming the step's TAD streams failed (logged once)")
+            self._prime_failure_logged = True
 
     def _stream_progress(self, item: GenerationItem, sequence: SequenceState) -> None:
         if item.observer is not None:

@@ -63,7 +63,7 @@ class RegressorInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     file: str
-    kind: Literal["ridge", "mlp"]
+    kind: Literal["ridge", "mlp", "mlp+ridge"]  # mlp+ridge: `AveragedRegressor` of the two
     params: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -31,6 +31,29 @@ class Regressor(Protocol):
     def predict(self, features: np.ndarray) -> np.ndarray: ...
 
 
+@dataclass(frozen=True)
+class AveragedRegressor:
+    """A stage 2 that predicts the mean of its members' predictions, all fitted on the same features.
+
+    The default artifact's: its ridge and its MLP (README, "Ridge and MLP averaged"), whose
+    cross-validated errors differ enough that their mean ranks answers better than either.
+    """
+
+    members: tuple[Regressor, ...]
+
+    @property
+    def n_features_in_(self) -> int | None:
+        """The members' common input size, as scikit-learn names it (artifact loading checks it)."""
+        sizes = {getattr(member, "n_features_in_", None) for member in self.members}
+        if len(sizes) != 1:
+            raise ValueError(f"the averaged regressors take different numbers of features: {sorted(map(str, sizes))}")
+        return sizes.pop()
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        predictions = [np.asarray(m.predict(features), dtype=np.float64).reshape(-1) for m in self.members]
+        return np.mean(predictions, axis=0)
+
+
 def predict_one(regressor: Regressor, row: np.ndarray) -> float:
     """One prediction; linear models skip scikit-learn's per-call input validation."""
     coef = getattr(regressor, "coef_", None)
@@ -165,28 +188,49 @@ class MLPStage2:
 
     first: LinearStage2
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]  # (weights, biases) after the first layer
+    # Averaged with a linear model (`AveragedRegressor` of a ridge and an MLP): the linear model's
+    # weights are the first layer's last output column, so its prediction costs one column more.
+    with_linear: bool = False
 
     @classmethod
     def of(cls, regressor: Regressor, spec: FeatureSpec) -> MLPStage2 | None:
-        """The split network, or None when the regressor is not such an MLP of this spec's size."""
-        coefs = getattr(regressor, "coefs_", None)
-        intercepts = getattr(regressor, "intercepts_", None)
-        if coefs is None or intercepts is None or len(coefs) < 2:
+        """The split network, or None when the regressor is not such an MLP of this spec's size
+        (alone, or averaged with one linear model)."""
+        if isinstance(regressor, AveragedRegressor):
+            return cls._averaged(regressor, spec)
+        network = _relu_network(regressor, spec)
+        if network is None:
             return None
-        if (
-            getattr(regressor, "activation", None) != "relu"
-            or getattr(regressor, "out_activation_", None) != "identity"
-        ):
-            return None
-        if np.shape(coefs[0])[0] != spec.stage2_size or np.shape(coefs[-1])[1] != 1:
-            return None
-        weights = [np.asarray(c, dtype=np.float64) for c in coefs]
-        biases = [np.asarray(b, dtype=np.float64) for b in intercepts]
+        weights, biases = network
         first = LinearStage2.split(weights[0], biases[0], spec)
         return cls(first=first, layers=tuple(zip(weights[1:], biases[1:], strict=True)))
 
+    @classmethod
+    def _averaged(cls, regressor: AveragedRegressor, spec: FeatureSpec) -> MLPStage2 | None:
+        """The split of exactly one linear model and one ReLU MLP: the linear model rides as the first
+        layer's last output column and `predict` halves the sum of the two outputs (None otherwise)."""
+        members = regressor.members
+        linear_at = [i for i, member in enumerate(members) if LinearStage2.of(member, spec) is not None]
+        if len(members) != 2 or len(linear_at) != 1:
+            return None
+        linear, network = members[linear_at[0]], _relu_network(members[1 - linear_at[0]], spec)
+        if network is None:
+            return None
+        weights, biases = network
+        coef = np.asarray(linear.coef_, dtype=np.float64)  # type: ignore[attr-defined]
+        first_weights = np.hstack([weights[0], coef[:, None]])
+        first_biases = np.append(biases[0], float(linear.intercept_))  # type: ignore[attr-defined]
+        first = LinearStage2.split(first_weights, first_biases, spec)
+        return cls(first=first, layers=tuple(zip(weights[1:], biases[1:], strict=True)), with_linear=True)
+
     def attention_terms(self, rows: Sequence[np.ndarray], indices: range, row_shift: int) -> np.ndarray:
-        """The first layer's attention terms `[len(indices), H]` of tokens `indices` (each >= 1).
+        """The first layer's attention terms `[len(indices), H]` of tokens `indices` (each >= 1)."""
+        return self.attention_terms_of([(rows, indices)], row_shift)[0]
+
+    def attention_terms_of(
+        self, answers: Sequence[tuple[Sequence[np.ndarray], range]], row_shift: int
+    ) -> list[np.ndarray]:
+        """`attention_terms` of several answers' (step rows, token indices) in one matrix product.
 
         A token with fewer than N earlier tokens has the slots of lags it lacks zeroed in its row,
         which is what `LinearStage2`'s masked weights do.
@@ -194,18 +238,22 @@ class MLPStage2:
         first = self.first
         n_lags = len(first.probability)
         recorded, slot_shift = n_lags + 1, first.slots_read - n_lags
-        block = np.stack([rows[index - row_shift] for index in indices]).astype(np.float64)
-        if block.shape[-1] < first.slots_read:
-            raise ValueError(f"attention rows hold {block.shape[-1]} slots; {n_lags} lags need more")
-        used = min(block.shape[-1], recorded)
-        block = block[..., :used]
-        for position, index in enumerate(indices):
+        slots = min(rows[index - row_shift].shape[-1] for rows, indices in answers for index in indices)
+        if slots < first.slots_read:
+            raise ValueError(f"attention rows hold {slots} slots; {n_lags} lags need more")
+        used = min(slots, recorded)
+        block = np.stack(
+            [rows[index - row_shift][..., :used] for rows, indices in answers for index in indices]
+        ).astype(np.float64)
+        tokens = [index for _, indices in answers for index in indices]
+        for position, index in enumerate(tokens):
             if index < n_lags:
                 block[position, :, :, index + slot_shift :] = 0.0
         weights = first.attention[n_lags - 1]
         outputs = weights.shape[1]
         weights = weights.reshape(-1, recorded, outputs)[:, :used].reshape(-1, outputs)
-        return block.reshape(len(indices), -1) @ weights
+        terms = block.reshape(len(tokens), -1) @ weights
+        return np.split(terms, np.cumsum([len(indices) for _, indices in answers])[:-1])
 
     def predict(
         self,
@@ -217,9 +265,26 @@ class MLPStage2:
         attention_term: np.ndarray | None = None,
     ) -> float:
         hidden = np.asarray(self.first.outputs(index, probs, confidences, row, extras_row, attention_term))
+        linear = 0.0
+        if self.with_linear:
+            hidden, linear = hidden[:-1], float(hidden[-1])
         for weights, biases in self.layers:
             hidden = np.dot(np.maximum(hidden, 0.0), weights) + biases
-        return float(hidden[0])
+        return (float(hidden[0]) + linear) / 2 if self.with_linear else float(hidden[0])
+
+
+def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """A scikit-learn MLP's (weights, biases) per layer in float64, or None when it is not a ReLU network
+    of one output over this spec's stage-2 features."""
+    coefs = getattr(regressor, "coefs_", None)
+    intercepts = getattr(regressor, "intercepts_", None)
+    if coefs is None or intercepts is None or len(coefs) < 2:
+        return None
+    if getattr(regressor, "activation", None) != "relu" or getattr(regressor, "out_activation_", None) != "identity":
+        return None
+    if np.shape(coefs[0])[0] != spec.stage2_size or np.shape(coefs[-1])[1] != 1:
+        return None
+    return [np.asarray(c, dtype=np.float64) for c in coefs], [np.asarray(b, dtype=np.float64) for b in intercepts]
 
 
 @dataclass
@@ -229,6 +294,13 @@ class TadStream:
     scorer: TadScorer
     confidences: list[float] = field(default_factory=list)
     _probs: list[np.float32] = field(default_factory=list)
+    # An MLP's attention terms of the tokens the next `advance` scores, computed with other answers'
+    # (`prime_streams`); by token index.
+    _primed: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def scorable(self, tokens: int, rows: int) -> range:
+        """The tokens an `advance` with `tokens` log-probs and `rows` step rows scores that need an attention row."""
+        return range(max(len(self.confidences), 1), min(tokens, rows + self.scorer.spec.row_shift))
 
     def advance(
         self,
@@ -249,14 +321,16 @@ class TadStream:
         probs = self._probs
         row_shift = self.scorer.spec.row_shift
         split = self.scorer.split
-        start = max(len(self.confidences), 1)
-        scorable = range(start, min(len(logprobs), len(attention_rows) + row_shift))
-        # An MLP's attention terms for every token scorable now, in one product.
-        terms = (
-            split.attention_terms(attention_rows, scorable, row_shift)
-            if isinstance(split, MLPStage2) and scorable
-            else None
-        )
+        scorable = self.scorable(len(logprobs), len(attention_rows))
+        start = scorable.start
+        # An MLP's attention terms for every token scorable now, in one product (unless primed with others').
+        primed, self._primed = self._primed, {}
+        terms: np.ndarray | list[np.ndarray] | None = None
+        if isinstance(split, MLPStage2) and scorable:
+            if all(index in primed for index in scorable):
+                terms = [primed[index] for index in scorable]
+            else:
+                terms = split.attention_terms(attention_rows, scorable, row_shift)
         while len(self.confidences) < len(logprobs):
             index = len(self.confidences)
             if index > 0 and index - row_shift >= len(attention_rows):
@@ -286,6 +360,31 @@ class TadStream:
             return split.predict(index, probs, self.confidences, row, extras_row, attention_term)
         row = stage2_feature_row(index, probs, self.confidences, rows, spec, extras_row)
         return predict_one(self.scorer.regressor, row)
+
+
+def prime_streams(pending: Sequence[tuple[TadStream, int, Sequence[np.ndarray]]]) -> None:
+    """Before several streams advance on one decode step's tokens: (stream, number of log-probs, step rows) each.
+
+    Streams whose stage 2 is an MLP get the attention terms of the tokens they are about to score
+    from one matrix product per stage 2 instead of one each: a product per token reads the whole
+    first-layer matrix for one row (docs in the README, *An MLP stage 2 at this size*). The
+    confidences are those `advance` computes alone, up to float rounding.
+    """
+    groups: dict[int, list[tuple[TadStream, Sequence[np.ndarray], range]]] = {}
+    for stream, tokens, rows in pending:
+        indices = stream.scorable(tokens, len(rows))
+        if isinstance(stream.scorer.split, MLPStage2) and indices:
+            groups.setdefault(id(stream.scorer.split), []).append((stream, rows, indices))
+    for group in groups.values():
+        if len(group) < 2:  # `advance` computes a lone stream's own
+            continue
+        split = group[0][0].scorer.split
+        assert isinstance(split, MLPStage2)
+        terms = split.attention_terms_of(
+            [(rows, indices) for _, rows, indices in group], group[0][0].scorer.spec.row_shift
+        )
+        for (stream, _, indices), block in zip(group, terms, strict=True):
+            stream._primed = dict(zip(indices, block, strict=True))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from app.numeric import finite_or_none
 from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import Method
-from app.uncertainty.tad import TadScorer
+from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
 from training.commands.fit import (
     MLP_CONFIG_KEYS,
     Choice,
@@ -80,11 +80,15 @@ def run_lodo(
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
     params = manifest.regressor.params
     variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
-    # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused.
+    # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
+    # a ridge, whose ridge has one).
     artifact_alpha = float(params.get("alpha", math.nan))
-    mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if manifest.regressor.kind == "mlp" else None
-    if mlp_config is not None and alpha is not None:
+    kind = manifest.regressor.kind
+    mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if kind in ("mlp", "mlp+ridge") else None
+    if kind == "mlp" and alpha is not None:
         raise SystemExit("--alpha: the artifact's stage 2 is an MLP, which has no ridge alpha")
+    if kind == "mlp+ridge" and alpha is None and math.isnan(artifact_alpha):
+        raise SystemExit(f"{artifact_dir}: the manifest gives its averaged ridge no alpha (pass --alpha)")
     choice = Choice(
         variant,
         float(params.get("alpha_stage1", artifact_alpha)) if alpha_stage1 is None else alpha_stage1,
@@ -117,13 +121,14 @@ def run_lodo(
         "configuration": {
             "convention": spec.convention.value,
             "variant": variant.value,
-            "alpha": choice.alpha if mlp_config is None else None,  # an MLP stage 2 has none
+            "alpha": None if kind == "mlp" else choice.alpha,  # an MLP stage 2 has none
             "alpha_stage1": choice.alpha_stage1,
             "aggregation": aggregation.value,
             "target_centring": centring.value,
             "row_weighting": weighting.value,
             "fold_unit": fold_unit.value,
             "stage2": "ridge" if mlp_config is None else {"mlp": mlp_config, "width": params["width"]},
+            "averaged_with_ridge": True if kind == "mlp+ridge" else None,  # None: not in the report's text
             "datasets": sorted({t.dataset for t in texts}),
         },
         "datasets": {},
@@ -140,10 +145,14 @@ def run_lodo(
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
         train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
         data = prepare_folds(train, spec, options)
+        stage2: Regressor
         if mlp_config is None:
             ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
         else:
             stage2 = fit_final_mlp(train, spec, data, variant, choice.alpha_stage1, mlp_config, options)
+            if kind == "mlp+ridge":
+                ((_, ridge),) = fit_final(train, spec, data, [choice], epsilon)
+                stage2 = AveragedRegressor((ridge, stage2))
         scorer = TadScorer(stage2, spec, epsilon)
         held = [t for t in tests if t.dataset == dataset]
         traces = [t.token_trace(spec.n_lags) for t in held]

@@ -30,6 +30,9 @@ class RecordingObserver:
         self.steps += 1
         return []
 
+    def tad_pending(self, sequence: SequenceState) -> None:
+        return None
+
     def on_finish(self, sequence: SequenceState, timing: Timing) -> list[Event]:
         return [("done", sequence, timing)]  # type: ignore[list-item]
 

@@ -8,7 +8,7 @@ from sklearn.linear_model import Ridge
 from sklearn.neural_network import MLPRegressor
 
 from app.uncertainty.features import Convention, FeatureSpec, stage2_features, token_probabilities
-from app.uncertainty.tad import LinearStage2, MLPStage2, TadScorer
+from app.uncertainty.tad import AveragedRegressor, LinearStage2, MLPStage2, TadScorer, prime_streams
 
 SPEC = FeatureSpec(n_lags=2, num_layers=1, num_heads=2)
 
@@ -51,7 +51,7 @@ def test_confidences_are_clipped() -> None:
 class _OpaqueRegressor:
     """A regressor the scorer can only call `predict` on: the feature-vector path."""
 
-    def __init__(self, model: Ridge | MLPRegressor) -> None:
+    def __init__(self, model: Ridge | MLPRegressor | AveragedRegressor) -> None:
         self.model = model
 
     def predict(self, features: np.ndarray) -> np.ndarray:
@@ -79,7 +79,7 @@ def test_linear_weights_split_equal_the_feature_vector_path(
 
 
 def _split_and_feature_vector(
-    model: Ridge | MLPRegressor, spec: FeatureSpec, slots: int, rng: np.random.Generator
+    model: Ridge | MLPRegressor | AveragedRegressor, spec: FeatureSpec, slots: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, TadScorer]:
     """Confidences of one random 9-token answer with split weights and on the feature vector, and the split scorer."""
     n = 9
@@ -102,22 +102,55 @@ def _split_and_feature_vector(
 def test_mlp_split_equals_scikit_learn_on_the_feature_vector(
     convention: Convention, slots: int, extra_stats: tuple[str, ...]
 ) -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
+    rng = np.random.default_rng(7)
+    got, expected, fast = _split_and_feature_vector(_random_mlp(spec, rng), spec, slots, rng)
+    assert isinstance(fast.split, MLPStage2) and not fast.split.with_linear
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def _random_mlp(spec: FeatureSpec, rng: np.random.Generator) -> MLPRegressor:
+    """An MLP stage 2 of two hidden layers with small random weights around an output of 0.5 (nothing clipped)."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
 
-    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
-    rng = np.random.default_rng(7)
     model = MLPRegressor(hidden_layer_sizes=(16, 8), max_iter=20, random_state=0)
     with warnings.catch_warnings():  # a few epochs on noise: only the weights' shapes matter
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(rng.uniform(0, 1, (200, spec.stage2_size)), rng.uniform(0.3, 0.7, 200))
-    # Small weights around an output of 0.5, so that no confidence is clipped.
     model.coefs_ = [rng.normal(0, 0.2, w.shape) for w in model.coefs_]
     model.intercepts_ = [rng.normal(0, 0.1, b.shape) for b in model.intercepts_[:-1]] + [np.array([0.5])]
-    got, expected, fast = _split_and_feature_vector(model, spec, slots, rng)
-    assert isinstance(fast.split, MLPStage2)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("convention", "slots", "extra_stats", "linear_first"),
+    [(Convention.GENERATING, 3, (), True), (Convention.CONSUMING, 5, ("entropy",), False)],
+)
+def test_ridge_and_mlp_averaged_split_equal_their_mean_on_the_feature_vector(
+    convention: Convention, slots: int, extra_stats: tuple[str, ...], linear_first: bool
+) -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
+    rng = np.random.default_rng(11)
+    ridge, mlp = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5), _random_mlp(spec, rng)
+    averaged = AveragedRegressor((ridge, mlp) if linear_first else (mlp, ridge))
+    rows = rng.uniform(0, 1, (5, spec.stage2_size))
+    np.testing.assert_allclose(averaged.predict(rows), (ridge.predict(rows) + mlp.predict(rows)) / 2, rtol=1e-12)
+    got, expected, fast = _split_and_feature_vector(averaged, spec, slots, rng)
+    assert isinstance(fast.split, MLPStage2) and fast.split.with_linear
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_an_average_the_split_cannot_take_falls_back_to_the_feature_vector_path() -> None:
+    rng = np.random.default_rng(12)
+    spec = FeatureSpec(n_lags=2, num_layers=1, num_heads=2)
+    ridge = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
+    for members in [(ridge, ridge), (_random_mlp(spec, rng), _random_mlp(spec, rng)), (ridge,)]:
+        scorer = TadScorer(AveragedRegressor(members), spec, epsilon=1e-4)
+        assert scorer.split is None
+        logprobs, attention = _inputs(5)
+        assert len(scorer.confidences(logprobs, attention)) == 5
 
 
 def test_an_mlp_of_another_activation_takes_the_feature_vector_path() -> None:
@@ -152,7 +185,8 @@ def test_streaming_in_arrival_order_equals_whole_sequence(convention: Convention
     rng = np.random.default_rng(3)
     features = rng.uniform(0, 1, (200, spec.stage2_size))
     mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=50, random_state=0).fit(features, features[:, -1])
-    for regressor in (_linear(rng.normal(0, 0.2, spec.stage2_size), 0.3), mlp):
+    linear = _linear(rng.normal(0, 0.2, spec.stage2_size), 0.3)
+    for regressor in (linear, mlp, AveragedRegressor((linear, mlp))):
         scorer = TadScorer(regressor, spec, epsilon=1e-4)
         logprobs, attention = _inputs(7, seed=4)
         whole = scorer.confidences(logprobs, attention)
@@ -164,10 +198,60 @@ def test_streaming_in_arrival_order_equals_whole_sequence(convention: Convention
             if convention is Convention.GENERATING:
                 assert len(got) == step  # each token's confidence is known the moment it is sampled
         got += stream.advance(list(logprobs), list(attention))
-        if regressor is mlp:
+        if regressor is not linear:
             # The MLP's attention terms come from one matrix product over the tokens that arrive
             # together, whose summation order can differ in the last bit from a product per token.
             np.testing.assert_allclose(got, whole, rtol=1e-12, atol=0)
         else:
             assert got == list(whole)
         assert got[0] == float(token_probabilities(logprobs[:1])[0])
+
+
+@pytest.mark.parametrize("convention", list(Convention))
+def test_streams_primed_together_score_as_each_alone(convention: Convention, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = FeatureSpec(n_lags=3, num_layers=2, num_heads=2, convention=convention)
+    rng = np.random.default_rng(13)
+    averaged = AveragedRegressor((_linear(rng.normal(0, 0.05, spec.stage2_size), 0.5), _random_mlp(spec, rng)))
+    mlp_scorer = TadScorer(averaged, spec, 1e-4)
+    linear_scorer = TadScorer(_linear(rng.normal(0, 0.05, spec.stage2_size), 0.5), spec, 1e-4)
+    # Answers of different lengths starting at different steps, so that one step's product holds
+    # tokens both before and after the N-th.
+    answers = [_inputs_of(spec, n, seed) for n, seed in ((9, 1), (5, 2), (12, 3))]
+    scorers = [mlp_scorer, mlp_scorer, linear_scorer, mlp_scorer]
+    inputs = [*answers[:2], answers[0], answers[2]]
+    starts = [0, 5, 1, 2]
+    alone = [s.confidences(logprobs, rows) for s, (logprobs, rows) in zip(scorers, inputs, strict=True)]
+    streams = [s.stream() for s in scorers]
+    products: list[list[int]] = []
+    original = MLPStage2.attention_terms_of
+
+    def recorded(self: MLPStage2, answers: list, row_shift: int) -> list[np.ndarray]:
+        products.append([index for _, indices in answers for index in indices])
+        return original(self, answers, row_shift)
+
+    monkeypatch.setattr(MLPStage2, "attention_terms_of", recorded)
+    mixed = False
+    for step in range(1, 18):
+        pending = []
+        for stream, (logprobs, rows), start in zip(streams, inputs, starts, strict=True):
+            n = max(0, min(step - start, len(logprobs)))
+            pending.append((stream, n, list(rows[: max(n - 1, 0)])))  # a step row arrives with the next token
+        scoring = [s.scorable(t, len(r)) for s, t, r in pending if s.scorer is mlp_scorer and s.scorable(t, len(r))]
+        products.clear()
+        prime_streams(pending)
+        for (stream, tokens, rows), (logprobs, _) in zip(pending, inputs, strict=True):
+            stream.advance(list(logprobs[:tokens]), rows)
+        # One product for the step's MLP answers (none left for advance), or each its own when only one has work.
+        assert products == ([[i for r in scoring for i in r]] if len(scoring) > 1 else [list(r) for r in scoring])
+        mixed |= len(scoring) > 1 and min(products[0]) < spec.n_lags <= max(products[0])
+    assert mixed
+    for stream, (logprobs, rows), expected in zip(streams, inputs, alone, strict=True):
+        stream.advance(list(logprobs), list(rows))  # the consuming convention's last row
+        np.testing.assert_allclose(stream.confidences, expected, rtol=1e-12, atol=0)
+
+
+def _inputs_of(spec: FeatureSpec, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    logprobs = np.log(rng.uniform(0.1, 1.0, n))
+    rows = rng.uniform(0, 0.5, (n, spec.num_layers, spec.num_heads, spec.n_lags + 1)).astype(np.float32)
+    return logprobs, rows

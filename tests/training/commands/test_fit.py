@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -381,3 +382,104 @@ def test_a_fit_killed_while_carrying_over_is_finished_by_the_next(tmp_path: Path
     install_artifact(_artifact_folder(tmp_path / "staging", "newest", {}), out)
     assert (out / "regressor.joblib").read_text() == "newest" and (out / "calibration-run").read_text() == "answers"
     assert not list(tmp_path.glob(".artifact.replaced-*"))
+
+
+def test_mlp_average_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    import joblib
+
+    from app.uncertainty.artifact import load_artifact
+    from app.uncertainty.tad import AveragedRegressor, MLPStage2
+
+    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
+    options = FitOptions(
+        runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), mlp=True, mlp_width=16, mlp_grid=grid
+    )
+    manifest = run_fit(replace(options, mlp_average=True))
+    mlp = manifest.metrics["cv"]["mlp"]
+    assert {row["stage2"] for row in mlp["grid"]} == {"mlp", "mlp+ridge"}
+    average = mlp["average"]
+    assert average["best"]["stage2"] == "mlp+ridge" and isinstance(average["kept"], bool)
+    # The MLP's rows are the same folds' numbers as without the average (same seed, same matrix).
+    alone = run_fit(replace(options, out=tmp_path / "b"))
+    run_fit(replace(options, out=tmp_path / "ridge", mlp=False))
+    assert [r["prr_folds"] for r in alone.metrics["cv"]["mlp"]["grid"]] == [
+        r["prr_folds"] for r in mlp["grid"] if r["stage2"] == "mlp"
+    ]
+    assert manifest.regressor.kind == ("mlp+ridge" if average["kept"] else alone.regressor.kind)
+    assert average["installed_by_force"] is False
+    # --force-average installs it whatever the rule says, and records that it did.
+    forced = run_fit(replace(options, out=tmp_path / "c", mlp_average=True, mlp_average_force=True))
+    assert forced.regressor.kind == "mlp+ridge" and forced.regressor.params["alpha"] == 1.0
+    assert forced.metrics["cv"]["mlp"]["average"]["installed_by_force"] is (not average["kept"])
+    artifact = load_artifact(tmp_path / "c")
+    assert isinstance(artifact.scorer.regressor, AveragedRegressor)
+    ridge, mlp = artifact.scorer.regressor.members
+    assert isinstance(artifact.scorer.split, MLPStage2) and artifact.scorer.split.with_linear
+    # Its members are the ridge artifact's stage 2 and the MLP artifact's, fitted on the same rows.
+    np.testing.assert_array_equal(ridge.coef_, joblib.load(tmp_path / "ridge" / "regressor.joblib").coef_)
+
+
+@pytest.mark.parametrize(
+    ("mlp_gain", "average_gain", "force", "kind", "against", "forced"),
+    [
+        (1.0, 1.0, False, "mlp+ridge", "mlp", False),  # MLP kept, the average beats it significantly
+        (1.0, 0.0, False, "mlp", "mlp", False),  # ... not significantly: the MLP stays
+        (1.0, 0.0, True, "mlp+ridge", "mlp", True),  # ... unless forced, which is recorded
+        # MLP not kept: the average against the ridge, whose folds on the tiny runs are mostly undefined
+        # (no gain over them is significant), so only forcing installs it.
+        (-1.0, 10.0, True, "mlp+ridge", "ridge", True),
+        (-1.0, -10.0, False, "ridge", "ridge", False),
+    ],
+)
+def test_which_stage_2_is_installed(
+    tiny_runs: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlp_gain: float,
+    average_gain: float,
+    force: bool,
+    kind: str,
+    against: str,
+    forced: bool,
+) -> None:
+    from training.commands import fit
+
+    config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
+    noise = np.array([0.0, 0.1, -0.1, 0.1, -0.1])  # a fold-by-fold spread no mean gain of 0 survives
+
+    def row(stage2: str, folds: np.ndarray) -> dict[str, Any]:
+        values = [float(v) for v in folds]
+        return {
+            "stage2": stage2,
+            **config,
+            "aggregation": "mean",
+            "prr_mean": float(np.mean(values)),
+            "prr_folds": values,
+            "pooled_prr_folds": values,
+            "within_group_prr_folds": values,
+        }
+
+    def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
+        mlp = row("mlp", 5.0 * mlp_gain + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
+        average = row("mlp+ridge", np.array(mlp["prr_folds"]) + average_gain + (noise if average_gain == 0 else 0))
+        return mlp, average, [mlp, average]
+
+    monkeypatch.setattr(fit, "mlp_search", crafted_search)
+    options = FitOptions(
+        runs=[tiny_runs["train"]],
+        out=tmp_path / "a",
+        alphas=(1.0,),
+        mlp=True,
+        mlp_width=8,
+        mlp_grid={},
+        mlp_average=True,
+        mlp_average_force=force,
+        extra_feature_sets=(),
+        combiner=False,
+    )
+    manifest = run_fit(options)
+    assert manifest.regressor.kind == kind
+    average = manifest.metrics["cv"]["mlp"]["average"]
+    assert average["against"] == against and average["installed_by_force"] is forced
+    assert ("alpha" in manifest.regressor.params) is (kind != "mlp")
+    assert ("layers" in manifest.regressor.params) is (kind != "ridge")

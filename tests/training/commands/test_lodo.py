@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from app.uncertainty.aggregation import Aggregation
+from app.uncertainty.tad import AveragedRegressor
+from tests.artifacts import as_mlp_artifact
 from tests.conftest import N_LAGS
 from training.cli import main
 from training.commands import lodo
@@ -147,32 +149,6 @@ def test_runs_the_artifact_cannot_score_are_refused(
         _lodo(runs, tiny_artifact, tmp_path / "out")
 
 
-def _as_mlp_artifact(artifact: Path, out: Path) -> Path:
-    """The tiny artifact with its stage-2 ridge replaced by a small MLP, as `fit --mlp` writes one."""
-    import hashlib
-    import warnings
-
-    import joblib
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
-
-    shutil.copytree(artifact, out)
-    width = int(joblib.load(artifact / "regressor.joblib").n_features_in_)
-    rng = np.random.default_rng(0)
-    mlp = MLPRegressor(hidden_layer_sizes=(8, 8), max_iter=3, random_state=0)
-    with warnings.catch_warnings():  # three epochs do not converge, and need not
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        mlp.fit(rng.normal(size=(64, width)), rng.uniform(size=64))
-    joblib.dump(mlp, out / "regressor.joblib")
-    manifest = json.loads((out / "manifest.json").read_text())
-    kept = {k: v for k, v in manifest["regressor"]["params"].items() if k != "alpha"}
-    config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64, "width": 8}
-    manifest["regressor"] = {**manifest["regressor"], "kind": "mlp", "params": {**config, **kept}}
-    manifest["files"]["regressor.joblib"] = hashlib.sha256((out / "regressor.joblib").read_bytes()).hexdigest()
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    return out
-
-
 def test_an_mlp_artifact_is_refitted_as_an_mlp(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,7 +166,7 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
 
     monkeypatch.setattr(lodo, "fit_final_mlp", recording_fit_final_mlp)
     monkeypatch.setattr(lodo, "fit_final", no_ridge)
-    artifact = _as_mlp_artifact(tiny_artifact, tmp_path / "mlp")
+    artifact = as_mlp_artifact(tiny_artifact, tmp_path / "mlp")
     report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
     assert report["configuration"]["stage2"] == {
         "mlp": {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64},
@@ -204,6 +180,32 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
     assert len(fitted) == 2
     assert all(isinstance(m, MLPRegressor) and m.hidden_layer_sizes == (8, 8) for m in fitted)
     assert all(entry["prr"]["tad"] is None or np.isfinite(entry["prr"]["tad"]) for entry in report["datasets"].values())
+
+
+def test_an_averaged_artifact_is_refitted_as_the_mean_of_a_ridge_and_an_mlp(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sklearn.linear_model import Ridge
+    from sklearn.neural_network import MLPRegressor
+
+    scored: list[Any] = []
+    real_scorer = lodo.TadScorer
+
+    def recording_scorer(regressor: Any, *args: Any) -> Any:
+        scored.append(regressor)
+        return real_scorer(regressor, *args)
+
+    monkeypatch.setattr(lodo, "TadScorer", recording_scorer)
+    artifact = as_mlp_artifact(tiny_artifact, tmp_path / "averaged", averaged=True)
+    report = _lodo(tiny_runs, artifact, tmp_path / "lodo", "--alpha", "3")
+    assert report["configuration"]["averaged_with_ridge"] is True
+    assert report["configuration"]["alpha"] == 3.0  # the ridge member's, which --alpha may change
+    assert "averaged_with_ridge True" in (tmp_path / "lodo" / "lodo.md").read_text()
+    assert len(scored) == 2 and all(isinstance(r, AveragedRegressor) for r in scored)
+    for regressor in scored:
+        ridge, mlp = regressor.members
+        assert isinstance(ridge, Ridge) and ridge.alpha == 3.0
+        assert isinstance(mlp, MLPRegressor) and mlp.hidden_layer_sizes == (8, 8)
 
 
 def test_held_out_restricts_testing_not_training(
