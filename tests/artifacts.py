@@ -11,9 +11,10 @@ import numpy as np
 from app.uncertainty.tad import AveragedRegressor
 
 
-def as_mlp_artifact(artifact: Path, out: Path, averaged: bool = False) -> Path:
+def as_mlp_artifact(artifact: Path, out: Path, averaged: bool = False, seeds: int = 1) -> Path:
     """The tiny artifact with its stage-2 ridge replaced by a small MLP, as `fit --mlp` writes one
-    (`averaged`: by the mean of the ridge and the MLP, as `fit --mlp --mlp-average` does)."""
+    (`averaged`: by the mean of the ridge and the MLP, as `fit --mlp --mlp-average` does; `seeds` > 1: the
+    MLP member the mean of that many MLPs, as `--mlp-seeds` installs it)."""
     import hashlib
     import warnings
 
@@ -24,15 +25,21 @@ def as_mlp_artifact(artifact: Path, out: Path, averaged: bool = False) -> Path:
     shutil.copytree(artifact, out)
     width = int(joblib.load(artifact / "regressor.joblib").n_features_in_)
     rng = np.random.default_rng(0)
-    mlp = MLPRegressor(hidden_layer_sizes=(8, 8), max_iter=3, random_state=0)
-    with warnings.catch_warnings():  # three epochs do not converge, and need not
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        mlp.fit(rng.normal(size=(64, width)), rng.uniform(size=64))
+    networks = []
+    for seed in range(seeds):
+        network = MLPRegressor(hidden_layer_sizes=(8, 8), max_iter=3, random_state=seed)
+        with warnings.catch_warnings():  # three epochs do not converge, and need not
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            network.fit(rng.normal(size=(64, width)), rng.uniform(size=64))
+        networks.append(network)
+    mlp = networks[0] if seeds == 1 else AveragedRegressor(tuple(networks))
     ridge = joblib.load(artifact / "regressor.joblib")
     joblib.dump(AveragedRegressor((ridge, mlp)) if averaged else mlp, out / "regressor.joblib")
     manifest = json.loads((out / "manifest.json").read_text())
     kept = {k: v for k, v in manifest["regressor"]["params"].items() if averaged or k != "alpha"}
     config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64, "width": 8}
+    if seeds > 1:
+        config["seeds"] = seeds
     kind = "mlp+ridge" if averaged else "mlp"
     manifest["regressor"] = {**manifest["regressor"], "kind": kind, "params": {**config, **kept}}
     manifest["files"]["regressor.joblib"] = hashlib.sha256((out / "regressor.joblib").read_bytes()).hexdigest()

@@ -159,6 +159,7 @@ def test_answers_given_twice_are_refused(
         ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "1.5"],
         ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "nan"],
         ["fit", "r", "--out", "o", "--epsilon", "0"],
+        ["fit", "r", "--out", "o", "--mlp", "--mlp-average", "--mlp-seeds", "0"],
         ["generate", "--data", "d", "--out", "o", "--max-prompt-tokens", "0"],
     ],
 )
@@ -169,6 +170,22 @@ def test_bad_numbers_are_refused_when_parsed(argv: list[str], capsys: pytest.Cap
     err = capsys.readouterr().err
     option = [item for item in argv if item.startswith("--")][-1]
     assert f"argument {option}: " in err and ("must be" in err or "not an integer" in err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needs"),
+    [
+        (["--mlp-average"], "--mlp-average needs --mlp"),
+        (["--mlp", "--force-average"], "--force-average needs --mlp-average"),
+        (["--mlp", "--mlp-seeds", "2"], "--mlp-seeds needs --mlp-average"),
+    ],
+)
+def test_stage_2_options_without_what_they_build_on_are_refused(
+    argv: list[str], needs: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "r", "--out", "o", *argv])
+    assert exit_info.value.code == 2 and needs in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])

@@ -99,6 +99,10 @@ class FitOptions:
     # Install the average even when the trial rule does not keep it (the verdict is still recorded): how the
     # default artifact's was adopted, on the dev split (README, "Ridge and MLP averaged").
     mlp_average_force: bool = False
+    # Also cross-validate the average with the MLP member replaced by the mean of this many MLPs, seeds
+    # `seed`, `seed + 1`, ... (1: not measured); it replaces the average under the trial rule (an ablation:
+    # seed averaging only lowers the MLP's variance).
+    mlp_seeds: int = 1
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
     # Ablations: extra per-token statistics as features, tried with the chosen configuration; kept only when
@@ -413,11 +417,13 @@ def fit_final(
 
 def mlp_search(
     texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, choice: Choice, options: FitOptions
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
     """Optional stage-2 MLP (stage 1 stays ridge): the paper's grid, same folds and selection.
 
     Returns the best MLP row, the best row of an MLP averaged with the chosen ridge stage 2 (None unless
-    `options.mlp_average`) and every row. Unlike the ridge path this holds one fold's training matrix in memory.
+    `options.mlp_average`), the best row of `options.mlp_seeds` MLPs averaged with it (None unless more than
+    one) and every row (its `seeds` says how many MLPs it averages). Unlike the ridge path this holds one
+    fold's training matrix in memory.
     """
     from itertools import product
 
@@ -428,9 +434,17 @@ def mlp_search(
     configs = [
         dict(zip(MLP_CONFIG_KEYS, values, strict=True)) for values in product(*(grid[key] for key in MLP_CONFIG_KEYS))
     ]
-    kinds = ("mlp", "mlp+ridge") if options.mlp_average else ("mlp",)
+    seeds = options.mlp_seeds
+    if seeds > 1 and not options.mlp_average:
+        raise ValueError("averaging MLPs of several seeds is measured on their average with the ridge (mlp_average)")
+    # Stage-2 kinds: (name, number of MLPs averaged).
+    kinds = [("mlp", 1)]
+    if options.mlp_average:
+        kinds.append(("mlp+ridge", 1))
+    if seeds > 1:
+        kinds.append(("mlp+ridge", seeds))
     # Held-out PRR per fold by (stage-2 kind, configuration index), selection metric and aggregation.
-    scores: dict[tuple[str, int], dict[Selection, dict[Aggregation, list[float]]]] = {
+    scores: dict[tuple[tuple[str, int], int], dict[Selection, dict[Aggregation, list[float]]]] = {
         (kind, c): {s: {a: [] for a in Aggregation} for s in Selection} for kind in kinds for c in range(len(configs))
     }
     selection = effective_selection(options.selection, data)
@@ -445,13 +459,18 @@ def mlp_search(
             ridge = fit_ridge(stats, choice.alpha)
         features, targets, weights = stage2_matrix(train, confidences, spec)
         for c, config in enumerate(configs):
-            model = _mlp(config, options, MLPRegressor)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ConvergenceWarning)
-                model.fit(features, targets, sample_weight=weights)
-            stage2: dict[str, Regressor] = {"mlp": model}
+            networks = []
+            for k in range(seeds):
+                model = _mlp(config, options, MLPRegressor, options.seed + k)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ConvergenceWarning)
+                    model.fit(features, targets, sample_weight=weights)
+                networks.append(model)
+            stage2: dict[tuple[str, int], Regressor] = {("mlp", 1): networks[0]}
             if ridge is not None:
-                stage2["mlp+ridge"] = AveragedRegressor((ridge, model))
+                stage2["mlp+ridge", 1] = AveragedRegressor((ridge, networks[0]))
+                if seeds > 1:
+                    stage2["mlp+ridge", seeds] = AveragedRegressor((ridge, AveragedRegressor(tuple(networks))))
             for kind, regressor in stage2.items():
                 scored = held_out_prr(TadScorer(regressor, spec, options.epsilon), data.groups[f], data.informative)
                 for metric, by_aggregation in scored.items():
@@ -460,7 +479,8 @@ def mlp_search(
         del features, targets, weights
     table: list[dict[str, Any]] = [
         {
-            "stage2": kind,
+            "stage2": kind[0],
+            "seeds": kind[1],
             **config,
             "aggregation": aggregation.value,
             "prr_mean": _mean(scores[kind, c][selection][aggregation]),
@@ -472,20 +492,20 @@ def mlp_search(
         for aggregation in Aggregation
     ]
 
-    def best_of(kind: str) -> dict[str, Any] | None:
-        rows = [row for row in table if row["stage2"] == kind]
+    def best_of(kind: str, count: int) -> dict[str, Any] | None:
+        rows = [row for row in table if row["stage2"] == kind and row["seeds"] == count]
         return max(rows, key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"], default=None)
 
-    return best_of("mlp"), best_of("mlp+ridge"), table
+    return best_of("mlp", 1), best_of("mlp+ridge", 1), best_of("mlp+ridge", seeds) if seeds > 1 else None, table
 
 
-def _mlp(config: dict[str, Any], options: FitOptions, factory: Any) -> Any:
+def _mlp(config: dict[str, Any], options: FitOptions, factory: Any, seed: int) -> Any:
     return factory(
         hidden_layer_sizes=(options.mlp_width,) * int(config["layers"]),
         learning_rate_init=float(config["learning_rate"]),
         max_iter=int(config["epochs"]),
         batch_size=int(config["batch_size"]),
-        random_state=options.seed,
+        random_state=seed,
     )
 
 
@@ -504,11 +524,14 @@ def fit_final_mlp(
     available = list(range(data.count))
     confidences = stage1_for_stage2(texts, data.fold_of, data, available, alpha, variant, spec, options.epsilon)
     features, targets, weights = stage2_matrix(texts, confidences, spec)
-    model = _mlp(config, options, MLPRegressor)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(features, targets, sample_weight=weights)
-    return model
+    networks = []
+    for k in range(int(config.get("seeds", 1))):  # a config's `seeds`: the mean of that many MLPs
+        model = _mlp(config, options, MLPRegressor, options.seed + k)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(features, targets, sample_weight=weights)
+        networks.append(model)
+    return networks[0] if len(networks) == 1 else AveragedRegressor(tuple(networks))
 
 
 def out_of_fold_confidences(
@@ -781,7 +804,7 @@ def run_fit(options: FitOptions) -> Manifest:
     }
     mlp_summary: dict[str, Any] | None = None
     if options.mlp:
-        best_mlp, best_average, mlp_table = mlp_search(texts, spec, data, chosen, options)
+        best_mlp, best_average, best_seeded, mlp_table = mlp_search(texts, spec, data, chosen, options)
         mlp_summary = {"best": best_mlp, "grid": mlp_table, "width": options.mlp_width}
         # The paper's rule for its MLP: kept on a higher CV PRR than the ridge.
         mlp_kept = best_mlp is not None and best_mlp["prr_mean"] > chosen_row["prr_mean"]
@@ -797,6 +820,13 @@ def run_fit(options: FitOptions) -> Manifest:
             }
             if verdict["kept"] or forced:
                 best_mlp, mlp_kept = best_average, True
+        if best_seeded is not None and best_mlp is not None:
+            # Against what would be installed so far, which (forced or not) is usually the average.
+            verdict = trial_verdict(best_seeded, best_mlp if mlp_kept else chosen_row, result.selection)
+            against = best_mlp["stage2"] if mlp_kept else "ridge"
+            mlp_summary["seeds"] = {"best": best_seeded, "against": against, **verdict}
+            if verdict["kept"]:
+                best_mlp, mlp_kept = best_seeded, True
         if mlp_kept and best_mlp is not None:
             network = fit_final_mlp(texts, spec, data, chosen.variant, chosen.alpha_stage1, best_mlp, options)
             averaged = best_mlp.get("stage2") == "mlp+ridge"
@@ -804,6 +834,8 @@ def run_fit(options: FitOptions) -> Manifest:
             aggregation = Aggregation(best_mlp["aggregation"])
             regressor_kind = "mlp+ridge" if averaged else "mlp"
             regressor_params = {k: best_mlp[k] for k in MLP_CONFIG_KEYS}
+            if best_mlp.get("seeds", 1) > 1:
+                regressor_params["seeds"] = best_mlp["seeds"]
             regressor_params.update(
                 width=options.mlp_width,
                 alpha_stage1=chosen.alpha_stage1,

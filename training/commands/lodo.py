@@ -85,6 +85,8 @@ def run_lodo(
     artifact_alpha = float(params.get("alpha", math.nan))
     kind = manifest.regressor.kind
     mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if kind in ("mlp", "mlp+ridge") else None
+    if mlp_config is not None and int(params.get("seeds", 1)) > 1:
+        mlp_config["seeds"] = int(params["seeds"])  # its MLP member is the mean of that many seeds' MLPs
     if kind == "mlp" and alpha is not None:
         raise SystemExit("--alpha: the artifact's stage 2 is an MLP, which has no ridge alpha")
     if kind == "mlp+ridge" and alpha is None and math.isnan(artifact_alpha):

@@ -146,7 +146,8 @@ def test_an_average_the_split_cannot_take_falls_back_to_the_feature_vector_path(
     rng = np.random.default_rng(12)
     spec = FeatureSpec(n_lags=2, num_layers=1, num_heads=2)
     ridge = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
-    for members in [(ridge, ridge), (_random_mlp(spec, rng), _random_mlp(spec, rng)), (ridge,)]:
+    seeded = AveragedRegressor((_random_mlp(spec, rng), _random_mlp(spec, rng)))  # as `fit --mlp-seeds 2` nests it
+    for members in [(ridge, ridge), (_random_mlp(spec, rng), _random_mlp(spec, rng)), (ridge,), (ridge, seeded)]:
         scorer = TadScorer(AveragedRegressor(members), spec, epsilon=1e-4)
         assert scorer.split is None
         logprobs, attention = _inputs(5)

@@ -419,6 +419,110 @@ def test_mlp_average_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     np.testing.assert_array_equal(ridge.coef_, joblib.load(tmp_path / "ridge" / "regressor.joblib").coef_)
 
 
+def test_mlp_seeds_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    from app.uncertainty.artifact import load_artifact
+    from app.uncertainty.tad import AveragedRegressor
+
+    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
+    options = FitOptions(
+        runs=[tiny_runs["train"]],
+        out=tmp_path / "one",
+        alphas=(1.0,),
+        mlp=True,
+        mlp_width=16,
+        mlp_grid=grid,
+        mlp_average=True,
+        extra_feature_sets=(),
+        combiner=False,
+    )
+    one = run_fit(options).metrics["cv"]["mlp"]
+    two = run_fit(replace(options, out=tmp_path / "two", mlp_seeds=2)).metrics["cv"]["mlp"]
+    assert {(row["stage2"], row["seeds"]) for row in two["grid"]} == {("mlp", 1), ("mlp+ridge", 1), ("mlp+ridge", 2)}
+    # The one-seed rows are the same folds' numbers as without the option (seed 0 trains the first MLP).
+    assert [r["prr_folds"] for r in one["grid"]] == [r["prr_folds"] for r in two["grid"] if r["seeds"] == 1]
+    seeded = two["seeds"]
+    assert seeded["best"]["seeds"] == 2 and isinstance(seeded["kept"], bool) and "seeds" not in one
+    # Forcing the average makes it what the seeds are judged against; the two seeds' MLPs differ.
+    forced = run_fit(replace(options, out=tmp_path / "forced", mlp_seeds=2, mlp_average_force=True))
+    assert forced.metrics["cv"]["mlp"]["seeds"]["against"] == "mlp+ridge"
+    assert forced.regressor.params.get("seeds", 1) == (2 if forced.metrics["cv"]["mlp"]["seeds"]["kept"] else 1)
+    with pytest.raises(ValueError, match="mlp_average"):
+        run_fit(replace(options, out=tmp_path / "bad", mlp_average=False, mlp_seeds=2))
+    from training.commands.fit import fit_final_mlp, load_runs, prepare_folds
+    from training.two_stage import Variant
+
+    texts, _, _ = load_runs([tiny_runs["train"]], None)
+    artifact = load_artifact(tmp_path / "forced")
+    data = prepare_folds(texts, artifact.scorer.spec, options)
+    config = {**{key: values[0] for key, values in grid.items()}, "seeds": 2}
+    mean = fit_final_mlp(texts, artifact.scorer.spec, data, Variant.AUTHORS, 1.0, config, options)
+    assert isinstance(mean, AveragedRegressor) and len(mean.members) == 2
+    first, second = mean.members
+    assert not np.allclose(first.coefs_[0], second.coefs_[0])
+    rows = np.random.default_rng(0).normal(size=(4, artifact.scorer.spec.stage2_size))
+    np.testing.assert_allclose(mean.predict(rows), (first.predict(rows) + second.predict(rows)) / 2)
+
+
+@pytest.mark.parametrize(
+    ("seeds_gain", "kind", "seeds"),
+    [(1.0, "mlp+ridge", 2), (0.0, "mlp+ridge", None)],  # kept on a significant gain over the average, else not
+)
+def test_seed_averaged_mlps_replace_the_average_only_on_a_significant_gain(
+    tiny_runs: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    seeds_gain: float,
+    kind: str,
+    seeds: int | None,
+) -> None:
+    from app.uncertainty.artifact import load_artifact
+    from app.uncertainty.tad import AveragedRegressor
+    from training.commands import fit
+
+    config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
+    noise = np.array([0.0, 0.1, -0.1, 0.1, -0.1])
+
+    def row(stage2: str, count: int, folds: np.ndarray) -> dict[str, Any]:
+        values = [float(v) for v in folds]
+        return {
+            "stage2": stage2,
+            "seeds": count,
+            **config,
+            "aggregation": "mean",
+            "prr_mean": float(np.mean(values)),
+            "prr_folds": values,
+            "pooled_prr_folds": values,
+            "within_group_prr_folds": values,
+        }
+
+    def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
+        mlp = row("mlp", 1, 5.0 + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
+        average = row("mlp+ridge", 1, np.array(mlp["prr_folds"]) + 1.0)
+        both = row("mlp+ridge", 2, np.array(average["prr_folds"]) + seeds_gain + (noise if seeds_gain == 0 else 0))
+        return mlp, average, both, [mlp, average, both]
+
+    monkeypatch.setattr(fit, "mlp_search", crafted_search)
+    options = FitOptions(
+        runs=[tiny_runs["train"]],
+        out=tmp_path / "a",
+        alphas=(1.0,),
+        mlp=True,
+        mlp_width=8,
+        mlp_grid={},
+        mlp_average=True,
+        mlp_seeds=2,
+        extra_feature_sets=(),
+        combiner=False,
+    )
+    manifest = run_fit(options)
+    assert manifest.regressor.kind == kind and manifest.regressor.params.get("seeds") == seeds
+    assert manifest.metrics["cv"]["mlp"]["seeds"]["against"] == "mlp+ridge"
+    regressor = load_artifact(tmp_path / "a").scorer.regressor
+    assert isinstance(regressor, AveragedRegressor)
+    network = regressor.members[1]
+    assert isinstance(network, AveragedRegressor) is (seeds == 2)
+
+
 @pytest.mark.parametrize(
     ("mlp_gain", "average_gain", "force", "kind", "against", "forced"),
     [
@@ -462,7 +566,7 @@ def test_which_stage_2_is_installed(
     def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
         mlp = row("mlp", 5.0 * mlp_gain + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
         average = row("mlp+ridge", np.array(mlp["prr_folds"]) + average_gain + (noise if average_gain == 0 else 0))
-        return mlp, average, [mlp, average]
+        return mlp, average, None, [mlp, average]
 
     monkeypatch.setattr(fit, "mlp_search", crafted_search)
     options = FitOptions(

@@ -208,6 +208,31 @@ def test_an_averaged_artifact_is_refitted_as_the_mean_of_a_ridge_and_an_mlp(
         assert isinstance(mlp, MLPRegressor) and mlp.hidden_layer_sizes == (8, 8)
 
 
+def test_seed_averaged_mlps_are_refitted_with_as_many_seeds(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sklearn.neural_network import MLPRegressor
+
+    scored: list[Any] = []
+    real_scorer = lodo.TadScorer
+
+    def recording_scorer(regressor: Any, *args: Any) -> Any:
+        scored.append(regressor)
+        return real_scorer(regressor, *args)
+
+    monkeypatch.setattr(lodo, "TadScorer", recording_scorer)
+    artifact = as_mlp_artifact(tiny_artifact, tmp_path / "seeds", averaged=True, seeds=2)
+    report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
+    assert report["configuration"]["stage2"]["mlp"]["seeds"] == 2
+    assert len(scored) == 2
+    for regressor in scored:
+        _, networks = regressor.members
+        assert isinstance(networks, AveragedRegressor) and len(networks.members) == 2
+        first, second = networks.members
+        assert all(isinstance(m, MLPRegressor) for m in (first, second))
+        assert (first.random_state, second.random_state) == (0, 1)
+
+
 def test_held_out_restricts_testing_not_training(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
 ) -> None:
