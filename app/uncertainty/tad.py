@@ -184,44 +184,59 @@ class MLPStage2:
     work (a 2,970 x 256 product per token for the default model), needs no confidence, so the
     tokens that arrive together get theirs in one matrix product (`attention_terms`): about six
     times cheaper per token than one product each. Only the rest runs token by token.
+
+    Several networks averaged (the MLPs of several seeds, `fit --mlp-seeds`) share that product:
+    their first layers sit side by side in `first`, and the stage 2 predicts their outputs' mean.
     """
 
     first: LinearStage2
-    layers: tuple[tuple[np.ndarray, np.ndarray], ...]  # (weights, biases) after the first layer
-    # Averaged with a linear model (`AveragedRegressor` of a ridge and an MLP): the linear model's
-    # weights are the first layer's last output column, so its prediction costs one column more.
+    # Per network, its (weights, biases) after the first layer, and how many of `first`'s outputs are its.
+    networks: tuple[tuple[tuple[np.ndarray, np.ndarray], ...], ...]
+    widths: tuple[int, ...]
+    # Averaged with a linear model (`AveragedRegressor` of a ridge and an MLP, or of a ridge and an average
+    # of MLPs): the linear model's weights are the first layer's last output column, so its prediction
+    # costs one column more, and `predict` halves the sum of its output and the networks' mean.
     with_linear: bool = False
 
     @classmethod
     def of(cls, regressor: Regressor, spec: FeatureSpec) -> MLPStage2 | None:
-        """The split network, or None when the regressor is not such an MLP of this spec's size
-        (alone, or averaged with one linear model)."""
+        """The split network(s), or None when the regressor is not such an MLP of this spec's size
+        (alone, an average of such MLPs, or either averaged with one linear model)."""
         if isinstance(regressor, AveragedRegressor):
             return cls._averaged(regressor, spec)
-        network = _relu_network(regressor, spec)
-        if network is None:
-            return None
-        weights, biases = network
-        first = LinearStage2.split(weights[0], biases[0], spec)
-        return cls(first=first, layers=tuple(zip(weights[1:], biases[1:], strict=True)))
+        networks = _relu_networks((regressor,), spec)
+        return None if networks is None else cls._joined(networks, None, spec)
 
     @classmethod
     def _averaged(cls, regressor: AveragedRegressor, spec: FeatureSpec) -> MLPStage2 | None:
-        """The split of exactly one linear model and one ReLU MLP: the linear model rides as the first
-        layer's last output column and `predict` halves the sum of the two outputs (None otherwise)."""
+        """The split of an average of ReLU MLPs, or of exactly one linear model and one ReLU MLP or one
+        average of them (None otherwise: the feature-vector path scores any other average)."""
         members = regressor.members
         linear_at = [i for i, member in enumerate(members) if LinearStage2.of(member, spec) is not None]
+        if not linear_at:
+            networks = _relu_networks(members, spec)
+            return None if networks is None else cls._joined(networks, None, spec)
         if len(members) != 2 or len(linear_at) != 1:
             return None
-        linear, network = members[linear_at[0]], _relu_network(members[1 - linear_at[0]], spec)
-        if network is None:
-            return None
-        weights, biases = network
-        coef = np.asarray(linear.coef_, dtype=np.float64)  # type: ignore[attr-defined]
-        first_weights = np.hstack([weights[0], coef[:, None]])
-        first_biases = np.append(biases[0], float(linear.intercept_))  # type: ignore[attr-defined]
-        first = LinearStage2.split(first_weights, first_biases, spec)
-        return cls(first=first, layers=tuple(zip(weights[1:], biases[1:], strict=True)), with_linear=True)
+        linear, other = members[linear_at[0]], members[1 - linear_at[0]]
+        networks = _relu_networks(other.members if isinstance(other, AveragedRegressor) else (other,), spec)
+        return None if networks is None else cls._joined(networks, linear, spec)
+
+    @classmethod
+    def _joined(
+        cls, networks: list[tuple[list[np.ndarray], list[np.ndarray]]], linear: Regressor | None, spec: FeatureSpec
+    ) -> MLPStage2:
+        first_weights = [weights[0] for weights, _ in networks]
+        first_biases = [biases[0] for _, biases in networks]
+        if linear is not None:
+            first_weights.append(np.asarray(linear.coef_, dtype=np.float64)[:, None])  # type: ignore[attr-defined]
+            first_biases.append(np.array([float(linear.intercept_)]))  # type: ignore[attr-defined]
+        return cls(
+            first=LinearStage2.split(np.hstack(first_weights), np.concatenate(first_biases), spec),
+            networks=tuple(tuple(zip(weights[1:], biases[1:], strict=True)) for weights, biases in networks),
+            widths=tuple(weights[0].shape[1] for weights, _ in networks),
+            with_linear=linear is not None,
+        )
 
     def attention_terms(self, rows: Sequence[np.ndarray], indices: range, row_shift: int) -> np.ndarray:
         """The first layer's attention terms `[len(indices), H]` of tokens `indices` (each >= 1)."""
@@ -264,13 +279,16 @@ class MLPStage2:
         extras_row: np.ndarray | None,
         attention_term: np.ndarray | None = None,
     ) -> float:
-        hidden = np.asarray(self.first.outputs(index, probs, confidences, row, extras_row, attention_term))
-        linear = 0.0
-        if self.with_linear:
-            hidden, linear = hidden[:-1], float(hidden[-1])
-        for weights, biases in self.layers:
-            hidden = np.dot(np.maximum(hidden, 0.0), weights) + biases
-        return (float(hidden[0]) + linear) / 2 if self.with_linear else float(hidden[0])
+        first = np.asarray(self.first.outputs(index, probs, confidences, row, extras_row, attention_term))
+        total, start = 0.0, 0
+        for width, layers in zip(self.widths, self.networks, strict=True):
+            hidden = first[start : start + width]
+            start += width
+            for weights, biases in layers:
+                hidden = np.dot(np.maximum(hidden, 0.0), weights) + biases
+            total += float(hidden[0])
+        mean = total / len(self.networks)
+        return (mean + float(first[-1])) / 2 if self.with_linear else mean
 
 
 def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
@@ -285,6 +303,14 @@ def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndar
     if np.shape(coefs[0])[0] != spec.stage2_size or np.shape(coefs[-1])[1] != 1:
         return None
     return [np.asarray(c, dtype=np.float64) for c in coefs], [np.asarray(b, dtype=np.float64) for b in intercepts]
+
+
+def _relu_networks(
+    regressors: Sequence[Regressor], spec: FeatureSpec
+) -> list[tuple[list[np.ndarray], list[np.ndarray]]] | None:
+    """`_relu_network` of each regressor, or None when any one is not such a network."""
+    networks = [_relu_network(regressor, spec) for regressor in regressors]
+    return None if any(network is None for network in networks) else [n for n in networks if n is not None]
 
 
 @dataclass

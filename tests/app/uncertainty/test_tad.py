@@ -142,12 +142,31 @@ def test_ridge_and_mlp_averaged_split_equal_their_mean_on_the_feature_vector(
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("with_ridge", [None, "first", "last"])
+def test_seed_averaged_mlps_split_equal_their_mean_on_the_feature_vector(with_ridge: str | None) -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=Convention.GENERATING)
+    rng = np.random.default_rng(13)
+    seeds = AveragedRegressor((_random_mlp(spec, rng), _random_mlp(spec, rng)))  # as `fit --mlp-seeds 2` nests it
+    ridge = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
+    regressor = {None: seeds, "first": AveragedRegressor((ridge, seeds)), "last": AveragedRegressor((seeds, ridge))}
+    got, expected, fast = _split_and_feature_vector(regressor[with_ridge], spec, 3, rng)
+    assert isinstance(fast.split, MLPStage2) and fast.split.widths == (16, 16)
+    assert fast.split.with_linear is (with_ridge is not None)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_an_average_the_split_cannot_take_falls_back_to_the_feature_vector_path() -> None:
     rng = np.random.default_rng(12)
     spec = FeatureSpec(n_lags=2, num_layers=1, num_heads=2)
     ridge = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
-    seeded = AveragedRegressor((_random_mlp(spec, rng), _random_mlp(spec, rng)))  # as `fit --mlp-seeds 2` nests it
-    for members in [(ridge, ridge), (_random_mlp(spec, rng), _random_mlp(spec, rng)), (ridge,), (ridge, seeded)]:
+    mlp = _random_mlp(spec, rng)
+    for members in [
+        (ridge, ridge),
+        (ridge,),
+        (ridge, mlp, mlp),  # equal thirds: not a ridge beside one network or one average of networks
+        (ridge, AveragedRegressor((ridge, mlp))),
+        (mlp, AveragedRegressor((mlp, mlp))),  # an average of averages weighs its networks unequally
+    ]:
         scorer = TadScorer(AveragedRegressor(members), spec, epsilon=1e-4)
         assert scorer.split is None
         logprobs, attention = _inputs(5)

@@ -476,7 +476,7 @@ def test_seed_averaged_mlps_replace_the_average_only_on_a_significant_gain(
     seeds: int | None,
 ) -> None:
     from app.uncertainty.artifact import load_artifact
-    from app.uncertainty.tad import AveragedRegressor
+    from app.uncertainty.tad import AveragedRegressor, MLPStage2
     from training.commands import fit
 
     config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
@@ -517,10 +517,13 @@ def test_seed_averaged_mlps_replace_the_average_only_on_a_significant_gain(
     manifest = run_fit(options)
     assert manifest.regressor.kind == kind and manifest.regressor.params.get("seeds") == seeds
     assert manifest.metrics["cv"]["mlp"]["seeds"]["against"] == "mlp+ridge"
-    regressor = load_artifact(tmp_path / "a").scorer.regressor
-    assert isinstance(regressor, AveragedRegressor)
-    network = regressor.members[1]
+    scorer = load_artifact(tmp_path / "a").scorer
+    assert isinstance(scorer.regressor, AveragedRegressor)
+    network = scorer.regressor.members[1]
     assert isinstance(network, AveragedRegressor) is (seeds == 2)
+    # Served split, the seeds' first layers side by side with the ridge's column.
+    assert isinstance(scorer.split, MLPStage2) and scorer.split.with_linear
+    assert scorer.split.widths == (8,) * (seeds or 1)
 
 
 @pytest.mark.parametrize(
