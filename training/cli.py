@@ -481,7 +481,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         if manifest.regressor.kind == "mlp":
             chosen = manifest.metrics["cv"]["mlp"]["best"]
         elif manifest.regressor.kind == "mlp+ridge":
-            chosen = manifest.metrics["cv"]["mlp"]["average"]["best"]
+            mlp = manifest.metrics["cv"]["mlp"]
+            chosen = (mlp["seeds"] if int(manifest.regressor.params.get("seeds", 1)) > 1 else mlp["average"])["best"]
         print(
             f"wrote {args.out}: {manifest.regressor.kind} {manifest.regressor.params}, variant {manifest.variant}, "
             f"aggregation {manifest.aggregation.value}, CV PRR {chosen['prr_mean']:.3f}"

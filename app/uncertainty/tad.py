@@ -308,9 +308,11 @@ def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndar
 def _relu_networks(
     regressors: Sequence[Regressor], spec: FeatureSpec
 ) -> list[tuple[list[np.ndarray], list[np.ndarray]]] | None:
-    """`_relu_network` of each regressor, or None when any one is not such a network."""
+    """`_relu_network` of each regressor, or None when any one is not such a network (or there is none)."""
     networks = [_relu_network(regressor, spec) for regressor in regressors]
-    return None if any(network is None for network in networks) else [n for n in networks if n is not None]
+    if not networks or any(network is None for network in networks):
+        return None
+    return [network for network in networks if network is not None]
 
 
 @dataclass

@@ -100,8 +100,8 @@ class FitOptions:
     # default artifact's was adopted, on the dev split (README, "Ridge and MLP averaged").
     mlp_average_force: bool = False
     # Also cross-validate the average with the MLP member replaced by the mean of this many MLPs, seeds
-    # `seed`, `seed + 1`, ... (1: not measured); it replaces the average under the trial rule (an ablation:
-    # seed averaging only lowers the MLP's variance).
+    # `seed`, `seed + 1`, ... (1: not measured); it replaces what would be installed (the average, the MLP or
+    # the ridge) under the trial rule (an ablation: seed averaging only lowers the MLP's variance).
     mlp_seeds: int = 1
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
@@ -435,6 +435,8 @@ def mlp_search(
         dict(zip(MLP_CONFIG_KEYS, values, strict=True)) for values in product(*(grid[key] for key in MLP_CONFIG_KEYS))
     ]
     seeds = options.mlp_seeds
+    if seeds < 1:
+        raise ValueError(f"mlp_seeds must be at least 1, not {seeds}")
     if seeds > 1 and not options.mlp_average:
         raise ValueError("averaging MLPs of several seeds is measured on their average with the ridge (mlp_average)")
     # Stage-2 kinds: (name, number of MLPs averaged).
@@ -826,6 +828,8 @@ def run_fit(options: FitOptions) -> Manifest:
             against = best_mlp["stage2"] if mlp_kept else "ridge"
             mlp_summary["seeds"] = {"best": best_seeded, "against": against, **verdict}
             if verdict["kept"]:
+                if "average" in mlp_summary and best_mlp is best_average:
+                    mlp_summary["average"]["replaced_by_seeds"] = True  # kept or forced, it is not what is installed
                 best_mlp, mlp_kept = best_seeded, True
         if mlp_kept and best_mlp is not None:
             network = fit_final_mlp(texts, spec, data, chosen.variant, chosen.alpha_stage1, best_mlp, options)

@@ -442,7 +442,7 @@ def test_mlp_seeds_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     assert [r["prr_folds"] for r in one["grid"]] == [r["prr_folds"] for r in two["grid"] if r["seeds"] == 1]
     seeded = two["seeds"]
     assert seeded["best"]["seeds"] == 2 and isinstance(seeded["kept"], bool) and "seeds" not in one
-    # Forcing the average makes it what the seeds are judged against; the two seeds' MLPs differ.
+    # Forcing the average makes it what the seeds are judged against.
     forced = run_fit(replace(options, out=tmp_path / "forced", mlp_seeds=2, mlp_average_force=True))
     assert forced.metrics["cv"]["mlp"]["seeds"]["against"] == "mlp+ridge"
     assert forced.regressor.params.get("seeds", 1) == (2 if forced.metrics["cv"]["mlp"]["seeds"]["kept"] else 1)
@@ -464,14 +464,28 @@ def test_mlp_seeds_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("seeds_gain", "kind", "seeds"),
-    [(1.0, "mlp+ridge", 2), (0.0, "mlp+ridge", None)],  # kept on a significant gain over the average, else not
+    ("mlp_gain", "average_gain", "force", "seeds_gain", "against", "kind", "seeds"),
+    [
+        # The average kept: the seeds replace it on a significant gain over it, not inside the noise.
+        (1.0, 1.0, False, 1.0, "mlp+ridge", "mlp+ridge", 2),
+        (1.0, 1.0, False, 0.0, "mlp+ridge", "mlp+ridge", None),
+        # The average not kept: the seeds are judged against the MLP.
+        (1.0, 0.0, False, 1.0, "mlp", "mlp+ridge", 2),
+        # ... or, forced, against the forced average, which they replace.
+        (1.0, 0.0, True, 1.0, "mlp+ridge", "mlp+ridge", 2),
+        # Neither MLP nor average kept: against the ridge, whose folds on the tiny runs are mostly undefined.
+        (-1.0, -10.0, False, 10.0, "ridge", "ridge", None),
+    ],
 )
-def test_seed_averaged_mlps_replace_the_average_only_on_a_significant_gain(
+def test_seed_averaged_mlps_replace_what_would_be_installed_only_on_a_significant_gain(
     tiny_runs: dict[str, Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    mlp_gain: float,
+    average_gain: float,
+    force: bool,
     seeds_gain: float,
+    against: str,
     kind: str,
     seeds: int | None,
 ) -> None:
@@ -480,7 +494,7 @@ def test_seed_averaged_mlps_replace_the_average_only_on_a_significant_gain(
     from training.commands import fit
 
     config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
-    noise = np.array([0.0, 0.1, -0.1, 0.1, -0.1])
+    noise = np.array([0.0, 0.1, -0.1, 0.1, -0.1])  # a fold-by-fold spread no mean gain of 0 survives
 
     def row(stage2: str, count: int, folds: np.ndarray) -> dict[str, Any]:
         values = [float(v) for v in folds]
@@ -496,9 +510,10 @@ def test_seed_averaged_mlps_replace_the_average_only_on_a_significant_gain(
         }
 
     def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
-        mlp = row("mlp", 1, 5.0 + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
-        average = row("mlp+ridge", 1, np.array(mlp["prr_folds"]) + 1.0)
-        both = row("mlp+ridge", 2, np.array(average["prr_folds"]) + seeds_gain + (noise if seeds_gain == 0 else 0))
+        mlp = row("mlp", 1, 5.0 * mlp_gain + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
+        average = row("mlp+ridge", 1, np.array(mlp["prr_folds"]) + average_gain + (noise if average_gain == 0 else 0))
+        base = average if against == "mlp+ridge" else mlp
+        both = row("mlp+ridge", 2, np.array(base["prr_folds"]) + seeds_gain + (noise if seeds_gain == 0 else 0))
         return mlp, average, both, [mlp, average, both]
 
     monkeypatch.setattr(fit, "mlp_search", crafted_search)
@@ -510,14 +525,20 @@ def test_seed_averaged_mlps_replace_the_average_only_on_a_significant_gain(
         mlp_width=8,
         mlp_grid={},
         mlp_average=True,
+        mlp_average_force=force,
         mlp_seeds=2,
         extra_feature_sets=(),
         combiner=False,
     )
     manifest = run_fit(options)
+    summary = manifest.metrics["cv"]["mlp"]
     assert manifest.regressor.kind == kind and manifest.regressor.params.get("seeds") == seeds
-    assert manifest.metrics["cv"]["mlp"]["seeds"]["against"] == "mlp+ridge"
+    assert summary["seeds"]["against"] == against and summary["seeds"]["kept"] is (seeds == 2)
+    # A forced average the seeds replaced is recorded as such, not as installed.
+    assert summary["average"].get("replaced_by_seeds", False) is (seeds == 2 and against == "mlp+ridge")
     scorer = load_artifact(tmp_path / "a").scorer
+    if kind == "ridge":
+        return
     assert isinstance(scorer.regressor, AveragedRegressor)
     network = scorer.regressor.members[1]
     assert isinstance(network, AveragedRegressor) is (seeds == 2)
