@@ -463,6 +463,52 @@ def test_mlp_seeds_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     np.testing.assert_allclose(mean.predict(rows), (first.predict(rows) + second.predict(rows)) / 2)
 
 
+CRAFTED_CONFIG = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
+NOISE = np.array([0.0, 0.1, -0.1, 0.1, -0.1])  # a fold-by-fold spread no mean gain of 0 survives
+
+
+def _cv_row(stage2: str, folds: np.ndarray, seeds: int = 1) -> dict[str, Any]:
+    """A crafted MLP-search row whose folds are the same under both selection metrics."""
+    values = [float(v) for v in folds]
+    return {
+        "stage2": stage2,
+        "seeds": seeds,
+        **CRAFTED_CONFIG,
+        "aggregation": "mean",
+        "prr_mean": float(np.mean(values)),
+        "prr_folds": values,
+        "pooled_prr_folds": values,
+        "within_group_prr_folds": values,
+    }
+
+
+def _plus(row: dict[str, Any], gain: float) -> np.ndarray:
+    """The row's folds raised by `gain`, or (a gain of 0) spread by noise no trial rule keeps."""
+    return np.array(row["prr_folds"]) + gain + (NOISE if gain == 0 else 0)
+
+
+def _crafted_mlp_and_average(mlp_gain: float, average_gain: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    mlp = _cv_row("mlp", 5.0 * mlp_gain + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
+    return mlp, _cv_row("mlp+ridge", _plus(mlp, average_gain))
+
+
+def _crafted_options(tiny_runs: dict[str, Path], tmp_path: Path, force: bool, seeds: int = 1) -> FitOptions:
+    """Fit options for a crafted `mlp_search` (its grid is never run)."""
+    return FitOptions(
+        runs=[tiny_runs["train"]],
+        out=tmp_path / "a",
+        alphas=(1.0,),
+        mlp=True,
+        mlp_width=8,
+        mlp_grid={},
+        mlp_average=True,
+        mlp_average_force=force,
+        mlp_seeds=seeds,
+        extra_feature_sets=(),
+        combiner=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("mlp_gain", "average_gain", "force", "seeds_gain", "against", "kind", "seeds"),
     [
@@ -493,44 +539,14 @@ def test_seed_averaged_mlps_replace_what_would_be_installed_only_on_a_significan
     from app.uncertainty.tad import AveragedRegressor, MLPStage2
     from training.commands import fit
 
-    config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
-    noise = np.array([0.0, 0.1, -0.1, 0.1, -0.1])  # a fold-by-fold spread no mean gain of 0 survives
-
-    def row(stage2: str, count: int, folds: np.ndarray) -> dict[str, Any]:
-        values = [float(v) for v in folds]
-        return {
-            "stage2": stage2,
-            "seeds": count,
-            **config,
-            "aggregation": "mean",
-            "prr_mean": float(np.mean(values)),
-            "prr_folds": values,
-            "pooled_prr_folds": values,
-            "within_group_prr_folds": values,
-        }
-
     def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
-        mlp = row("mlp", 1, 5.0 * mlp_gain + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
-        average = row("mlp+ridge", 1, np.array(mlp["prr_folds"]) + average_gain + (noise if average_gain == 0 else 0))
+        mlp, average = _crafted_mlp_and_average(mlp_gain, average_gain)
         base = average if against == "mlp+ridge" else mlp
-        both = row("mlp+ridge", 2, np.array(base["prr_folds"]) + seeds_gain + (noise if seeds_gain == 0 else 0))
+        both = _cv_row("mlp+ridge", _plus(base, seeds_gain), seeds=2)
         return mlp, average, both, [mlp, average, both]
 
     monkeypatch.setattr(fit, "mlp_search", crafted_search)
-    options = FitOptions(
-        runs=[tiny_runs["train"]],
-        out=tmp_path / "a",
-        alphas=(1.0,),
-        mlp=True,
-        mlp_width=8,
-        mlp_grid={},
-        mlp_average=True,
-        mlp_average_force=force,
-        mlp_seeds=2,
-        extra_feature_sets=(),
-        combiner=False,
-    )
-    manifest = run_fit(options)
+    manifest = run_fit(_crafted_options(tiny_runs, tmp_path, force, seeds=2))
     summary = manifest.metrics["cv"]["mlp"]
     assert manifest.regressor.kind == kind and manifest.regressor.params.get("seeds") == seeds
     assert summary["seeds"]["against"] == against and summary["seeds"]["kept"] is (seeds == 2)
@@ -572,40 +588,12 @@ def test_which_stage_2_is_installed(
 ) -> None:
     from training.commands import fit
 
-    config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
-    noise = np.array([0.0, 0.1, -0.1, 0.1, -0.1])  # a fold-by-fold spread no mean gain of 0 survives
-
-    def row(stage2: str, folds: np.ndarray) -> dict[str, Any]:
-        values = [float(v) for v in folds]
-        return {
-            "stage2": stage2,
-            **config,
-            "aggregation": "mean",
-            "prr_mean": float(np.mean(values)),
-            "prr_folds": values,
-            "pooled_prr_folds": values,
-            "within_group_prr_folds": values,
-        }
-
     def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
-        mlp = row("mlp", 5.0 * mlp_gain + np.array([0.0, 0.05, -0.05, 0.0, 0.0]))
-        average = row("mlp+ridge", np.array(mlp["prr_folds"]) + average_gain + (noise if average_gain == 0 else 0))
+        mlp, average = _crafted_mlp_and_average(mlp_gain, average_gain)
         return mlp, average, None, [mlp, average]
 
     monkeypatch.setattr(fit, "mlp_search", crafted_search)
-    options = FitOptions(
-        runs=[tiny_runs["train"]],
-        out=tmp_path / "a",
-        alphas=(1.0,),
-        mlp=True,
-        mlp_width=8,
-        mlp_grid={},
-        mlp_average=True,
-        mlp_average_force=force,
-        extra_feature_sets=(),
-        combiner=False,
-    )
-    manifest = run_fit(options)
+    manifest = run_fit(_crafted_options(tiny_runs, tmp_path, force))
     assert manifest.regressor.kind == kind
     average = manifest.metrics["cv"]["mlp"]["average"]
     assert average["against"] == against and average["installed_by_force"] is forced

@@ -182,12 +182,8 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
     assert all(entry["prr"]["tad"] is None or np.isfinite(entry["prr"]["tad"]) for entry in report["datasets"].values())
 
 
-def test_an_averaged_artifact_is_refitted_as_the_mean_of_a_ridge_and_an_mlp(
-    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from sklearn.linear_model import Ridge
-    from sklearn.neural_network import MLPRegressor
-
+def _record_scored_regressors(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The stage 2s lodo scores with, one per held-out dataset, in order."""
     scored: list[Any] = []
     real_scorer = lodo.TadScorer
 
@@ -196,6 +192,16 @@ def test_an_averaged_artifact_is_refitted_as_the_mean_of_a_ridge_and_an_mlp(
         return real_scorer(regressor, *args)
 
     monkeypatch.setattr(lodo, "TadScorer", recording_scorer)
+    return scored
+
+
+def test_an_averaged_artifact_is_refitted_as_the_mean_of_a_ridge_and_an_mlp(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sklearn.linear_model import Ridge
+    from sklearn.neural_network import MLPRegressor
+
+    scored = _record_scored_regressors(monkeypatch)
     artifact = as_mlp_artifact(tiny_artifact, tmp_path / "averaged", averaged=True)
     report = _lodo(tiny_runs, artifact, tmp_path / "lodo", "--alpha", "3")
     assert report["configuration"]["averaged_with_ridge"] is True
@@ -213,14 +219,7 @@ def test_seed_averaged_mlps_are_refitted_with_as_many_seeds(
 ) -> None:
     from sklearn.neural_network import MLPRegressor
 
-    scored: list[Any] = []
-    real_scorer = lodo.TadScorer
-
-    def recording_scorer(regressor: Any, *args: Any) -> Any:
-        scored.append(regressor)
-        return real_scorer(regressor, *args)
-
-    monkeypatch.setattr(lodo, "TadScorer", recording_scorer)
+    scored = _record_scored_regressors(monkeypatch)
     artifact = as_mlp_artifact(tiny_artifact, tmp_path / "seeds", averaged=True, seeds=2)
     report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
     assert report["configuration"]["stage2"]["mlp"]["seeds"] == 2
