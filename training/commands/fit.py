@@ -427,9 +427,6 @@ def mlp_search(
     """
     from itertools import product
 
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
-
     grid = options.mlp_grid
     configs = [
         dict(zip(MLP_CONFIG_KEYS, values, strict=True)) for values in product(*(grid[key] for key in MLP_CONFIG_KEYS))
@@ -461,13 +458,7 @@ def mlp_search(
             ridge = fit_ridge(stats, choice.alpha)
         features, targets, weights = stage2_matrix(train, confidences, spec)
         for c, config in enumerate(configs):
-            networks = []
-            for k in range(seeds):
-                model = _mlp(config, options, MLPRegressor, options.seed + k)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", ConvergenceWarning)
-                    model.fit(features, targets, sample_weight=weights)
-                networks.append(model)
+            networks = _fit_mlps(config, options, seeds, features, targets, weights)
             stage2: dict[tuple[str, int], Regressor] = {("mlp", 1): networks[0]}
             if ridge is not None:
                 stage2["mlp+ridge", 1] = AveragedRegressor((ridge, networks[0]))
@@ -501,14 +492,32 @@ def mlp_search(
     return best_of("mlp", 1), best_of("mlp+ridge", 1), best_of("mlp+ridge", seeds) if seeds > 1 else None, table
 
 
-def _mlp(config: dict[str, Any], options: FitOptions, factory: Any, seed: int) -> Any:
-    return factory(
-        hidden_layer_sizes=(options.mlp_width,) * int(config["layers"]),
-        learning_rate_init=float(config["learning_rate"]),
-        max_iter=int(config["epochs"]),
-        batch_size=int(config["batch_size"]),
-        random_state=seed,
-    )
+def _fit_mlps(
+    config: dict[str, Any],
+    options: FitOptions,
+    count: int,
+    features: np.ndarray,
+    targets: np.ndarray,
+    weights: np.ndarray | None,
+) -> list[Any]:
+    """`count` MLPs of one configuration on the same rows, seeds `options.seed`, `options.seed + 1`, ..."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    networks = []
+    for k in range(count):
+        model = MLPRegressor(
+            hidden_layer_sizes=(options.mlp_width,) * int(config["layers"]),
+            learning_rate_init=float(config["learning_rate"]),
+            max_iter=int(config["epochs"]),
+            batch_size=int(config["batch_size"]),
+            random_state=options.seed + k,
+        )
+        with warnings.catch_warnings():  # the paper's epoch counts stop before scikit-learn's tolerance
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(features, targets, sample_weight=weights)
+        networks.append(model)
+    return networks
 
 
 def fit_final_mlp(
@@ -520,19 +529,12 @@ def fit_final_mlp(
     config: dict[str, Any],
     options: FitOptions,
 ) -> Regressor:
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
 
     available = list(range(data.count))
     confidences = stage1_for_stage2(texts, data.fold_of, data, available, alpha, variant, spec, options.epsilon)
     features, targets, weights = stage2_matrix(texts, confidences, spec)
-    networks = []
-    for k in range(int(config.get("seeds", 1))):  # a config's `seeds`: the mean of that many MLPs
-        model = _mlp(config, options, MLPRegressor, options.seed + k)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(features, targets, sample_weight=weights)
-        networks.append(model)
+    # A config's `seeds`: the mean of that many MLPs.
+    networks = _fit_mlps(config, options, int(config.get("seeds", 1)), features, targets, weights)
     return networks[0] if len(networks) == 1 else AveragedRegressor(tuple(networks))
 
 
