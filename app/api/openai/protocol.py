@@ -146,6 +146,14 @@ class ChatCompletionRequest(_SamplingFields):
     store: Literal[False] | None = Field(None, description="nothing is stored (must be false)")
     metadata: dict[str, str] | None = Field(None, max_length=16)
 
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_is_a_boolean(cls, value: object) -> object:
+        # pydantic matches Literal[False] by equality even in strict mode, so 0 and 0.0 would pass as false.
+        if value is not None and type(value) is not bool:
+            raise ValueError("must be false or null")
+        return value
+
     @model_validator(mode="after")
     def _logprob_options(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:

@@ -160,6 +160,8 @@ def test_a_previous_answer_sent_back_as_dumped_and_harmless_options_are_served(c
         ({"response_format": {"type": "json_object"}}, "response_format.type"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"store": True}, "store"),
+        ({"store": 0.0}, "store"),  # equal to false, but not a boolean (schemathesis found it accepted)
+        ({"store": 0}, "store"),
     ],
 )
 def test_options_that_would_change_the_answer_are_refused(client: openai.OpenAI, options: dict, param: str) -> None:
