@@ -302,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     lodo.add_argument("--alpha-stage1", type=_positive, help="fit with this stage-1 alpha instead of the artifact's")
     lodo.add_argument("--alpha", type=_positive, help="fit with this stage-2 alpha instead of the artifact's")
     lodo.add_argument(
+        "--centring",
+        choices=("none", "group-0.25", "group-0.5", "group"),
+        help="fit with this target centring instead of the artifact's",
+    )
+    lodo.add_argument(
         "--datasets", nargs="+", help="train and test on these datasets alone (default: every dataset in the runs)"
     )
     lodo.add_argument(
@@ -528,6 +533,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         )
     elif args.command == "lodo":
         from training.commands.lodo import lodo_markdown, run_lodo
+        from training.groups import TargetCentring
 
         report = run_lodo(
             args.runs,
@@ -537,6 +543,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             args.bootstrap,
             alpha_stage1=args.alpha_stage1,
             alpha=args.alpha,
+            centring=None if args.centring is None else TargetCentring(args.centring),
             only_datasets=args.datasets,
             held_out=args.held_out,
         )

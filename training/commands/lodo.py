@@ -7,8 +7,9 @@ out-of-fold predictions were made with) on the training texts of all
 bootstrap 95% intervals.
 
 The same fitted model is also scored under every other aggregation (a second table), and
-either alpha can be overridden: aggregation and alphas are what a generalization failure
-would be tuned on first, so the table shows whether any of them would have changed it.
+either alpha and the target centring can be overridden: aggregation, alphas and how much of each
+dataset's offset the regressor learns are what a generalization failure would be tuned on first,
+so the table shows whether any of them would have changed it.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def run_lodo(
     seed: int = 0,
     alpha_stage1: float | None = None,
     alpha: float | None = None,
+    centring: TargetCentring | None = None,
     only_datasets: Sequence[str] | None = None,
     held_out: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """`alpha_stage1` / `alpha`: fit with these instead of the artifact's (None keeps the artifact's).
+    """`alpha_stage1` / `alpha` / `centring`: fit with these instead of the artifact's (None keeps the artifact's).
     `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold).
     `held_out`: hold out these datasets alone, each in turn (None: every one both sides hold)."""
     artifact = load_artifact(artifact_dir)
@@ -96,7 +98,8 @@ def run_lodo(
         float(params.get("alpha_stage1", artifact_alpha)) if alpha_stage1 is None else alpha_stage1,
         artifact_alpha if alpha is None else alpha,
     )
-    centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
+    if centring is None:
+        centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
     weighting = RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value))
     fold_unit = fold_unit_of_split(manifest.metrics.get("cv", {}).get("split"))
     texts, _, _ = load_runs(train_runs, spec.n_lags)

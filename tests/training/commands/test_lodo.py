@@ -19,6 +19,7 @@ from training.cli import main
 from training.commands import lodo
 from training.commands.fit import Choice, fit_final
 from training.commands.generate import GenerateOptions, run_generate
+from training.groups import TargetCentring, centred
 
 
 def _lodo(
@@ -90,6 +91,26 @@ def test_alphas_can_be_overridden(
     assert [(c.alpha_stage1, c.alpha) for c in fitted] == [(default["alpha_stage1"], default["alpha"])] * 2 + [
         (1000.0, 1e6)
     ] * 2
+
+
+def test_centring_can_be_overridden(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    centrings: list[TargetCentring] = []
+
+    def recording_centred(texts: Any, centring: TargetCentring) -> Any:
+        centrings.append(centring)
+        return centred(texts, centring)
+
+    monkeypatch.setattr(lodo, "centred", recording_centred)
+    default = _lodo(tiny_runs, tiny_artifact, tmp_path / "default")["configuration"]["target_centring"]
+    assert default != "group"  # so that the override is seen
+    overridden = _lodo(tiny_runs, tiny_artifact, tmp_path / "override", "--centring", "group")
+    assert overridden["configuration"]["target_centring"] == "group"
+    # Both datasets' training texts were centred the artifact's way, then both fully.
+    assert centrings == [TargetCentring(default)] * 2 + [TargetCentring.GROUP] * 2
+    with pytest.raises(SystemExit):
+        _lodo(tiny_runs, tiny_artifact, tmp_path / "bad", "--centring", "group-0.3")
 
 
 def test_datasets_restricts_training_and_testing(
