@@ -136,6 +136,9 @@ def run_lodo(
             "averaged_with_ridge": True if kind == "mlp+ridge" else None,  # None: not in the report's text
             "datasets": sorted({t.dataset for t in texts}),
         },
+        # Which answers were scored: the held-out dataset's answers in every test run, its training runs' too
+        # when they are among them (a refit never sees them either).
+        "runs": {"train": [str(path) for path in train_runs], "test": [str(path) for path in test_runs]},
         "datasets": {},
     }
     options = FitOptions(
@@ -225,6 +228,16 @@ def _informative_mean(report: dict[str, Any], difference: Callable[[dict[str, An
     return float(np.mean(values)) if values else None
 
 
+def _runs_text(runs: dict[str, list[str]] | None) -> list[str]:
+    """The lines naming the training and test runs (none for a report written before they were recorded)."""
+    if runs is None:
+        return []
+    return [
+        f"Trained on {', '.join(runs['train'])}; scored the held-out dataset's answers in {', '.join(runs['test'])}.",
+        "",
+    ]
+
+
 def lodo_markdown(report: dict[str, Any]) -> str:
     scored = {name for entry in report["datasets"].values() for name in entry["prr"]}
     methods = [m.value for m in Method if m.value in scored]
@@ -236,6 +249,7 @@ def lodo_markdown(report: dict[str, Any]) -> str:
             f"{key} {_configuration_text(value)}" for key, value in report["configuration"].items() if value is not None
         ),
         "",
+        *_runs_text(report.get("runs")),
         "| held-out dataset | n | accuracy | " + " | ".join(methods) + " | TAD − MSP |",
         "|---|---|---|" + "---|" * (len(methods) + 1),
     ]

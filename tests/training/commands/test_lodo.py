@@ -46,6 +46,19 @@ def test_every_dataset_is_held_out_once(tiny_runs: dict[str, Path], tiny_artifac
     assert (tmp_path / "lodo.md").read_text().startswith("Leave one dataset out")
     # The artifact's own fold unit (its stage-1 out-of-fold predictions depend on it).
     assert report["configuration"]["fold_unit"] == "record"
+    # Which runs were fitted and scored, in the report and its text.
+    assert report["runs"] == {"train": [str(tiny_runs["train"])], "test": [str(tiny_runs["dev"])]}
+    assert (
+        f"Trained on {tiny_runs['train']}; scored the held-out dataset's answers in {tiny_runs['dev']}."
+        in (tmp_path / "lodo.md").read_text()
+    )
+
+
+def test_a_report_without_runs_still_renders(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
+    report = _lodo(tiny_runs, tiny_artifact, tmp_path)
+    del report["runs"]  # as the reports written before runs were recorded
+    assert "Trained on" not in lodo.lodo_markdown(report)
+    assert lodo.lodo_markdown(report).startswith("Leave one dataset out")
 
 
 def test_every_aggregation_is_scored_and_the_served_one_is_the_headline(
