@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from app.uncertainty.trace import TokenTrace
+from training.commands.evaluate import best_baseline
 from training.data import QARecord, read_records
 from training.rejection import accuracy, interval, paired_bootstrap_prr, prediction_rejection_ratio
 from training.runs import iter_texts
@@ -41,13 +43,25 @@ def novel_word_share(answer: str, prompt: str) -> float:
     return sum(w not in seen for w in words) / len(words)
 
 
+@dataclass(frozen=True)
+class CopyRow:
+    """One dataset asked in one prompt style: every score's PRR and bootstrap interval on its answers."""
+
+    dataset: str
+    style: str
+    n: int
+    accuracy: float
+    prr: dict[str, float]
+    ci95: dict[str, tuple[float, float] | None]
+
+
 def _records_by_line(path: Path, cache: dict[Path, dict[int, QARecord]]) -> dict[int, QARecord]:
     if path not in cache:
         cache[path] = {located.line: located.record for located in read_records([path])}
     return cache[path]
 
 
-def prompt_copy_table(runs: Sequence[Path], resamples: int = 1000, seed: int = 0) -> list[dict[str, object]]:
+def prompt_copy_table(runs: Sequence[Path], resamples: int = 1000, seed: int = 0) -> list[CopyRow]:
     """Per (dataset, prompt style): n, accuracy, and the PRR with its interval of the novel-word share
     and of every baseline, on the same answers."""
     cache: dict[Path, dict[int, QARecord]] = {}
@@ -59,21 +73,21 @@ def prompt_copy_table(runs: Sequence[Path], resamples: int = 1000, seed: int = 0
         prompt = " ".join(message["content"] for message in build_messages(record, style))
         share = novel_word_share(str(meta["answer"]), prompt)
         groups.setdefault((text.dataset, style.value), []).append((share, text.target, text.token_trace()))
-    rows: list[dict[str, object]] = []
+    rows: list[CopyRow] = []
     for (dataset, style_name), items in sorted(groups.items()):
         quality = np.array([target for _, target, _ in items])
         scores = {NOVEL_SHARE: np.array([share for share, _, _ in items])}
         scores |= baseline_table([trace for _, _, trace in items])
         boot = paired_bootstrap_prr(scores, quality, resamples, seed)
         rows.append(
-            {
-                "dataset": dataset,
-                "style": style_name,
-                "n": len(items),
-                "accuracy": accuracy(quality),
-                "prr": {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()},
-                "ci95": {name: interval(values) for name, values in boot.items()},
-            }
+            CopyRow(
+                dataset=dataset,
+                style=style_name,
+                n=len(items),
+                accuracy=accuracy(quality),
+                prr={name: prediction_rejection_ratio(values, quality) for name, values in scores.items()},
+                ci95={name: interval(values) for name, values in boot.items()},
+            )
         )
     return rows
 
@@ -84,15 +98,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--bootstrap", type=int, default=1000)
     args = parser.parse_args(argv)
     for row in prompt_copy_table(args.runs, args.bootstrap):
-        prr, ci95 = row["prr"], row["ci95"]
-        assert isinstance(prr, dict) and isinstance(ci95, dict)
-        low_high = ci95[NOVEL_SHARE]
+        low_high = row.ci95[NOVEL_SHARE]
         ci_text = "" if low_high is None else f" [{low_high[0]:.2f}, {low_high[1]:.2f}]"
-        baselines = {name: value for name, value in prr.items() if name != NOVEL_SHARE}
-        best = max(baselines, key=lambda name: -np.inf if np.isnan(baselines[name]) else baselines[name])
+        best = best_baseline(row.prr)
         print(
-            f"{row['dataset']:<11} {row['style']:<5} n={row['n']:<5} accuracy {row['accuracy']:.2f}  "
-            f"novel-word share PRR {prr[NOVEL_SHARE]:+.3f}{ci_text}  best baseline {best} {baselines[best]:+.3f}"
+            f"{row.dataset:<11} {row.style:<5} n={row.n:<5} accuracy {row.accuracy:.2f}  "
+            f"novel-word share PRR {row.prr[NOVEL_SHARE]:+.3f}{ci_text}  best baseline {best} {row.prr[best]:+.3f}"
         )
 
 

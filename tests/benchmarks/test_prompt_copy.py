@@ -22,11 +22,10 @@ def test_table_scores_every_answer_beside_the_baselines(
     tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     rows = prompt_copy_table([tiny_runs["dev"]], resamples=20)
-    assert {(row["dataset"], row["style"]) for row in rows} == {("squad", "task"), ("mmlu", "task")}
+    assert {(row.dataset, row.style) for row in rows} == {("squad", "task"), ("mmlu", "task")}
     for row in rows:
-        assert row["n"] == 16
-        prr = row["prr"]
-        assert isinstance(prr, dict) and NOVEL_SHARE in prr and "msp" in prr and "mean_token_entropy" in prr
+        assert row.n == 16
+        assert NOVEL_SHARE in row.prr and "msp" in row.prr and "mean_token_entropy" in row.prr
     main([str(tiny_runs["dev"]), "--bootstrap", "20"])
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 2 and all("novel-word share PRR" in line for line in printed)
