@@ -307,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit with this target centring instead of the artifact's",
     )
     lodo.add_argument(
+        "--extra-stats",
+        nargs="*",
+        help="fit with these per-token statistics added to the features instead of the artifact's (none: "
+        "without any); the runs must hold them",
+    )
+    lodo.add_argument(
         "--datasets", nargs="+", help="train and test on these datasets alone (default: every dataset in the runs)"
     )
     lodo.add_argument(
@@ -544,6 +550,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             alpha_stage1=args.alpha_stage1,
             alpha=args.alpha,
             centring=None if args.centring is None else TargetCentring(args.centring),
+            extra_stats=args.extra_stats,
             only_datasets=args.datasets,
             held_out=args.held_out,
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,19 @@ def check_no_duplicates(keys: Iterable[tuple[str, str]]) -> None:
             f"{len(duplicates)} answers appear more than once in the runs (e.g. {duplicates[0]}): "
             "is a run given twice, or do runs overlap?"
         )
+
+
+def check_statistics(answers_stats: Iterable[Mapping[str, np.ndarray]], names: Iterable[str], option: str) -> None:
+    """Refuse per-token statistics some answer lacks (its run was made before they were recorded, or they
+    are misspelt), before the minutes of fitting rather than as a KeyError after them."""
+    wanted = set(names)
+    for stats in answers_stats:
+        missing = sorted(wanted - set(stats))
+        if missing:
+            raise SystemExit(
+                f"{option}: the runs hold no per-token statistic {', '.join(missing)} "
+                f"(they hold {', '.join(sorted(stats))})"
+            )
 
 
 def read_run_settings(run_dir: Path) -> dict[str, Any]:

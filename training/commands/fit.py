@@ -52,7 +52,14 @@ from training.groups import (
 )
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
-from training.runs import RUN_FILE, check_no_duplicates, check_run_folders, iter_texts, read_run_settings
+from training.runs import (
+    RUN_FILE,
+    check_no_duplicates,
+    check_run_folders,
+    check_statistics,
+    iter_texts,
+    read_run_settings,
+)
 from training.scoring import baseline_table, ranked
 from training.two_stage import (
     FitText,
@@ -727,6 +734,8 @@ def run_fit(options: FitOptions) -> Manifest:
     check_out(options.out, options.runs)
     loaded, settings, lags = load_runs(options.runs, options.n_lags)
     texts: Sequence[FitText] = loaded
+    extra_names = {name for names in options.extra_feature_sets for name in names}
+    check_statistics((t.stats for t in texts), extra_names, "--extra-feature-sets")
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}
     for convention in options.conventions:

@@ -7,9 +7,10 @@ out-of-fold predictions were made with) on the training texts of all
 bootstrap 95% intervals.
 
 The same fitted model is also scored under every other aggregation (a second table), and
-either alpha and the target centring can be overridden: aggregation, alphas and how much of each
-dataset's offset the regressor learns are what a generalization failure would be tuned on first,
-so the table shows whether any of them would have changed it.
+either alpha, the target centring and the extra per-token features can be overridden: aggregation,
+alphas and how much of each dataset's offset the regressor learns are what a generalization failure
+would be tuned on first, and a new feature is only worth having if it transfers, so the table shows
+whether any of them would have changed it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,7 @@ from training.rejection import (
     prediction_rejection_ratio,
 )
 from training.run_source import check_runs_match
-from training.runs import iter_texts
+from training.runs import check_statistics, iter_texts
 from training.scoring import baseline_table, ranked
 from training.two_stage import Variant
 from training.weighting import RowWeighting, weighted
@@ -67,10 +69,12 @@ def run_lodo(
     alpha_stage1: float | None = None,
     alpha: float | None = None,
     centring: TargetCentring | None = None,
+    extra_stats: Sequence[str] | None = None,
     only_datasets: Sequence[str] | None = None,
     held_out: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """`alpha_stage1` / `alpha` / `centring`: fit with these instead of the artifact's (None keeps the artifact's).
+    """`alpha_stage1` / `alpha` / `centring` / `extra_stats` (per-token statistics added to the features): fit
+    with these instead of the artifact's (None keeps the artifact's).
     `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold).
     `held_out`: hold out these datasets alone, each in turn (None: every one both sides hold)."""
     artifact = load_artifact(artifact_dir)
@@ -80,6 +84,8 @@ def run_lodo(
     check_runs_match(test_runs, artifact)
     manifest = artifact.manifest
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
+    if extra_stats is not None:
+        spec = replace(spec, extra_stats=tuple(extra_stats))
     params = manifest.regressor.params
     variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
     # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
@@ -104,6 +110,8 @@ def run_lodo(
     fold_unit = fold_unit_of_split(manifest.metrics.get("cv", {}).get("split"))
     texts, _, _ = load_runs(train_runs, spec.n_lags)
     tests = list(iter_texts(test_runs))
+    check_statistics((t.stats for t in texts), spec.extra_stats, "--extra-stats")
+    check_statistics((t.stats for t in tests), spec.extra_stats, "--extra-stats")
     if only_datasets is not None:
         kept = set(only_datasets)
         if len(kept) < 2:
@@ -131,6 +139,7 @@ def run_lodo(
             "aggregation": aggregation.value,
             "target_centring": centring.value,
             "row_weighting": weighting.value,
+            "extra_stats": list(spec.extra_stats) or None,  # None: not in the report's text
             "fold_unit": fold_unit.value,
             "stage2": "ridge" if mlp_config is None else {"mlp": mlp_config, "width": params["width"]},
             "averaged_with_ridge": True if kind == "mlp+ridge" else None,  # None: not in the report's text

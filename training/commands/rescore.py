@@ -25,7 +25,7 @@ from training.tasks import score_answer
 logger = logging.getLogger(__name__)
 
 
-def _data_files(run: Path, settings: dict[str, Any], extra: Sequence[Path]) -> list[Path]:
+def run_data_files(run: Path, settings: dict[str, Any], extra: Sequence[Path]) -> list[Path]:
     """The run's data files, each found by its sha256: at its recorded path, else among `extra`."""
     by_hash: dict[str, Path] = {}
     for path in extra:
@@ -56,9 +56,8 @@ def rescore_run(run: Path, extra_data: Sequence[Path] = ()) -> tuple[int, int]:
         return 0, 0
     if version > TARGETS_VERSION:
         raise SystemExit(f"{run} was scored with targets version {version}, newer than this code's {TARGETS_VERSION}")
-    records: dict[str, QARecord] = {
-        f"{item.dataset}/{item.record.id}": item.record for item in read_records(_data_files(run, settings, extra_data))
-    }
+    files = run_data_files(run, settings, extra_data)
+    records: dict[str, QARecord] = {f"{item.dataset}/{item.record.id}": item.record for item in read_records(files)}
     shards = completed_shards(run)
     answers = changed = 0
     for shard in tqdm(shards, desc=f"rescore {run.name}", unit="shard"):

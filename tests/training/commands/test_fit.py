@@ -114,6 +114,17 @@ def test_extra_feature_ablations_are_recorded_and_a_kept_one_is_served(
     assert len(artifact.scorer.confidences_of(text.token_trace(artifact.n_lags))) == len(text)
 
 
+def test_an_ablation_of_a_statistic_the_runs_lack_is_refused_before_fitting(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    options = FitOptions(
+        runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=(("entropy", "no_such"),)
+    )
+    with pytest.raises(SystemExit, match="--extra-feature-sets: the runs hold no per-token statistic no_such"):
+        run_fit(options)
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_gain_inside_the_fold_noise_is_not_significant() -> None:
     from training.commands.fit import paired_gain
 

@@ -126,6 +126,30 @@ def test_centring_can_be_overridden(
         _lodo(tiny_runs, tiny_artifact, tmp_path / "bad", "--centring", "group-0.3")
 
 
+def test_extra_stats_can_be_added_to_the_features(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    real_prepare = lodo.prepare_folds
+
+    def recording_prepare(texts: Any, spec: Any, options: Any) -> Any:
+        sizes.append(spec.stage2_size)
+        return real_prepare(texts, spec, options)
+
+    monkeypatch.setattr(lodo, "prepare_folds", recording_prepare)
+    default = _lodo(tiny_runs, tiny_artifact, tmp_path / "default")
+    assert default["configuration"].get("extra_stats") is None  # the tiny artifact has none
+    added = _lodo(tiny_runs, tiny_artifact, tmp_path / "added", "--extra-stats", "entropy", "top2_margin")
+    assert added["configuration"]["extra_stats"] == ["entropy", "top2_margin"]
+    assert "extra_stats entropy top2_margin" in (tmp_path / "added" / "lodo.md").read_text()
+    # Each refit's stage-2 vectors were two columns longer.
+    assert sizes[2:] == [size + 2 for size in sizes[:2]]
+    # A statistic the runs do not hold is refused by name before any refit.
+    with pytest.raises(SystemExit, match="--extra-stats: the runs hold no per-token statistic prompt_overlap"):
+        _lodo(tiny_runs, tiny_artifact, tmp_path / "missing", "--extra-stats", "prompt_overlap")
+    assert len(sizes) == 4 and not (tmp_path / "missing").exists()
+
+
 def test_datasets_restricts_training_and_testing(
     tiny_runs: dict[str, Path],
     tiny_artifact: Path,

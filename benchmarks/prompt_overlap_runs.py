@@ -1,0 +1,127 @@
+"""Copies of generation runs with one more per-token statistic, `prompt_overlap`, to measure it as a TAD feature.
+
+A token's `prompt_overlap` is 1 when its text, stripped of surrounding whitespace and case-folded, is
+the text of some token of its own prompt (the chat prompt exactly as `generate` encoded it), else 0:
+does the answer take this piece from its prompt? It is the per-token form of the novel-word share
+(`benchmarks/prompt_copy.py`) and is known the moment the token is sampled, as a streamed confidence
+needs. The copies link every file of the original shards (nothing is duplicated) and add
+`stat-prompt_overlap.npy`, so that
+
+    python -m training fit COPIES... --extra-feature-sets prompt_overlap     (cross-validated ablation)
+    python -m training lodo COPIES... --test COPIES... --artifact A --extra-stats prompt_overlap
+
+measure it. It was measured this way and not adopted (README, "A lead"), so serving does not
+record it. Resumable shard by shard:
+
+    python -m benchmarks.prompt_overlap_runs --out runs/overlap RUN...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from app.engine.chat_prompt import encode_chat
+from app.engine.loading import load_model
+from training.commands.rescore import run_data_files
+from training.data import QARecord, read_records
+from training.runs import RUN_FILE, STAT_PREFIX, completed_shards, read_run_settings
+from training.tasks import PromptStyle, build_messages
+
+PROMPT_OVERLAP = "prompt_overlap"
+
+
+class TokenPieces:
+    """Each token's text as the overlap compares it (stripped, case-folded), decoded once per token id."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self._pieces: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = str(self.tokenizer.decode([token_id])).strip().casefold()
+        return piece
+
+
+def prompt_overlap(
+    answer_ids: Sequence[int] | np.ndarray, prompt_ids: Sequence[int], pieces: TokenPieces
+) -> np.ndarray:
+    """1.0 for each answer token whose piece is among the prompt tokens' pieces, else 0.0 (float64, a statistic)."""
+    in_prompt = {pieces(int(token)) for token in prompt_ids}
+    return np.array([1.0 if pieces(int(token)) in in_prompt else 0.0 for token in answer_ids], dtype=np.float64)
+
+
+def _records(run: Path, settings: dict[str, Any]) -> dict[str, QARecord]:
+    files = run_data_files(run, settings, ())
+    return {f"{item.dataset}/{item.record.id}": item.record for item in read_records(files)}
+
+
+def annotate_run(run: Path, out: Path, pieces: TokenPieces, tokenizer: PreTrainedTokenizerBase) -> int:
+    """Write `out/<run name>` (a linked copy with `prompt_overlap`); returns the shards written now."""
+    settings = read_run_settings(run)
+    if settings.get("prompt_style") == PromptStyle.FEW_SHOT.value:
+        raise SystemExit(f"{run} is a few-shot run: its prompts are not chat messages, which this measures")
+    target = out / run.name
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run / RUN_FILE, target / RUN_FILE)
+    records: dict[str, QARecord] | None = None
+    written = 0
+    for shard in tqdm(completed_shards(run), desc=f"prompt overlap {run.name}", unit="shard"):
+        final = target / shard.parent.name / shard.name
+        if (final / "texts.json").exists():
+            continue
+        records = records if records is not None else _records(run, settings)
+        metas = json.loads((shard / "texts.json").read_text())
+        offsets, token_ids = np.load(shard / "offsets.npy"), np.load(shard / "token_ids.npy")
+        overlap = np.zeros(len(token_ids), dtype=np.float64)
+        for index, meta in enumerate(metas):
+            record = records.get(meta["key"])
+            if record is None:
+                raise SystemExit(f"{shard}: answer {meta['key']} has no record in the run's data files")
+            style = PromptStyle(meta.get("prompt_style", PromptStyle.TASK.value))
+            start, end = int(offsets[index]), int(offsets[index + 1])
+            prompt_ids = encode_chat(tokenizer, build_messages(record, style))
+            overlap[start:end] = prompt_overlap(token_ids[start:end], prompt_ids, pieces)
+        staging = final.with_name(final.name + ".partial")
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        for file in shard.iterdir():
+            os.symlink(file.resolve(), staging / file.name)
+        np.save(staging / f"{STAT_PREFIX}{PROMPT_OVERLAP}.npy", overlap)
+        os.replace(staging, final)
+        written += 1
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", type=Path, nargs="+", help="generation runs (chat or task prompts)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the copies (one per run, same name)")
+    args = parser.parse_args(argv)
+    names = [run.name for run in args.runs]
+    if len(set(names)) < len(names):
+        raise SystemExit("two runs share a folder name: their copies would collide under --out")
+    models = {str(read_run_settings(run)["model"]) for run in args.runs}
+    if len(models) > 1:
+        raise SystemExit(f"the runs were made with {len(models)} models; give one model's runs at a time")
+    tokenizer = load_model(models.pop(), device="cpu", verify_sha256=False).tokenizer
+    pieces = TokenPieces(tokenizer)
+    for run in args.runs:
+        annotate_run(run, args.out, pieces, tokenizer)
+        print(f"{args.out / run.name}")
+
+
+if __name__ == "__main__":
+    main()
