@@ -152,9 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--extra-feature-sets",
         nargs="*",
-        default=["entropy", "top2_margin", "entropy+top2_margin"],
-        help="ablations: per-token statistics added to the features ('+' joins several), each tried with the "
-        "chosen configuration and kept only if its fold-by-fold CV gain is significant; none to skip",
+        default=["entropy", "top2_margin", "entropy+top2_margin", "products"],
+        help="ablations: per-token statistics added to the features ('+' joins several; products: the authors' "
+        "p_i * c_{i-l} term per lag), each tried with the chosen configuration and kept only if its fold-by-fold "
+        "CV gain is significant; none to skip",
     )
     fit.add_argument(
         "--variants",
@@ -162,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("leak-free", "algorithm1-literal", "authors"),
         default=["leak-free", "algorithm1-literal", "authors"],
         help="training variants to cross-validate (training/two_stage.py)",
+    )
+    fit.add_argument(
+        "--products",
+        action="store_true",
+        help="fit with the authors' p_i * c_{i-l} term per lag in the stage-2 features from the start (the "
+        "products ablation tries them on the chosen configuration)",
     )
     fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
     fit.add_argument(
@@ -309,8 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
     lodo.add_argument(
         "--extra-stats",
         nargs="*",
-        help="fit with these per-token statistics added to the features instead of the artifact's (none: "
-        "without any); the runs must hold them",
+        help="fit with these per-token statistics added to the features instead of the artifact's (the option "
+        "alone: without any); the runs must hold them",
+    )
+    lodo.add_argument(
+        "--products",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fit with (or without) the authors' p_i * c_{i-l} feature terms instead of as the artifact has them",
     )
     lodo.add_argument(
         "--datasets", nargs="+", help="train and test on these datasets alone (default: every dataset in the runs)"
@@ -481,6 +494,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 conventions=tuple(Convention(c) for c in args.conventions),
                 variants=tuple(Variant(v) for v in args.variants),
                 extra_feature_sets=tuple(tuple(s.split("+")) for s in args.extra_feature_sets if s != "none"),
+                products=args.products,
                 stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
                 combiner=args.combiner,
                 selection=Selection(args.selection),
@@ -551,6 +565,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             alpha=args.alpha,
             centring=None if args.centring is None else TargetCentring(args.centring),
             extra_stats=args.extra_stats,
+            products=args.products,
             only_datasets=args.datasets,
             held_out=args.held_out,
         )

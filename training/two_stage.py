@@ -26,7 +26,13 @@ from enum import StrEnum
 
 import numpy as np
 
-from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features, token_probabilities
+from app.uncertainty.features import (
+    FeatureSpec,
+    lag_products,
+    stage1_features,
+    stage2_features,
+    token_probabilities,
+)
 from app.uncertainty.tad import Regressor
 from app.uncertainty.trace import TokenTrace
 from training.ridge import GramStats
@@ -120,14 +126,19 @@ def stage1_confidences(
     return confidences
 
 
-def confidence_lags(confidences: np.ndarray, n_lags: int) -> np.ndarray:
-    """The confidence columns `[n - 1, N]` of stage-2 vectors: c_{i-l} for l = 1..N, zero-padded."""
+def dynamic_values(probs: np.ndarray, confidences: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+    """The stage-2 columns that depend on confidences (`spec.dynamic_columns()`), `[n - 1, D]` float32:
+    c_{i-l} for l = 1..N, zero-padded, then p_i * c_{i-l} with `spec.products`; the same bits as
+    `stage2_features` puts there."""
     n = len(confidences)
-    lags = np.zeros((max(n - 1, 0), n_lags))
-    for lag in range(1, n_lags + 1):
+    lags = np.zeros((max(n - 1, 0), spec.n_lags), dtype=np.float32)
+    products = np.zeros_like(lags) if spec.products else None
+    for lag in range(1, spec.n_lags + 1):
         rows = np.arange(lag - 1, n - 1)
         lags[rows, lag - 1] = confidences[rows + 1 - lag]
-    return lags.astype(np.float32)
+        if products is not None:
+            products[rows, lag - 1] = lag_products(probs[rows + 1], confidences[rows + 1 - lag])
+    return lags if products is None else np.concatenate([lags, products], axis=1)
 
 
 def static_features(text: FitText, spec: FeatureSpec) -> np.ndarray:
@@ -173,20 +184,20 @@ def teacher_forced_stats(texts: Sequence[FitText], static: GramStats, spec: Feat
 class CrossStats:
     """Confidence-column terms of the stage-2 Gram for several candidate stage-1 models at once."""
 
-    static_x_conf: np.ndarray  # [F, K * N]
-    conf_x_conf: np.ndarray  # [K, N, N]
-    conf_x_y: np.ndarray  # [K, N]
-    conf_sum: np.ndarray  # [K, N]
+    static_x_conf: np.ndarray  # [F, K * D], D = len(spec.dynamic_columns())
+    conf_x_conf: np.ndarray  # [K, D, D]
+    conf_x_y: np.ndarray  # [K, D]
+    conf_sum: np.ndarray  # [K, D]
 
 
 def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndarray]], spec: FeatureSpec) -> CrossStats:
     """`confidences[k][j]` are candidate k's c values for `texts[j]`."""
-    n_candidates, n_lags = len(confidences), spec.n_lags
+    n_candidates, width = len(confidences), len(spec.dynamic_columns())
     result = CrossStats(
-        static_x_conf=np.zeros((spec.stage2_size, n_candidates * n_lags)),
-        conf_x_conf=np.zeros((n_candidates, n_lags, n_lags)),
-        conf_x_y=np.zeros((n_candidates, n_lags)),
-        conf_sum=np.zeros((n_candidates, n_lags)),
+        static_x_conf=np.zeros((spec.stage2_size, n_candidates * width)),
+        conf_x_conf=np.zeros((n_candidates, width, width)),
+        conf_x_y=np.zeros((n_candidates, width)),
+        conf_sum=np.zeros((n_candidates, width)),
     )
     position = 0
     for chunk in _chunks(texts):
@@ -198,7 +209,7 @@ def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndar
         columns = []
         for k in range(n_candidates):
             lags = np.concatenate(
-                [confidence_lags(confidences[k][position + j], n_lags) for j in range(len(chunk))]
+                [dynamic_values(t.probs, confidences[k][position + j], spec) for j, t in enumerate(chunk)]
             ).astype(np.float64)
             columns.append(lags)
             weighted = lags if weights is None else lags * weights[:, None]
@@ -212,9 +223,9 @@ def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndar
 
 def stage2_stats(static: GramStats, cross: CrossStats, candidate: int, spec: FeatureSpec) -> GramStats:
     """Full stage-2 statistics: the static Gram with candidate k's confidence columns filled in."""
-    n_lags = spec.n_lags
-    columns = spec.confidence_columns()
-    block = cross.static_x_conf[:, candidate * n_lags : (candidate + 1) * n_lags]  # [F, N]
+    columns = spec.dynamic_columns()
+    width = len(columns)
+    block = cross.static_x_conf[:, candidate * width : (candidate + 1) * width]  # [F, D]
     xtx = static.xtx.copy()
     xtx[:, columns] += block
     xtx[columns, :] += block.T

@@ -45,6 +45,7 @@ class FeatureInfo(BaseModel):
     # Artifacts from before the field existed were all trained with the consuming convention.
     convention: Convention = Convention.CONSUMING
     extra_stats: list[str] = Field(default_factory=list)
+    products: bool = False  # artifacts from before the field existed have none
     stage1_size: int
     stage2_size: int
 
@@ -56,6 +57,7 @@ class FeatureInfo(BaseModel):
             order=self.order,
             convention=self.convention,
             extra_stats=tuple(self.extra_stats),
+            products=self.products,
         )
 
 

@@ -5,6 +5,7 @@ Ordering `tad-v1` for token i >= 2 (1-based), with N lags:
     for l = 1..N:  [ p_{i-l}, c_{i-l}, a_{i,i-l}[layer 0 head 0], ..., a_{i,i-l}[layer L-1 head H-1] ]
     then           [ p_i ]
     then           [ extra statistics of token i ]   (only when the spec names some, e.g. entropy)
+    then           [ p_i * c_{i-1}, ..., p_i * c_{i-N} ]   (only with `products`: the authors' code's terms)
 
 and zeros wherever i - l < 1. Stage 1 uses only `[p_{i-1}, ..., p_{i-N}, p_i]` (then the extras).
 
@@ -50,6 +51,8 @@ class FeatureSpec:
     convention: Convention = Convention.CONSUMING
     # Per-token statistics of token i appended after p_i (app/engine/token_stats.py), e.g. ("entropy",).
     extra_stats: tuple[str, ...] = ()
+    # The authors' code also feeds p_i * c_{i-l} per lag: an interaction a linear stage 2 cannot form itself.
+    products: bool = False
 
     def extras(self, stats: Mapping[str, Sequence[float] | np.ndarray]) -> np.ndarray | None:
         """The extra columns of each token `[n, E]` float32, or None without extras."""
@@ -87,11 +90,23 @@ class FeatureSpec:
 
     @property
     def stage2_size(self) -> int:
+        return self.n_lags * self.lag_block + 1 + len(self.extra_stats) + (self.n_lags if self.products else 0)
+
+    @property
+    def product_offset(self) -> int:
+        """Column of p_i * c_{i-1} in a stage-2 vector (the N product columns follow it)."""
         return self.n_lags * self.lag_block + 1 + len(self.extra_stats)
 
     def confidence_columns(self) -> np.ndarray:
         """Column index of c_{i-l} for l = 1..N in a stage-2 vector."""
         return np.arange(self.n_lags) * self.lag_block + 1
+
+    def dynamic_columns(self) -> np.ndarray:
+        """The columns that depend on earlier confidences: c_{i-l}, then p_i * c_{i-l} with `products`."""
+        columns = self.confidence_columns()
+        if self.products:
+            columns = np.concatenate([columns, self.product_offset + np.arange(self.n_lags)])
+        return columns
 
     def lag_attention(self, rows: Sequence[np.ndarray] | np.ndarray, index: int) -> list[float | None] | None:
         """What TAD reads of the attention of the token at 0-based `index`, averaged over layers and heads.
@@ -116,6 +131,7 @@ class FeatureSpec:
             "num_heads": self.num_heads,
             "convention": self.convention.value,
             "extra_stats": list(self.extra_stats),
+            "products": self.products,
             "stage1_size": self.stage1_size,
             "stage2_size": self.stage2_size,
         }
@@ -167,8 +183,21 @@ def stage2_features(
     features[:, base] = probs[1:]
     if spec.extra_stats:
         assert extras is not None, "the spec has extra statistics: pass them"
-        features[:, base + 1 :] = extras[1:]
+        features[:, base + 1 : spec.product_offset] = extras[1:]
+    if spec.products:
+        for lag in range(1, spec.n_lags + 1):
+            targets = np.arange(lag - 1, n - 1)
+            features[targets, spec.product_offset + lag - 1] = lag_products(
+                probs[targets + 1], confidences[targets + 1 - lag]
+            )
     return features
+
+
+def lag_products(current: np.ndarray | float | np.floating[Any], earlier: np.ndarray | float) -> np.ndarray:
+    """p_i * c_{i-l} from the float32 values the vector holds, multiplied in float64 (one rounding, to float32)."""
+    return (
+        np.asarray(current, dtype=FEATURE_DTYPE).astype(np.float64) * np.asarray(earlier, dtype=FEATURE_DTYPE)
+    ).astype(FEATURE_DTYPE)
 
 
 def stage2_feature_row(
@@ -191,7 +220,10 @@ def stage2_feature_row(
     vector[base] = probs[index]
     if spec.extra_stats:
         assert extras_row is not None, "the spec has extra statistics: pass them"
-        vector[base + 1 :] = extras_row
+        vector[base + 1 : spec.product_offset] = extras_row
+    if spec.products:
+        for lag in range(1, min(spec.n_lags, index) + 1):
+            vector[spec.product_offset + lag - 1] = lag_products(probs[index], confidences[index - lag])
     return vector
 
 

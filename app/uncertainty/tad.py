@@ -78,6 +78,7 @@ class LinearStage2:
     confidence: np.ndarray  # [N] (or [N, H]) weights of c_{i-l}
     current: float | np.ndarray  # weight of p_i
     extras: np.ndarray  # [E] (or [E, H]) weights of token i's extra statistics
+    products: np.ndarray  # [N] (or [N, H]) weights of p_i * c_{i-l}; empty without the spec's products
     attention: tuple[np.ndarray, ...]
     slots_read: int  # slots a row must have: N (generating) or N + 1 (consuming)
 
@@ -115,7 +116,8 @@ class LinearStage2:
             probability=blocks[:, 0].copy(),
             confidence=blocks[:, 1].copy(),
             current=weights[base].copy() if outputs else float(weights[base]),
-            extras=weights[base + 1 :].copy(),
+            extras=weights[base + 1 : spec.product_offset].copy(),
+            products=weights[spec.product_offset :].copy(),
             attention=tuple(attention),
             slots_read=n_lags + spec.slot_shift,
         )
@@ -150,13 +152,19 @@ class LinearStage2:
         window = slice(index - lags, index)
         earlier_probs = np.asarray(probs[window], dtype=FEATURE_DTYPE)[::-1].astype(np.float64)
         earlier_confidences = np.asarray(confidences[window], dtype=FEATURE_DTYPE)[::-1].astype(np.float64)
+        current = float(np.float32(probs[index]))
         value = (
             self.intercept
             + (self._attention_term(row, lags) if attention_term is None else attention_term)
             + np.dot(earlier_probs, self.probability[:lags])
             + np.dot(earlier_confidences, self.confidence[:lags])
-            + self.current * float(probs[index])
+            + self.current * current
         )
+        if len(self.products):
+            products = (
+                (current * earlier_confidences).astype(FEATURE_DTYPE).astype(np.float64)
+            )  # as the vector holds them
+            value = value + np.dot(products, self.products[:lags])
         if len(self.extras):
             assert extras_row is not None, "the spec has extra statistics: pass them"
             value = value + np.dot(np.asarray(extras_row, dtype=FEATURE_DTYPE).astype(np.float64), self.extras)

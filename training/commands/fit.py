@@ -87,6 +87,10 @@ MLP_GRIDS: dict[str, dict[str, Sequence[float]]] = {
 }
 
 
+# In an ablation's feature set: the authors' p_i * c_{i-l} terms (FeatureSpec.products), not a statistic.
+PRODUCTS = "products"
+
+
 @dataclass(frozen=True)
 class FitOptions:
     runs: Sequence[Path]
@@ -112,9 +116,15 @@ class FitOptions:
     mlp_seeds: int = 1
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
-    # Ablations: extra per-token statistics as features, tried with the chosen configuration; kept only when
-    # their fold-by-fold gain is significant (paired_gain).
-    extra_feature_sets: Sequence[tuple[str, ...]] = (("entropy",), ("top2_margin",), ("entropy", "top2_margin"))
+    # Ablations: extra per-token statistics as features (PRODUCTS: the authors' product terms), tried with the
+    # chosen configuration; kept only when their fold-by-fold gain is significant (paired_gain).
+    products: bool = False  # the authors' p_i * c_{i-l} terms in every fit, not only as an ablation
+    extra_feature_sets: Sequence[tuple[str, ...]] = (
+        ("entropy",),
+        ("top2_margin",),
+        ("entropy", "top2_margin"),
+        (PRODUCTS,),
+    )
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
     combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) and blend's grid out of fold
     selection: Selection = Selection.WITHIN_GROUP
@@ -734,13 +744,17 @@ def run_fit(options: FitOptions) -> Manifest:
     check_out(options.out, options.runs)
     loaded, settings, lags = load_runs(options.runs, options.n_lags)
     texts: Sequence[FitText] = loaded
-    extra_names = {name for names in options.extra_feature_sets for name in names}
+    extra_names = {name for names in options.extra_feature_sets for name in names} - {PRODUCTS}
     check_statistics((t.stats for t in texts), extra_names, "--extra-feature-sets")
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}
     for convention in options.conventions:
         spec = FeatureSpec(
-            n_lags=lags, num_layers=identity.num_layers, num_heads=identity.num_heads, convention=convention
+            n_lags=lags,
+            num_layers=identity.num_layers,
+            num_heads=identity.num_heads,
+            convention=convention,
+            products=options.products,
         )
         logger.info(
             "fitting (%s convention) on %d texts, %d tokens, %d stage-2 features",
@@ -772,14 +786,19 @@ def run_fit(options: FitOptions) -> Manifest:
     }
     base_choice, winner = Choice.of(result.chosen_row), result
     for extra in options.extra_feature_sets:
-        trial_spec = replace(result.spec, extra_stats=tuple(extra))
-        logger.info("ablation: extra per-token features %s", ", ".join(extra))
+        trial_spec = replace(
+            result.spec,
+            extra_stats=tuple(name for name in extra if name != PRODUCTS),
+            products=result.spec.products or PRODUCTS in extra,
+        )
+        logger.info("ablation: extra features %s", ", ".join(extra))
         trial = cross_validate_convention(
             texts, trial_spec, options, only=base_choice, centring=result.centring, weighting=result.weighting
         )
         verdict = trial_verdict(trial.chosen_row, result.chosen_row, result.selection)
         ablations["+".join(extra)] = {
-            "extra_stats": list(extra),
+            "extra_stats": list(trial_spec.extra_stats),
+            "products": trial_spec.products,
             "prr_mean": trial.prr,
             "prr_std": trial.chosen_row["prr_std"],
             **verdict,
@@ -885,6 +904,7 @@ def run_fit(options: FitOptions) -> Manifest:
             num_heads=spec.num_heads,
             convention=spec.convention,
             extra_stats=list(spec.extra_stats),
+            products=spec.products,
             stage1_size=spec.stage1_size,
             stage2_size=spec.stage2_size,
         ),

@@ -70,11 +70,13 @@ def run_lodo(
     alpha: float | None = None,
     centring: TargetCentring | None = None,
     extra_stats: Sequence[str] | None = None,
+    products: bool | None = None,
     only_datasets: Sequence[str] | None = None,
     held_out: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """`alpha_stage1` / `alpha` / `centring` / `extra_stats` (per-token statistics added to the features): fit
-    with these instead of the artifact's (None keeps the artifact's).
+    """`alpha_stage1` / `alpha` / `centring` / `extra_stats` (per-token statistics added to the features) /
+    `products` (the authors' p_i * c_{i-l} terms): fit with these instead of the artifact's (None keeps the
+    artifact's).
     `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold).
     `held_out`: hold out these datasets alone, each in turn (None: every one both sides hold)."""
     artifact = load_artifact(artifact_dir)
@@ -86,6 +88,8 @@ def run_lodo(
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
     if extra_stats is not None:
         spec = replace(spec, extra_stats=tuple(extra_stats))
+    if products is not None:
+        spec = replace(spec, products=products)
     params = manifest.regressor.params
     variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
     # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
@@ -140,6 +144,7 @@ def run_lodo(
             "target_centring": centring.value,
             "row_weighting": weighting.value,
             "extra_stats": list(spec.extra_stats) or None,  # None: not in the report's text
+            "products": spec.products or None,
             "fold_unit": fold_unit.value,
             "stage2": "ridge" if mlp_config is None else {"mlp": mlp_config, "width": params["width"]},
             "averaged_with_ridge": True if kind == "mlp+ridge" else None,  # None: not in the report's text

@@ -65,17 +65,24 @@ class _OpaqueRegressor:
         (Convention.GENERATING, 2, ()),  # the generating convention never reads slot N
         (Convention.CONSUMING, 3, ()),
         (Convention.CONSUMING, 5, ("entropy",)),  # rows captured with more lags than the spec uses
+        (Convention.GENERATING, 3, ("entropy", "products")),  # the authors' p_i * c_{i-l} terms
     ],
 )
 def test_linear_weights_split_equal_the_feature_vector_path(
     convention: Convention, slots: int, extra_stats: tuple[str, ...]
 ) -> None:
-    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
+    spec = _spec(convention, extra_stats)
     rng = np.random.default_rng(5)
     model = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
     got, expected, fast = _split_and_feature_vector(model, spec, slots, rng)
     assert isinstance(fast.split, LinearStage2)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+
+def _spec(convention: Convention, options: tuple[str, ...]) -> FeatureSpec:
+    """A small spec; `options` names extra statistics, and "products" for the authors' product terms."""
+    extra_stats = tuple(name for name in options if name != "products")
+    return FeatureSpec(2, 2, 3, convention=convention, extra_stats=extra_stats, products="products" in options)
 
 
 def _split_and_feature_vector(
@@ -97,12 +104,16 @@ def _split_and_feature_vector(
 
 @pytest.mark.parametrize(
     ("convention", "slots", "extra_stats"),
-    [(Convention.GENERATING, 3, ()), (Convention.CONSUMING, 5, ("entropy",))],
+    [
+        (Convention.GENERATING, 3, ()),
+        (Convention.CONSUMING, 5, ("entropy",)),
+        (Convention.GENERATING, 3, ("products",)),
+    ],
 )
 def test_mlp_split_equals_scikit_learn_on_the_feature_vector(
     convention: Convention, slots: int, extra_stats: tuple[str, ...]
 ) -> None:
-    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
+    spec = _spec(convention, extra_stats)
     rng = np.random.default_rng(7)
     got, expected, fast = _split_and_feature_vector(_random_mlp(spec, rng), spec, slots, rng)
     assert isinstance(fast.split, MLPStage2) and not fast.split.with_linear
@@ -126,12 +137,16 @@ def _random_mlp(spec: FeatureSpec, rng: np.random.Generator) -> MLPRegressor:
 
 @pytest.mark.parametrize(
     ("convention", "slots", "extra_stats", "linear_first"),
-    [(Convention.GENERATING, 3, (), True), (Convention.CONSUMING, 5, ("entropy",), False)],
+    [
+        (Convention.GENERATING, 3, (), True),
+        (Convention.CONSUMING, 5, ("entropy",), False),
+        (Convention.GENERATING, 3, ("products",), True),
+    ],
 )
 def test_ridge_and_mlp_averaged_split_equal_their_mean_on_the_feature_vector(
     convention: Convention, slots: int, extra_stats: tuple[str, ...], linear_first: bool
 ) -> None:
-    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=convention, extra_stats=extra_stats)
+    spec = _spec(convention, extra_stats)
     rng = np.random.default_rng(11)
     ridge, mlp = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5), _random_mlp(spec, rng)
     averaged = AveragedRegressor((ridge, mlp) if linear_first else (mlp, ridge))

@@ -24,17 +24,18 @@ from training.groups import Selection, TargetCentring
 from training.ridge import GramStats, fit_ridge
 from training.two_stage import (
     Variant,
-    confidence_lags,
     cross_stats,
+    dynamic_values,
     stage1_confidences,
     stage2_stats,
     static_stats,
 )
 
 
-def test_stage2_gram_from_blocks_equals_the_direct_gram(tiny_runs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("products", [False, True])
+def test_stage2_gram_from_blocks_equals_the_direct_gram(tiny_runs: dict[str, Path], products: bool) -> None:
     texts, _, lags = load_runs([tiny_runs["train"]], None)
-    spec = FeatureSpec(lags, 3, 4)
+    spec = FeatureSpec(lags, 3, 4, products=products)
     stats1 = GramStats.zeros(lags + 1)
     for text in texts:
         stats1.add(stage1_features(text.probs, lags), text.rows_target())
@@ -62,18 +63,19 @@ def test_variants_set_the_first_confidence_as_method_md_says(tiny_runs: dict[str
     free = stage1_confidences(text, model, Variant.LEAK_FREE, FeatureSpec(lags, 3, 4), 1e-4)
     assert exact[0] == text.target and free[0] == np.float32(text.probs[0])
     np.testing.assert_array_equal(exact[1:], free[1:])
-    lagged = confidence_lags(exact, lags)
+    lagged = dynamic_values(text.probs, exact, FeatureSpec(lags, 3, 4))
     assert lagged[0, 0] == np.float32(exact[0]) and lagged[0, 1:].sum() == 0
 
 
+@pytest.mark.parametrize("products", [False, True])
 def test_authors_stage1_is_teacher_forced_and_stage2_gets_the_servers_recurrent_confidences(
-    tiny_runs: dict[str, Path],
+    tiny_runs: dict[str, Path], products: bool
 ) -> None:
     from app.uncertainty.tad import TadScorer
     from training.commands.fit import prepare_folds, stage1_for_stage2
 
     texts, _, lags = load_runs([tiny_runs["train"]], None)
-    spec = FeatureSpec(lags, 3, 4)
+    spec = FeatureSpec(lags, 3, 4, products=products)
     direct = GramStats.zeros(spec.stage2_size)
     for text in texts:
         forced = np.full(len(text), text.target)
@@ -112,6 +114,37 @@ def test_extra_feature_ablations_are_recorded_and_a_kept_one_is_served(
     assert artifact.scorer.spec.extra_stats == tuple(manifest.features.extra_stats)
     text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
     assert len(artifact.scorer.confidences_of(text.token_trace(artifact.n_lags))) == len(text)
+
+
+def test_the_authors_product_terms_are_an_ablation_or_fitted_from_the_start(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    from app.uncertainty.artifact import load_artifact
+    from training.commands.fit import PRODUCTS
+    from training.runs import iter_texts
+
+    manifest = run_fit(
+        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=((PRODUCTS,),))
+    )
+    trial = manifest.metrics["cv"]["feature_ablations"][PRODUCTS]
+    assert trial["products"] is True and trial["extra_stats"] == [] and "gain" in trial
+    assert manifest.features.products is trial["kept"]
+    # --products: in the features from the start, recorded in the manifest and served from it.
+    forced = run_fit(
+        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "b", alphas=(1.0,), products=True, extra_feature_sets=())
+    )
+    assert forced.features.products is True
+    artifact = load_artifact(tmp_path / "b")
+    spec = artifact.scorer.spec
+    assert (
+        spec.products
+        and spec.stage2_size
+        == forced.features.stage2_size
+        == FeatureSpec(spec.n_lags, spec.num_layers, spec.num_heads).stage2_size + spec.n_lags
+    )
+    text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
+    confidences = artifact.scorer.confidences_of(text.token_trace(artifact.n_lags))
+    assert len(confidences) == len(text) and np.all(np.isfinite(confidences))
 
 
 def test_an_ablation_of_a_statistic_the_runs_lack_is_refused_before_fitting(

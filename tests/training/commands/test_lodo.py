@@ -150,6 +150,26 @@ def test_extra_stats_can_be_added_to_the_features(
     assert len(sizes) == 4 and not (tmp_path / "missing").exists()
 
 
+def test_the_authors_product_terms_can_be_switched_on(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    real_prepare = lodo.prepare_folds
+
+    def recording_prepare(texts: Any, spec: Any, options: Any) -> Any:
+        sizes.append(spec.stage2_size)
+        return real_prepare(texts, spec, options)
+
+    monkeypatch.setattr(lodo, "prepare_folds", recording_prepare)
+    report = _lodo(tiny_runs, tiny_artifact, tmp_path / "products", "--products")
+    assert report["configuration"]["products"] is True
+    assert "products True" in (tmp_path / "products" / "lodo.md").read_text()
+    plain = _lodo(tiny_runs, tiny_artifact, tmp_path / "plain", "--no-products")
+    assert plain["configuration"].get("products") is None
+    # One product term per lag: N more stage-2 columns in each refit.
+    assert sizes[:2] == [size + N_LAGS for size in sizes[2:]]
+
+
 def test_datasets_restricts_training_and_testing(
     tiny_runs: dict[str, Path],
     tiny_artifact: Path,
