@@ -10,8 +10,10 @@ needs. The copies link every file of the original shards (nothing is duplicated)
     python -m training fit COPIES... --extra-feature-sets prompt_overlap     (cross-validated ablation)
     python -m training lodo COPIES... --test COPIES... --artifact A --extra-stats prompt_overlap
 
-measure it. It was measured this way and not adopted (README, "A lead"), so serving does not
-record it. Resumable shard by shard:
+measure it. It was measured this way and not adopted (README, "How much the answer copies from its
+prompt"), so serving does not record it. The prompt's pieces include its chat template's (role
+names, and the empty piece of its line breaks), so an answer token that is only whitespace, or
+such a word, counts as copied: the measurement was made so. Resumable shard by shard:
 
     python -m benchmarks.prompt_overlap_runs --out runs/overlap RUN...
 """

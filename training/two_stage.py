@@ -14,8 +14,9 @@ confidence c and attention row; where c comes from is what the variants differ i
 Each stage has its own ridge alpha.
 
 Stage-2 vectors are split into a static part (probabilities and attention, which never
-change) and the confidence columns (which change with the stage-1 model), so the large
-static Gram matrix is accumulated once and only thin cross terms are recomputed.
+change) and the dynamic columns (the confidences, and with `products` p_i times them, which
+change with the stage-1 model), so the large static Gram matrix is accumulated once and only
+thin cross terms are recomputed.
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ def teacher_forced_stats(texts: Sequence[FitText], static: GramStats, spec: Feat
 
 @dataclass
 class CrossStats:
-    """Confidence-column terms of the stage-2 Gram for several candidate stage-1 models at once."""
+    """Dynamic-column terms (`FeatureSpec.dynamic_columns`) of the stage-2 Gram for several candidate stage-1
+    models at once."""
 
     static_x_conf: np.ndarray  # [F, K * D], D = len(spec.dynamic_columns())
     conf_x_conf: np.ndarray  # [K, D, D]

@@ -8,7 +8,8 @@ the tokens that arrive together).
 
 A linear C2 (ridge) is applied without building z_i: its weights are split by what they
 multiply (`LinearStage2`), so each token costs one dot product over its step row as captured
-plus N products with the earlier p's and c's. Building the 2,700-10,000-value vector and
+plus dot products with the earlier p's and c's (and, with the spec's `products`, the p_i * c_{i-l}
+terms). Building the 2,700-10,000-value vector and
 casting it was most of the scorer's time. An MLP C2 (`MLPStage2`) runs its first layer the
 same way, with a weight matrix in place of the vector, and skips scikit-learn's per-call
 input checks.
@@ -23,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from app.uncertainty.features import FEATURE_DTYPE, FeatureSpec, stage2_feature_row, token_probabilities
+from app.uncertainty.features import FEATURE_DTYPE, FeatureSpec, lag_products, stage2_feature_row, token_probabilities
 from app.uncertainty.trace import TokenTrace
 
 
@@ -161,9 +162,8 @@ class LinearStage2:
             + self.current * current
         )
         if len(self.products):
-            products = (
-                (current * earlier_confidences).astype(FEATURE_DTYPE).astype(np.float64)
-            )  # as the vector holds them
+            # Rounded to float32 as the feature vector holds them.
+            products = lag_products(current, earlier_confidences).astype(np.float64)
             value = value + np.dot(products, self.products[:lags])
         if len(self.extras):
             assert extras_row is not None, "the spec has extra statistics: pass them"

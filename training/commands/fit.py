@@ -782,10 +782,17 @@ def run_fit(options: FitOptions) -> Manifest:
     )
     texts = result.texts
     ablations: dict[str, Any] = {
-        "base": {"extra_stats": [], "prr_mean": result.prr, "prr_std": result.chosen_row["prr_std"]}
+        "base": {
+            "extra_stats": [],
+            "products": result.spec.products,
+            "prr_mean": result.prr,
+            "prr_std": result.chosen_row["prr_std"],
+        }
     }
     base_choice, winner = Choice.of(result.chosen_row), result
     for extra in options.extra_feature_sets:
+        if extra == (PRODUCTS,) and result.spec.products:
+            continue  # fitted with them from the start (--products): the trial would be the base again
         trial_spec = replace(
             result.spec,
             extra_stats=tuple(name for name in extra if name != PRODUCTS),

@@ -87,6 +87,8 @@ def run_lodo(
     manifest = artifact.manifest
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
     if extra_stats is not None:
+        if "products" in extra_stats:
+            raise SystemExit("--extra-stats: the product terms are not a per-token statistic; use --products")
         spec = replace(spec, extra_stats=tuple(extra_stats))
     if products is not None:
         spec = replace(spec, products=products)

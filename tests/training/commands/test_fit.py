@@ -32,13 +32,15 @@ from training.two_stage import (
 )
 
 
-@pytest.mark.parametrize("products", [False, True])
-def test_stage2_gram_from_blocks_equals_the_direct_gram(tiny_runs: dict[str, Path], products: bool) -> None:
+@pytest.mark.parametrize(("extra_stats", "products"), [((), False), ((), True), (("entropy",), True)])
+def test_stage2_gram_from_blocks_equals_the_direct_gram(
+    tiny_runs: dict[str, Path], extra_stats: tuple[str, ...], products: bool
+) -> None:
     texts, _, lags = load_runs([tiny_runs["train"]], None)
-    spec = FeatureSpec(lags, 3, 4, products=products)
-    stats1 = GramStats.zeros(lags + 1)
+    spec = FeatureSpec(lags, 3, 4, extra_stats=extra_stats, products=products)
+    stats1 = GramStats.zeros(spec.stage1_size)
     for text in texts:
-        stats1.add(stage1_features(text.probs, lags), text.rows_target())
+        stats1.add(stage1_features(text.probs, lags, spec.extras(text.stats)), text.rows_target())
     model = fit_ridge(stats1, 0.1)
     probability_only = (Variant.LEAK_FREE, Variant.ALGORITHM1_LITERAL)
     candidates = [[stage1_confidences(t, model, variant, spec, 1e-4) for t in texts] for variant in probability_only]
@@ -46,7 +48,8 @@ def test_stage2_gram_from_blocks_equals_the_direct_gram(tiny_runs: dict[str, Pat
     for k, confidences in enumerate(candidates):
         direct = GramStats.zeros(spec.stage2_size)
         for text, conf in zip(texts, confidences, strict=True):
-            direct.add(stage2_features(text.probs, conf, np.asarray(text.attention), spec), text.rows_target())
+            extras = spec.extras(text.stats)
+            direct.add(stage2_features(text.probs, conf, np.asarray(text.attention), spec, extras), text.rows_target())
         combined = stage2_stats(static, cross, k, spec)
         np.testing.assert_allclose(combined.xtx, direct.xtx, rtol=1e-9, atol=1e-6)
         np.testing.assert_allclose(combined.xty, direct.xty, rtol=1e-9, atol=1e-6)
@@ -129,11 +132,20 @@ def test_the_authors_product_terms_are_an_ablation_or_fitted_from_the_start(
     trial = manifest.metrics["cv"]["feature_ablations"][PRODUCTS]
     assert trial["products"] is True and trial["extra_stats"] == [] and "gain" in trial
     assert manifest.features.products is trial["kept"]
-    # --products: in the features from the start, recorded in the manifest and served from it.
+    # --products: in the features from the start, recorded in the manifest and served from it; the products
+    # ablation is then not run again (it would be the base itself).
     forced = run_fit(
-        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "b", alphas=(1.0,), products=True, extra_feature_sets=())
+        FitOptions(
+            runs=[tiny_runs["train"]],
+            out=tmp_path / "b",
+            alphas=(1.0,),
+            products=True,
+            extra_feature_sets=((PRODUCTS,),),
+        )
     )
     assert forced.features.products is True
+    assert forced.metrics["cv"]["feature_ablations"].keys() == {"base"}
+    assert forced.metrics["cv"]["feature_ablations"]["base"]["products"] is True
     artifact = load_artifact(tmp_path / "b")
     spec = artifact.scorer.spec
     assert (

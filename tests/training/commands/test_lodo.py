@@ -148,6 +148,8 @@ def test_extra_stats_can_be_added_to_the_features(
     with pytest.raises(SystemExit, match="--extra-stats: the runs hold no per-token statistic prompt_overlap"):
         _lodo(tiny_runs, tiny_artifact, tmp_path / "missing", "--extra-stats", "prompt_overlap")
     assert len(sizes) == 4 and not (tmp_path / "missing").exists()
+    with pytest.raises(SystemExit, match="use --products"):
+        _lodo(tiny_runs, tiny_artifact, tmp_path / "products", "--extra-stats", "products")
 
 
 def test_the_authors_product_terms_can_be_switched_on(
