@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -34,8 +32,8 @@ from transformers import PreTrainedTokenizerBase
 
 from app.engine.chat_prompt import encode_chat
 from app.engine.loading import load_model
-from training.commands.rescore import run_data_files
-from training.data import QARecord, read_records
+from benchmarks.run_copies import chat_run_settings, check_distinct_names, copy_done, run_records, write_linked_shard
+from training.data import QARecord
 from training.runs import RUN_FILE, STAT_PREFIX, completed_shards, read_run_settings
 from training.tasks import PromptStyle, build_messages
 
@@ -64,16 +62,9 @@ def prompt_overlap(
     return np.array([1.0 if pieces(int(token)) in in_prompt else 0.0 for token in answer_ids], dtype=np.float64)
 
 
-def _records(run: Path, settings: dict[str, Any]) -> dict[str, QARecord]:
-    files = run_data_files(run, settings, ())
-    return {f"{item.dataset}/{item.record.id}": item.record for item in read_records(files)}
-
-
 def annotate_run(run: Path, out: Path, pieces: TokenPieces, tokenizer: PreTrainedTokenizerBase) -> int:
     """Write `out/<run name>` (a linked copy with `prompt_overlap`); returns the shards written now."""
-    settings = read_run_settings(run)
-    if settings.get("prompt_style") == PromptStyle.FEW_SHOT.value:
-        raise SystemExit(f"{run} is a few-shot run: its prompts are not chat messages, which this measures")
+    settings = chat_run_settings(run)
     target = out / run.name
     target.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run / RUN_FILE, target / RUN_FILE)
@@ -81,9 +72,9 @@ def annotate_run(run: Path, out: Path, pieces: TokenPieces, tokenizer: PreTraine
     written = 0
     for shard in tqdm(completed_shards(run), desc=f"prompt overlap {run.name}", unit="shard"):
         final = target / shard.parent.name / shard.name
-        if (final / "texts.json").exists():
+        if copy_done(final):
             continue
-        records = records if records is not None else _records(run, settings)
+        records = records if records is not None else run_records(run, settings)
         metas = json.loads((shard / "texts.json").read_text())
         offsets, token_ids = np.load(shard / "offsets.npy"), np.load(shard / "token_ids.npy")
         overlap = np.zeros(len(token_ids), dtype=np.float64)
@@ -95,14 +86,7 @@ def annotate_run(run: Path, out: Path, pieces: TokenPieces, tokenizer: PreTraine
             start, end = int(offsets[index]), int(offsets[index + 1])
             prompt_ids = encode_chat(tokenizer, build_messages(record, style))
             overlap[start:end] = prompt_overlap(token_ids[start:end], prompt_ids, pieces)
-        staging = final.with_name(final.name + ".partial")
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
-        for file in shard.iterdir():
-            os.symlink(file.resolve(), staging / file.name)
-        np.save(staging / f"{STAT_PREFIX}{PROMPT_OVERLAP}.npy", overlap)
-        os.replace(staging, final)
+        write_linked_shard(shard, final, {f"{STAT_PREFIX}{PROMPT_OVERLAP}.npy": overlap})
         written += 1
     return written
 
@@ -112,9 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("runs", type=Path, nargs="+", help="generation runs (chat or task prompts)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the copies (one per run, same name)")
     args = parser.parse_args(argv)
-    names = [run.name for run in args.runs]
-    if len(set(names)) < len(names):
-        raise SystemExit("two runs share a folder name: their copies would collide under --out")
+    check_distinct_names(args.runs)
     models = {str(read_run_settings(run)["model"]) for run in args.runs}
     if len(models) > 1:
         raise SystemExit(f"the runs were made with {len(models)} models; give one model's runs at a time")
