@@ -116,9 +116,9 @@ class FitOptions:
     mlp_seeds: int = 1
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
+    products: bool = False  # the authors' p_i * c_{i-l} terms in every fit, not only as an ablation
     # Ablations: extra per-token statistics as features (PRODUCTS: the authors' product terms), tried with the
     # chosen configuration; kept only when their fold-by-fold gain is significant (paired_gain).
-    products: bool = False  # the authors' p_i * c_{i-l} terms in every fit, not only as an ablation
     extra_feature_sets: Sequence[tuple[str, ...]] = (
         ("entropy",),
         ("top2_margin",),

@@ -7,10 +7,10 @@ out-of-fold predictions were made with) on the training texts of all
 bootstrap 95% intervals.
 
 The same fitted model is also scored under every other aggregation (a second table), and
-either alpha, the target centring and the extra per-token features can be overridden: aggregation,
-alphas and how much of each dataset's offset the regressor learns are what a generalization failure
-would be tuned on first, and a new feature is only worth having if it transfers, so the table shows
-whether any of them would have changed it.
+either alpha, the target centring, the extra per-token features and the authors' product terms
+can be overridden: aggregation, alphas and how much of each dataset's offset the regressor learns
+are what a generalization failure would be tuned on first, and a new feature is only worth having
+if it transfers, so the table shows whether any of them would have changed it.
 """
 
 from __future__ import annotations
