@@ -126,9 +126,9 @@ def test_centring_can_be_overridden(
         _lodo(tiny_runs, tiny_artifact, tmp_path / "bad", "--centring", "group-0.3")
 
 
-def test_extra_stats_can_be_added_to_the_features(
-    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def stage2_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The stage-2 vector size of every refit `lodo` makes, in order."""
     sizes: list[int] = []
     real_prepare = lodo.prepare_folds
 
@@ -137,6 +137,13 @@ def test_extra_stats_can_be_added_to_the_features(
         return real_prepare(texts, spec, options)
 
     monkeypatch.setattr(lodo, "prepare_folds", recording_prepare)
+    return sizes
+
+
+def test_extra_stats_can_be_added_to_the_features(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, stage2_sizes: list[int]
+) -> None:
+    sizes = stage2_sizes
     default = _lodo(tiny_runs, tiny_artifact, tmp_path / "default")
     assert default["configuration"].get("extra_stats") is None  # the tiny artifact has none
     added = _lodo(tiny_runs, tiny_artifact, tmp_path / "added", "--extra-stats", "entropy", "top2_margin")
@@ -153,16 +160,9 @@ def test_extra_stats_can_be_added_to_the_features(
 
 
 def test_the_authors_product_terms_can_be_switched_on(
-    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, stage2_sizes: list[int]
 ) -> None:
-    sizes: list[int] = []
-    real_prepare = lodo.prepare_folds
-
-    def recording_prepare(texts: Any, spec: Any, options: Any) -> Any:
-        sizes.append(spec.stage2_size)
-        return real_prepare(texts, spec, options)
-
-    monkeypatch.setattr(lodo, "prepare_folds", recording_prepare)
+    sizes = stage2_sizes
     report = _lodo(tiny_runs, tiny_artifact, tmp_path / "products", "--products")
     assert report["configuration"]["products"] is True
     assert "products True" in (tmp_path / "products" / "lodo.md").read_text()
