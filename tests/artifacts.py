@@ -11,10 +11,13 @@ import numpy as np
 from app.uncertainty.tad import AveragedRegressor
 
 
-def as_mlp_artifact(artifact: Path, out: Path, averaged: bool = False, seeds: int = 1) -> Path:
+def as_mlp_artifact(
+    artifact: Path, out: Path, averaged: bool = False, seeds: int = 1, standardised: bool = False
+) -> Path:
     """The tiny artifact with its stage-2 ridge replaced by a small MLP, as `fit --mlp` writes one
     (`averaged`: by the mean of the ridge and the MLP, as `fit --mlp --mlp-average` does; `seeds` > 1: the
-    MLP member the mean of that many MLPs, as `--mlp-seeds` installs it)."""
+    MLP member the mean of that many MLPs, as `--mlp-seeds` installs it; `standardised`: recorded as fitted on
+    standardised inputs, as `--mlp-standardise` does)."""
     import hashlib
     import warnings
 
@@ -40,6 +43,8 @@ def as_mlp_artifact(artifact: Path, out: Path, averaged: bool = False, seeds: in
     config = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64, "width": 8}
     if seeds > 1:
         config["seeds"] = seeds
+    if standardised:
+        config["standardised_inputs"] = True
     kind = "mlp+ridge" if averaged else "mlp"
     manifest["regressor"] = {**manifest["regressor"], "kind": kind, "params": {**config, **kept}}
     manifest["files"]["regressor.joblib"] = hashlib.sha256((out / "regressor.joblib").read_bytes()).hexdigest()

@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --mlp-average: also cross-validate the average with its MLP replaced by the mean of this "
         "many MLPs (seeds --seed, --seed + 1, ...), kept under the trial rule against what would be installed",
     )
+    fit.add_argument(
+        "--mlp-standardise",
+        action="store_true",
+        help="with --mlp: fit each MLP on unit-variance columns, the scaling folded into its first layer "
+        "(the installed network takes raw features)",
+    )
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
     fit.add_argument(
         "--conventions",
@@ -473,6 +479,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             parser.error("--mlp-average needs --mlp (it averages the MLP with the ridge stage 2)")
         if args.force_average and not args.mlp_average:
             parser.error("--force-average needs --mlp-average")
+        if args.mlp_standardise and not args.mlp:
+            parser.error("--mlp-standardise needs --mlp")
         if args.mlp_seeds > 1 and not args.mlp_average:
             parser.error("--mlp-seeds needs --mlp-average (the seeds' mean is measured averaged with the ridge)")
         manifest = run_fit(
@@ -490,6 +498,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 mlp_average=args.mlp_average,
                 mlp_average_force=args.force_average,
                 mlp_seeds=args.mlp_seeds,
+                mlp_standardise=args.mlp_standardise,
                 mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
                 conventions=tuple(Convention(c) for c in args.conventions),
                 variants=tuple(Variant(v) for v in args.variants),

@@ -178,6 +178,7 @@ def test_bad_numbers_are_refused_when_parsed(argv: list[str], capsys: pytest.Cap
         (["--mlp-average"], "--mlp-average needs --mlp"),
         (["--mlp", "--force-average"], "--force-average needs --mlp-average"),
         (["--mlp", "--mlp-seeds", "2"], "--mlp-seeds needs --mlp-average"),
+        (["--mlp-standardise"], "--mlp-standardise needs --mlp"),
     ],
 )
 def test_stage_2_options_without_what_they_build_on_are_refused(

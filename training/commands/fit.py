@@ -50,6 +50,7 @@ from training.groups import (
     selection_metric,
     within_group_prr,
 )
+from training.mlp_inputs import ColumnScaling, fold_into_first_layer
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
 from training.runs import (
@@ -114,6 +115,8 @@ class FitOptions:
     # `seed`, `seed + 1`, ... (1: not measured); it replaces what would be installed (the average, the MLP or
     # the ridge) under the trial rule (an ablation: seed averaging only lowers the MLP's variance).
     mlp_seeds: int = 1
+    # Fit each MLP on unit-variance columns and fold the scaling into its first layer (training/mlp_inputs.py).
+    mlp_standardise: bool = False
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
     products: bool = False  # the authors' p_i * c_{i-l} terms in every fit, not only as an ablation
@@ -521,6 +524,8 @@ def _fit_mlps(
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPRegressor
 
+    scaling = ColumnScaling.of(features) if options.mlp_standardise else None
+    inputs = features if scaling is None else scaling.apply(features)
     networks = []
     for k in range(count):
         model = MLPRegressor(
@@ -532,8 +537,8 @@ def _fit_mlps(
         )
         with warnings.catch_warnings():  # the paper's epoch counts stop before scikit-learn's tolerance
             warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(features, targets, sample_weight=weights)
-        networks.append(model)
+            model.fit(inputs, targets, sample_weight=weights)
+        networks.append(model if scaling is None else fold_into_first_layer(model, scaling))
     return networks
 
 
@@ -844,7 +849,12 @@ def run_fit(options: FitOptions) -> Manifest:
     mlp_summary: dict[str, Any] | None = None
     if options.mlp:
         best_mlp, best_average, best_seeded, mlp_table = mlp_search(texts, spec, data, chosen, options)
-        mlp_summary = {"best": best_mlp, "grid": mlp_table, "width": options.mlp_width}
+        mlp_summary = {
+            "best": best_mlp,
+            "grid": mlp_table,
+            "width": options.mlp_width,
+            "standardised_inputs": options.mlp_standardise,
+        }
         # The paper's rule for its MLP: kept on a higher CV PRR than the ridge.
         mlp_kept = best_mlp is not None and best_mlp["prr_mean"] > chosen_row["prr_mean"]
         incumbent = best_mlp if mlp_kept and best_mlp is not None else chosen_row
@@ -877,6 +887,8 @@ def run_fit(options: FitOptions) -> Manifest:
             regressor_params = {k: best_mlp[k] for k in MLP_CONFIG_KEYS}
             if best_mlp.get("seeds", 1) > 1:
                 regressor_params["seeds"] = best_mlp["seeds"]
+            if options.mlp_standardise:
+                regressor_params["standardised_inputs"] = True
             regressor_params.update(
                 width=options.mlp_width,
                 alpha_stage1=chosen.alpha_stage1,

@@ -148,7 +148,7 @@ def run_lodo(
             "extra_stats": list(spec.extra_stats) or None,  # None: not in the report's text
             "products": spec.products or None,
             "fold_unit": fold_unit.value,
-            "stage2": "ridge" if mlp_config is None else {"mlp": mlp_config, "width": params["width"]},
+            "stage2": "ridge" if mlp_config is None else _mlp_stage2(mlp_config, params),
             "averaged_with_ridge": True if kind == "mlp+ridge" else None,  # None: not in the report's text
             "datasets": sorted({t.dataset for t in texts}),
         },
@@ -165,6 +165,7 @@ def run_lodo(
         fold_unit=fold_unit,
         epsilon=epsilon,
         mlp_width=int(params.get("width", FitOptions.mlp_width)),
+        mlp_standardise=bool(params.get("standardised_inputs", False)),
     )
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
         train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
@@ -214,6 +215,14 @@ def run_lodo(
     (out / "lodo.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "lodo.md").write_text(lodo_markdown(report))
     return report
+
+
+def _mlp_stage2(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The report's account of an MLP stage 2 (standardised inputs named only when used)."""
+    stage2: dict[str, Any] = {"mlp": config, "width": params["width"]}
+    if params.get("standardised_inputs"):
+        stage2["standardised_inputs"] = True
+    return stage2
 
 
 def aggregation_column(other: Aggregation, served: Aggregation) -> str:

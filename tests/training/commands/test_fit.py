@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,56 @@ def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     assert mlp["width"] == 16 and len(mlp["grid"]) == len(Aggregation)  # one configuration x every aggregation
     assert all(len(row["prr_folds"]) == 5 for row in mlp["grid"])
     assert manifest.regressor.kind in ("ridge", "mlp")
+
+
+def test_standardised_mlp_inputs_are_folded_into_the_installed_network(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    from app.uncertainty.artifact import load_artifact
+    from training.commands.fit import fit_final_mlp, load_runs, prepare_folds, stage1_for_stage2
+    from training.mlp_inputs import ColumnScaling
+    from training.two_stage import Variant, stage2_matrix
+
+    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
+    options = FitOptions(
+        runs=[tiny_runs["train"]],
+        out=tmp_path / "a",
+        alphas=(1.0,),
+        mlp=True,
+        mlp_width=16,
+        mlp_grid=grid,
+        mlp_average=True,
+        mlp_average_force=True,
+        mlp_standardise=True,
+        extra_feature_sets=(),
+        combiner=False,
+    )
+    manifest = run_fit(options)
+    assert manifest.metrics["cv"]["mlp"]["standardised_inputs"] is True
+    assert manifest.regressor.params["standardised_inputs"] is True
+    # The installed network takes raw features: it is the network fitted on standardised ones, folded.
+    texts, _, _ = load_runs([tiny_runs["train"]], None)
+    artifact = load_artifact(tmp_path / "a")
+    spec = artifact.scorer.spec
+    data = prepare_folds(texts, spec, options)
+    config = {key: values[0] for key, values in grid.items()}
+    plain = fit_final_mlp(texts, spec, data, Variant.AUTHORS, 1.0, config, replace(options, mlp_standardise=False))
+    folded = fit_final_mlp(texts, spec, data, Variant.AUTHORS, 1.0, config, options)
+    every_fold = list(range(data.count))
+    confidences = stage1_for_stage2(texts, data.fold_of, data, every_fold, 1.0, Variant.AUTHORS, spec, 1e-4)
+    features, targets, weights = stage2_matrix(texts, confidences, spec)
+    scaling = ColumnScaling.of(features)
+    refit = MLPRegressor(
+        hidden_layer_sizes=(16, 16), learning_rate_init=1e-3, max_iter=3, batch_size=64, random_state=options.seed
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        refit.fit(scaling.apply(features), targets, sample_weight=weights)
+    np.testing.assert_allclose(folded.predict(features), refit.predict(scaling.apply(features)), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(plain.predict(features), folded.predict(features))
 
 
 def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, Path], tmp_path: Path) -> None:

@@ -262,6 +262,23 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
     assert all(entry["prr"]["tad"] is None or np.isfinite(entry["prr"]["tad"]) for entry in report["datasets"].values())
 
 
+def test_an_mlp_fitted_on_standardised_inputs_is_refitted_so(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options_used: list[Any] = []
+    real_fit_final_mlp = lodo.fit_final_mlp
+
+    def recording_fit_final_mlp(*args: Any) -> Any:
+        options_used.append(args[-1])
+        return real_fit_final_mlp(*args)
+
+    monkeypatch.setattr(lodo, "fit_final_mlp", recording_fit_final_mlp)
+    artifact = as_mlp_artifact(tiny_artifact, tmp_path / "mlp", standardised=True)
+    report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
+    assert report["configuration"]["stage2"]["standardised_inputs"] is True
+    assert len(options_used) == 2 and all(options.mlp_standardise for options in options_used)
+
+
 def _record_scored_regressors(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The stage 2s lodo scores with, one per held-out dataset, in order."""
     scored: list[Any] = []
