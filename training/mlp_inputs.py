@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.neural_network import MLPRegressor
 
-# Columns whose standard deviation is below this (constant columns: e.g. zero padding of the lags) are
-# only centred, so a constant never becomes a division by zero.
+# Columns whose standard deviation is below MIN_SCALE, or below RELATIVE_MIN_SCALE times their mean's size, are
+# treated as constant (zero-padded lags; a float32 column that never moves) and only centred: dividing by a
+# deviation that is rounding noise would fold weights of 1e6 and more into the first layer.
 MIN_SCALE = 1e-8
+RELATIVE_MIN_SCALE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -30,20 +32,27 @@ class ColumnScaling:
 
     @classmethod
     def of(cls, features: np.ndarray, chunk_rows: int = 65536) -> ColumnScaling:
-        """Unweighted mean and standard deviation of each column, accumulated in float64 chunk by chunk
-        (the design matrix is float32 and may hold hundreds of thousands of rows)."""
+        """Unweighted mean and standard deviation of each column, in two passes over chunks in float64 (the
+        design matrix is float32 and may hold hundreds of thousands of rows; one pass of E[x^2] - E[x]^2
+        cancels). Both are rounded to float32, the precision `apply` computes in, so the fold undoes exactly
+        the scaling the network was fitted on."""
         if len(features) == 0:
             raise ValueError("no rows to standardise")
+        chunks = range(0, len(features), chunk_rows)
         total = np.zeros(features.shape[1])
-        total_sq = np.zeros(features.shape[1])
-        for start in range(0, len(features), chunk_rows):
-            chunk = np.asarray(features[start : start + chunk_rows], dtype=np.float64)
-            total += chunk.sum(axis=0)
-            total_sq += np.square(chunk).sum(axis=0)
+        for start in chunks:
+            total += np.asarray(features[start : start + chunk_rows], dtype=np.float64).sum(axis=0)
         mean = total / len(features)
-        variance = np.maximum(total_sq / len(features) - np.square(mean), 0.0)
-        scale = np.sqrt(variance)
-        return cls(mean=mean, scale=np.where(scale < MIN_SCALE, 1.0, scale))
+        squares = np.zeros(features.shape[1])
+        for start in chunks:
+            squares += np.square(np.asarray(features[start : start + chunk_rows], dtype=np.float64) - mean).sum(axis=0)
+        scale = np.sqrt(squares / len(features))
+        constant = scale < np.maximum(MIN_SCALE, RELATIVE_MIN_SCALE * np.abs(mean))
+        as_float32 = np.float32
+        return cls(
+            mean=mean.astype(as_float32).astype(np.float64),
+            scale=np.where(constant, 1.0, scale).astype(as_float32).astype(np.float64),
+        )
 
     def apply(self, features: np.ndarray) -> np.ndarray:
         """The standardised matrix in the features' dtype (a new array)."""
