@@ -189,6 +189,23 @@ def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     assert manifest.regressor.kind in ("ridge", "mlp")
 
 
+def _averaged_mlp_options(tiny_runs: dict[str, Path], out: Path, **overrides: Any) -> FitOptions:
+    """A quick fit of one small MLP configuration averaged with the ridge, on the tiny runs."""
+    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
+    options = FitOptions(
+        runs=[tiny_runs["train"]],
+        out=out,
+        alphas=(1.0,),
+        mlp=True,
+        mlp_width=16,
+        mlp_grid=grid,
+        mlp_average=True,
+        extra_feature_sets=(),
+        combiner=False,
+    )
+    return replace(options, **overrides)
+
+
 def test_standardised_mlp_inputs_are_folded_into_the_installed_network(
     tiny_runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -200,20 +217,8 @@ def test_standardised_mlp_inputs_are_folded_into_the_installed_network(
     from training.mlp_inputs import ColumnScaling
     from training.two_stage import Variant, stage2_matrix
 
-    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
-    options = FitOptions(
-        runs=[tiny_runs["train"]],
-        out=tmp_path / "a",
-        alphas=(1.0,),
-        mlp=True,
-        mlp_width=16,
-        mlp_grid=grid,
-        mlp_average=True,
-        mlp_average_force=True,
-        mlp_standardise=True,
-        extra_feature_sets=(),
-        combiner=False,
-    )
+    options = _averaged_mlp_options(tiny_runs, tmp_path / "a", mlp_average_force=True, mlp_standardise=True)
+    grid = options.mlp_grid
     manifest = run_fit(options)
     assert manifest.metrics["cv"]["mlp"]["standardised_inputs"] is True
     assert manifest.regressor.params["standardised_inputs"] is True
@@ -530,18 +535,8 @@ def test_mlp_seeds_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     from app.uncertainty.artifact import load_artifact
     from app.uncertainty.tad import AveragedRegressor
 
-    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
-    options = FitOptions(
-        runs=[tiny_runs["train"]],
-        out=tmp_path / "one",
-        alphas=(1.0,),
-        mlp=True,
-        mlp_width=16,
-        mlp_grid=grid,
-        mlp_average=True,
-        extra_feature_sets=(),
-        combiner=False,
-    )
+    options = _averaged_mlp_options(tiny_runs, tmp_path / "one")
+    grid = options.mlp_grid
     one = run_fit(options).metrics["cv"]["mlp"]
     two = run_fit(replace(options, out=tmp_path / "two", mlp_seeds=2)).metrics["cv"]["mlp"]
     assert {(row["stage2"], row["seeds"]) for row in two["grid"]} == {("mlp", 1), ("mlp+ridge", 1), ("mlp+ridge", 2)}

@@ -229,22 +229,29 @@ def test_runs_the_artifact_cannot_score_are_refused(
         _lodo(runs, tiny_artifact, tmp_path / "out")
 
 
+def _record_mlp_refits(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[Any, ...], Any]]:
+    """Each `fit_final_mlp` call lodo makes: its arguments and the network it returned, in order."""
+    refits: list[tuple[tuple[Any, ...], Any]] = []
+    real_fit_final_mlp = lodo.fit_final_mlp
+
+    def recording_fit_final_mlp(*args: Any) -> Any:
+        refits.append((args, real_fit_final_mlp(*args)))
+        return refits[-1][1]
+
+    monkeypatch.setattr(lodo, "fit_final_mlp", recording_fit_final_mlp)
+    return refits
+
+
 def test_an_mlp_artifact_is_refitted_as_an_mlp(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sklearn.neural_network import MLPRegressor
 
-    fitted: list[Any] = []
-    real_fit_final_mlp = lodo.fit_final_mlp
-
-    def recording_fit_final_mlp(*args: Any) -> Any:
-        fitted.append(real_fit_final_mlp(*args))
-        return fitted[-1]
+    refits = _record_mlp_refits(monkeypatch)
 
     def no_ridge(*args: Any) -> Any:
         raise AssertionError("an MLP artifact was refitted with a ridge stage 2")
 
-    monkeypatch.setattr(lodo, "fit_final_mlp", recording_fit_final_mlp)
     monkeypatch.setattr(lodo, "fit_final", no_ridge)
     artifact = as_mlp_artifact(tiny_artifact, tmp_path / "mlp")
     report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
@@ -257,6 +264,7 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
         _lodo(tiny_runs, artifact, tmp_path / "alpha", "--alpha", "1")
     assert "alpha None" not in (tmp_path / "lodo" / "lodo.md").read_text()
     # One MLP per held-out dataset, with the artifact's shape.
+    fitted = [network for _, network in refits]
     assert len(fitted) == 2
     assert all(isinstance(m, MLPRegressor) and m.hidden_layer_sizes == (8, 8) for m in fitted)
     assert all(entry["prr"]["tad"] is None or np.isfinite(entry["prr"]["tad"]) for entry in report["datasets"].values())
@@ -265,17 +273,11 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
 def test_an_mlp_fitted_on_standardised_inputs_is_refitted_so(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    options_used: list[Any] = []
-    real_fit_final_mlp = lodo.fit_final_mlp
-
-    def recording_fit_final_mlp(*args: Any) -> Any:
-        options_used.append(args[-1])
-        return real_fit_final_mlp(*args)
-
-    monkeypatch.setattr(lodo, "fit_final_mlp", recording_fit_final_mlp)
+    refits = _record_mlp_refits(monkeypatch)
     artifact = as_mlp_artifact(tiny_artifact, tmp_path / "mlp", standardised=True)
     report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
     assert report["configuration"]["stage2"]["standardised_inputs"] is True
+    options_used = [args[-1] for args, _ in refits]
     assert len(options_used) == 2 and all(options.mlp_standardise for options in options_used)
 
 
