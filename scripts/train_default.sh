@@ -31,7 +31,7 @@
 # resumes where it stopped (generation shard by shard), so the script can be run again across
 # sessions. Generation is the cost: 0.5-1.5 s per text on 2 CPU cores (the default's 12,079
 # training and dev texts about 2.5 h; one chunk of 150 records per dataset, 1,050 texts, about
-# 20 min asked bare and 12 min with the task's instruction).
+# 12 min in either style).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
