@@ -41,13 +41,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from app.engine.chat_prompt import encode_chat
 from app.engine.loading import LoadedModel, load_model
-from benchmarks.run_copies import chat_run_settings, check_distinct_names, copy_done, run_records, write_linked_shard
+from benchmarks.run_copies import chat_run_settings, pending_shards, run_records, runs_model, write_linked_shard
 from training.data import QARecord
-from training.runs import RUN_FILE, STAT_PREFIX, completed_shards, read_run_settings
+from training.runs import RUN_FILE, STAT_PREFIX
 from training.tasks import PromptStyle, build_messages
 
 PROMPT_MASS, PROMPT_SINK = "prompt_mass", "prompt_sink"
@@ -104,10 +103,7 @@ def annotate_run(run: Path, out: Path, loaded: LoadedModel) -> list[float]:
     shutil.copyfile(run / RUN_FILE, target / RUN_FILE)
     records: dict[str, QARecord] | None = None
     differences = []
-    for shard in tqdm(completed_shards(run), desc=f"prompt attention {run.name}", unit="shard"):
-        final = target / shard.parent.name / shard.name
-        if copy_done(final):
-            continue
+    for shard, final in pending_shards(run, target, "prompt attention"):
         records = records if records is not None else run_records(run, settings)
         metas = json.loads((shard / "texts.json").read_text())
         offsets, token_ids = np.load(shard / "offsets.npy"), np.load(shard / "token_ids.npy")
@@ -160,11 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--family goes with --names")
     if not args.runs or args.out is None:
         parser.error("give the runs and --out")
-    check_distinct_names(args.runs)
-    models = {str(read_run_settings(run)["model"]) for run in args.runs}
-    if len(models) > 1:
-        raise SystemExit(f"the runs were made with {len(models)} models; give one model's runs at a time")
-    loaded = load_model(models.pop(), device="cpu", verify_sha256=False)
+    loaded = load_model(runs_model(args.runs), device="cpu", verify_sha256=False)
     loaded.model.set_attn_implementation("eager")  # the full attention matrices, which capture never builds
     for run in args.runs:
         differences = annotate_run(run, args.out, loaded)

@@ -27,14 +27,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from app.engine.chat_prompt import encode_chat
 from app.engine.loading import load_model
-from benchmarks.run_copies import chat_run_settings, check_distinct_names, copy_done, run_records, write_linked_shard
+from benchmarks.run_copies import chat_run_settings, pending_shards, run_records, runs_model, write_linked_shard
 from training.data import QARecord
-from training.runs import RUN_FILE, STAT_PREFIX, completed_shards, read_run_settings
+from training.runs import RUN_FILE, STAT_PREFIX
 from training.tasks import PromptStyle, build_messages
 
 PROMPT_OVERLAP = "prompt_overlap"
@@ -70,10 +69,7 @@ def annotate_run(run: Path, out: Path, pieces: TokenPieces, tokenizer: PreTraine
     shutil.copyfile(run / RUN_FILE, target / RUN_FILE)
     records: dict[str, QARecord] | None = None
     written = 0
-    for shard in tqdm(completed_shards(run), desc=f"prompt overlap {run.name}", unit="shard"):
-        final = target / shard.parent.name / shard.name
-        if copy_done(final):
-            continue
+    for shard, final in pending_shards(run, target, "prompt overlap"):
         records = records if records is not None else run_records(run, settings)
         metas = json.loads((shard / "texts.json").read_text())
         offsets, token_ids = np.load(shard / "offsets.npy"), np.load(shard / "token_ids.npy")
@@ -96,11 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("runs", type=Path, nargs="+", help="generation runs (chat or task prompts)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the copies (one per run, same name)")
     args = parser.parse_args(argv)
-    check_distinct_names(args.runs)
-    models = {str(read_run_settings(run)["model"]) for run in args.runs}
-    if len(models) > 1:
-        raise SystemExit(f"the runs were made with {len(models)} models; give one model's runs at a time")
-    tokenizer = load_model(models.pop(), device="cpu", verify_sha256=False).tokenizer
+    tokenizer = load_model(runs_model(args.runs), device="cpu", verify_sha256=False).tokenizer
     pieces = TokenPieces(tokenizer)
     for run in args.runs:
         annotate_run(run, args.out, pieces, tokenizer)

@@ -22,13 +22,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from app.engine.engine import Engine
 from app.engine.loading import load_model
-from benchmarks.run_copies import chat_run_settings, check_distinct_names, copy_done, run_records, write_linked_shard
+from benchmarks.run_copies import chat_run_settings, pending_shards, run_records, runs_model, write_linked_shard
 from training.data import QARecord
-from training.runs import RUN_FILE, completed_shards, read_run_settings
+from training.runs import RUN_FILE
 from training.tasks import PromptStyle, build_messages
 
 BATCH = 8  # answers per teacher-forced forward, sorted by length so that little is padding
@@ -70,10 +69,7 @@ def recapture_run(run: Path, out: Path, engine: Engine) -> list[float]:
     (target / RUN_FILE).write_text(json.dumps({**settings, "n_lags": engine.n_lags}, indent=2) + "\n")
     records: dict[str, QARecord] | None = None
     differences = []
-    for shard in tqdm(completed_shards(run), desc=f"recapture {run.name}", unit="shard"):
-        final = target / shard.parent.name / shard.name
-        if copy_done(final):
-            continue
+    for shard, final in pending_shards(run, target, "recapture"):
         records = records if records is not None else run_records(run, settings)
         rows, difference = shard_rows(engine, shard, records)
         write_linked_shard(shard, final, {"attention.npy": rows})
@@ -89,11 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.lags < 1:
         raise SystemExit("--lags must be at least 1")
-    check_distinct_names(args.runs)
-    models = {str(read_run_settings(run)["model"]) for run in args.runs}
-    if len(models) > 1:
-        raise SystemExit(f"the runs were made with {len(models)} models; give one model's runs at a time")
-    engine = Engine(load_model(models.pop(), device="cpu"), n_lags=args.lags)
+    engine = Engine(load_model(runs_model(args.runs), device="cpu"), n_lags=args.lags)
     for run in args.runs:
         differences = recapture_run(run, args.out, engine)
         largest = max(differences, default=0.0)

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from training.commands.rescore import run_data_files
 from training.data import QARecord, read_records
-from training.runs import read_run_settings
+from training.runs import completed_shards, read_run_settings
 from training.tasks import PromptStyle
 
 
@@ -57,3 +58,21 @@ def check_distinct_names(runs: list[Path]) -> None:
     names = [run.name for run in runs]
     if len(set(names)) < len(names):
         raise SystemExit("two runs share a folder name: their copies would collide under --out")
+
+
+def runs_model(runs: Sequence[Path]) -> str:
+    """The one model the runs were made with; refuses runs whose copies would collide or that mix models."""
+    check_distinct_names(list(runs))
+    models = {str(read_run_settings(run)["model"]) for run in runs}
+    if len(models) > 1:
+        raise SystemExit(f"the runs were made with {len(models)} models; give one model's runs at a time")
+    return models.pop()
+
+
+def pending_shards(run: Path, target: Path, desc: str) -> Iterator[tuple[Path, Path]]:
+    """(shard, where its copy goes) for each completed shard of `run` whose copy under `target` is not
+    written yet, with a progress bar: what makes a copy study resumable."""
+    for shard in tqdm(completed_shards(run), desc=f"{desc} {run.name}", unit="shard"):
+        final = target / shard.parent.name / shard.name
+        if not copy_done(final):
+            yield shard, final
