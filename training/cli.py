@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit with the authors' p_i * c_{i-l} term per lag in the stage-2 features from the start (the "
         "products ablation tries them on the chosen configuration)",
     )
+    fit.add_argument(
+        "--extra-stats",
+        nargs="+",
+        default=(),
+        help="per-token statistics the runs hold, in the features of every fit from the start ('+' joins several "
+        "in one argument, as `benchmarks.prompt_attention_runs --names` prints them); the ablations add to them",
+    )
     fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
     fit.add_argument(
         "--no-combiner",
@@ -504,6 +511,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 variants=tuple(Variant(v) for v in args.variants),
                 extra_feature_sets=tuple(tuple(s.split("+")) for s in args.extra_feature_sets if s != "none"),
                 products=args.products,
+                extra_stats=tuple(name for entry in args.extra_stats for name in entry.split("+")),
                 stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
                 combiner=args.combiner,
                 selection=Selection(args.selection),

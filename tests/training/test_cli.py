@@ -201,3 +201,29 @@ def test_summary_and_evaluate_refuse_a_path_that_is_not_a_run(
     argv = ["evaluate", "--artifact", str(tiny_artifact), "--run", str(path), "--out", str(tmp_path / "report")]
     assert expected in _fails(argv, capsys)
     assert not (tmp_path / "report").exists()
+
+
+def test_fit_extra_stats_joined_with_plus_are_split_into_the_artifacts_features(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+
+    out = tmp_path / "a"
+    main(
+        [
+            "fit",
+            str(tiny_runs["train"]),
+            "--out",
+            str(out),
+            "--alphas",
+            "1",
+            "--variants",
+            "authors",
+            "--extra-stats",
+            "entropy+top2_margin",
+            "--extra-feature-sets",
+            "none",
+            "--no-combiner",
+        ]
+    )
+    assert json.loads((out / "manifest.json").read_text())["features"]["extra_stats"] == ["entropy", "top2_margin"]

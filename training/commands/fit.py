@@ -120,6 +120,9 @@ class FitOptions:
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
     products: bool = False  # the authors' p_i * c_{i-l} terms in every fit, not only as an ablation
+    # Per-token statistics in the features of every fit, not only as an ablation: a candidate statistic is
+    # judged on the dev split this way (an artifact with and without it, `evaluate --compare-artifact`).
+    extra_stats: Sequence[str] = ()
     # Ablations: extra per-token statistics as features (PRODUCTS: the authors' product terms), tried with the
     # chosen configuration; kept only when their fold-by-fold gain is significant (paired_gain).
     extra_feature_sets: Sequence[tuple[str, ...]] = (
@@ -751,6 +754,7 @@ def run_fit(options: FitOptions) -> Manifest:
     texts: Sequence[FitText] = loaded
     extra_names = {name for names in options.extra_feature_sets for name in names} - {PRODUCTS}
     check_statistics((t.stats for t in texts), extra_names, "--extra-feature-sets")
+    check_statistics((t.stats for t in texts), options.extra_stats, "--extra-stats")
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}
     for convention in options.conventions:
@@ -759,6 +763,7 @@ def run_fit(options: FitOptions) -> Manifest:
             num_layers=identity.num_layers,
             num_heads=identity.num_heads,
             convention=convention,
+            extra_stats=tuple(options.extra_stats),
             products=options.products,
         )
         logger.info(
@@ -788,7 +793,7 @@ def run_fit(options: FitOptions) -> Manifest:
     texts = result.texts
     ablations: dict[str, Any] = {
         "base": {
-            "extra_stats": [],
+            "extra_stats": list(result.spec.extra_stats),
             "products": result.spec.products,
             "prr_mean": result.prr,
             "prr_std": result.chosen_row["prr_std"],
@@ -796,13 +801,14 @@ def run_fit(options: FitOptions) -> Manifest:
     }
     base_choice, winner = Choice.of(result.chosen_row), result
     for extra in options.extra_feature_sets:
-        if extra == (PRODUCTS,) and result.spec.products:
-            continue  # fitted with them from the start (--products): the trial would be the base again
         trial_spec = replace(
             result.spec,
-            extra_stats=tuple(name for name in extra if name != PRODUCTS),
+            extra_stats=result.spec.extra_stats
+            + tuple(name for name in extra if name not in (PRODUCTS, *result.spec.extra_stats)),
             products=result.spec.products or PRODUCTS in extra,
         )
+        if trial_spec == result.spec:
+            continue  # fitted with them from the start (--products, --extra-stats): the trial is the base again
         logger.info("ablation: extra features %s", ", ".join(extra))
         trial = cross_validate_convention(
             texts, trial_spec, options, only=base_choice, centring=result.centring, weighting=result.weighting

@@ -44,6 +44,34 @@ def test_an_artifact_compared_with_itself_differs_by_nothing(
     assert all(d == 0.0 for d in differences if d is not None) and any(d is not None for d in differences)
 
 
+def test_runs_without_a_statistic_an_artifact_scores_with_are_refused_naming_the_option(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    with_entropy = tmp_path / "with-entropy"
+    run_fit(
+        FitOptions(
+            runs=[tiny_runs["train"]],
+            out=with_entropy,
+            alphas=(1.0,),
+            extra_stats=("entropy",),
+            extra_feature_sets=(),
+            combiner=False,
+        )
+    )
+    report = run_evaluate(with_entropy, _source(tiny_runs, tmp_path), tmp_path / "report", 0, tiny_artifact)
+    assert report["datasets"]
+    stripped = tmp_path / "dev-without-entropy"
+    shutil.copytree(tiny_runs["dev"], stripped)
+    for shard_stat in stripped.glob("shards/*/stat-entropy.npy"):
+        shard_stat.unlink()
+    source = RunSource(data=[], runs=[stripped], default_run_dir=tmp_path / "unused")
+    with pytest.raises(SystemExit, match=r"^--artifact: the runs hold no per-token statistic entropy"):
+        run_evaluate(with_entropy, source, tmp_path / "r1", 0)
+    with pytest.raises(SystemExit, match=r"^--compare-artifact: the runs hold no per-token statistic entropy"):
+        run_evaluate(tiny_artifact, source, tmp_path / "r2", 0, with_entropy)
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
 def test_an_artifact_of_another_model_is_refused(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
 ) -> None:

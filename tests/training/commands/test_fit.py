@@ -160,6 +160,52 @@ def test_the_authors_product_terms_are_an_ablation_or_fitted_from_the_start(
     assert len(confidences) == len(text) and np.all(np.isfinite(confidences))
 
 
+def test_statistics_fitted_from_the_start_are_served_and_the_ablations_add_to_them(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    from app.uncertainty.artifact import load_artifact
+    from training.runs import iter_texts
+
+    manifest = run_fit(
+        FitOptions(
+            runs=[tiny_runs["train"]],
+            out=tmp_path / "a",
+            alphas=(1.0,),
+            extra_stats=("entropy",),
+            extra_feature_sets=(("entropy",), ("top2_margin",)),
+            combiner=False,
+        )
+    )
+    assert manifest.features.extra_stats == ["entropy"]
+    ablations = manifest.metrics["cv"]["feature_ablations"]
+    # The entropy trial would be the base itself, so it is not run; top2_margin is tried beside entropy.
+    assert ablations.keys() == {"base", "top2_margin"}
+    assert ablations["base"]["extra_stats"] == ["entropy"]
+    assert ablations["top2_margin"]["extra_stats"] == ["entropy", "top2_margin"]
+    spec = load_artifact(tmp_path / "a").scorer.spec
+    assert spec.extra_stats[0] == "entropy"
+    assert spec.stage2_size == FeatureSpec(spec.n_lags, spec.num_layers, spec.num_heads).stage2_size + len(
+        spec.extra_stats
+    )
+    text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
+    base = run_fit(
+        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "b", alphas=(1.0,), extra_feature_sets=(), combiner=False)
+    )
+    assert base.features.extra_stats == []
+    with_entropy = load_artifact(tmp_path / "a").scorer.confidences_of(text.token_trace(spec.n_lags))
+    without = load_artifact(tmp_path / "b").scorer.confidences_of(text.token_trace(spec.n_lags))
+    assert len(with_entropy) == len(without) == len(text) and not np.allclose(with_entropy, without)
+
+
+def test_statistics_from_the_start_that_the_runs_lack_are_refused_before_fitting(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    options = FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_stats=("no_such",))
+    with pytest.raises(SystemExit, match="--extra-stats: the runs hold no per-token statistic no_such"):
+        run_fit(options)
+    assert not (tmp_path / "a").exists()
+
+
 def test_an_ablation_of_a_statistic_the_runs_lack_is_refused_before_fitting(
     tiny_runs: dict[str, Path], tmp_path: Path
 ) -> None:
