@@ -511,7 +511,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 variants=tuple(Variant(v) for v in args.variants),
                 extra_feature_sets=tuple(tuple(s.split("+")) for s in args.extra_feature_sets if s != "none"),
                 products=args.products,
-                extra_stats=tuple(name for entry in args.extra_stats for name in entry.split("+")),
+                extra_stats=tuple(dict.fromkeys(name for entry in args.extra_stats for name in entry.split("+"))),
                 stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
                 combiner=args.combiner,
                 selection=Selection(args.selection),

@@ -41,12 +41,23 @@ def check_runs_match(runs: Sequence[Path], artifact: TadArtifact) -> None:
             raise SystemExit(f"run {run} stores {settings.get('n_lags')} lags; the artifact needs {artifact.n_lags}")
 
 
-def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
+def obtain_runs(source: RunSource, artifact: TadArtifact, *also_scoring: TadArtifact) -> list[Path]:
+    """The runs to score with `artifact` (and `also_scoring`, which must be of the same model)."""
     if source.runs:
         check_runs_match(source.runs, artifact)
         return list(source.runs)
     if not source.data:
         raise SystemExit("give --data files to generate from, or --run to reuse a run")
+    from app.engine.token_stats import TOKEN_STATISTICS
+
+    for scoring in (artifact, *also_scoring):
+        unrecorded = [name for name in scoring.manifest.features.extra_stats if name not in TOKEN_STATISTICS]
+        if unrecorded:
+            # Refused before the minutes of generating: a new run holds only what generation records.
+            raise SystemExit(
+                f"{scoring.path} scores with per-token statistics generation does not record "
+                f"({len(unrecorded)}: {unrecorded[0]}, ...): give --run with runs that hold them"
+            )
     options = GenerateOptions(
         data=source.data,
         out=source.default_run_dir,

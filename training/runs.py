@@ -155,9 +155,16 @@ def check_statistics(answers_stats: Iterable[Mapping[str, np.ndarray]], names: I
         missing = sorted(wanted - set(stats))
         if missing:
             raise SystemExit(
-                f"{option}: the runs hold no per-token statistic {', '.join(missing)} "
-                f"(they hold {', '.join(sorted(stats))})"
+                f"{option}: the runs hold no per-token statistic {_names_text(missing)} "
+                f"(they hold {_names_text(sorted(stats))})"
             )
+
+
+def _names_text(names: Sequence[str], shown: int = 5) -> str:
+    """Names for a message: a study's statistics come by the hundred (one per layer and head)."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
 
 
 def read_run_settings(run_dir: Path) -> dict[str, Any]:

@@ -203,7 +203,7 @@ def test_summary_and_evaluate_refuse_a_path_that_is_not_a_run(
     assert not (tmp_path / "report").exists()
 
 
-def test_fit_extra_stats_joined_with_plus_are_split_into_the_artifacts_features(
+def test_fit_extra_stats_joined_with_plus_are_split_and_each_kept_once(
     tiny_runs: dict[str, Path], tmp_path: Path
 ) -> None:
     import json
@@ -221,6 +221,7 @@ def test_fit_extra_stats_joined_with_plus_are_split_into_the_artifacts_features(
             "authors",
             "--extra-stats",
             "entropy+top2_margin",
+            "entropy",
             "--extra-feature-sets",
             "none",
             "--no-combiner",

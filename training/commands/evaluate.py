@@ -268,7 +268,7 @@ def run_evaluate(
         compared = load_artifact(compare_dir)
         if compared.manifest.llm.sha256 != artifact.manifest.llm.sha256:
             raise SystemExit(f"--compare-artifact {compare_dir} was trained for a different model than {artifact_dir}")
-    runs = obtain_runs(source, artifact)
+    runs = obtain_runs(source, artifact, *([compared] if compared is not None else []))
     if compared is not None:
         for run in runs:
             if read_run_settings(run)["n_lags"] < compared.n_lags:

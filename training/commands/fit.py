@@ -754,6 +754,8 @@ def run_fit(options: FitOptions) -> Manifest:
     texts: Sequence[FitText] = loaded
     extra_names = {name for names in options.extra_feature_sets for name in names} - {PRODUCTS}
     check_statistics((t.stats for t in texts), extra_names, "--extra-feature-sets")
+    if PRODUCTS in options.extra_stats:
+        raise SystemExit("--extra-stats: the product terms are not a per-token statistic; use --products")
     check_statistics((t.stats for t in texts), options.extra_stats, "--extra-stats")
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}
@@ -800,6 +802,7 @@ def run_fit(options: FitOptions) -> Manifest:
         }
     }
     base_choice, winner = Choice.of(result.chosen_row), result
+    tried = {result.spec: "base"}
     for extra in options.extra_feature_sets:
         trial_spec = replace(
             result.spec,
@@ -807,8 +810,11 @@ def run_fit(options: FitOptions) -> Manifest:
             + tuple(name for name in extra if name not in (PRODUCTS, *result.spec.extra_stats)),
             products=result.spec.products or PRODUCTS in extra,
         )
-        if trial_spec == result.spec:
-            continue  # fitted with them from the start (--products, --extra-stats): the trial is the base again
+        if trial_spec in tried:
+            # E.g. fitted with them from the start (--products, --extra-stats): the trial is the base again.
+            logger.info("ablation %s: the same features as %s, not fitted again", "+".join(extra), tried[trial_spec])
+            continue
+        tried[trial_spec] = "+".join(extra)
         logger.info("ablation: extra features %s", ", ".join(extra))
         trial = cross_validate_convention(
             texts, trial_spec, options, only=base_choice, centring=result.centring, weighting=result.weighting
