@@ -123,9 +123,9 @@ class Runtime:
         )
         if artifact is not None:
             artifact.check_model(loaded.identity)
-            unknown = set(artifact.manifest.features.extra_stats) - set(TOKEN_STATISTICS)
-            if unknown:
-                raise StartupError(f"artifact {artifact.path} uses unknown token statistics: {sorted(unknown)}")
+            uncomputed = _uncomputed_statistics(artifact)
+            if uncomputed:
+                raise StartupError(uncomputed)
         # The generating convention never reads the last token's own step row: no extra step for it.
         last_row = artifact is None or artifact.convention is Convention.CONSUMING
         self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row)
@@ -271,9 +271,9 @@ class Runtime:
 
     def _check_capture(self, artifact: TadArtifact, engine: Engine) -> None:
         """The running engine must capture what the new artifact reads; otherwise it needs a restart."""
-        unknown = set(artifact.manifest.features.extra_stats) - set(TOKEN_STATISTICS)
-        if unknown:
-            raise ArtifactReloadError(f"artifact {artifact.path} uses unknown token statistics: {sorted(unknown)}")
+        uncomputed = _uncomputed_statistics(artifact)
+        if uncomputed:
+            raise ArtifactReloadError(uncomputed)
         if artifact.n_lags != engine.n_lags:
             raise ArtifactReloadError(
                 f"artifact {artifact.path} reads {artifact.n_lags} lags, the running engine captures "
@@ -359,3 +359,16 @@ class Runtime:
     def shutdown(self) -> None:
         if self.scheduler is not None:
             self.scheduler.stop()
+
+
+def _uncomputed_statistics(artifact: TadArtifact) -> str | None:
+    """Why the engine cannot feed the artifact's per-token statistics (None when it can): an artifact from a
+    study (`fit --extra-stats` on annotated runs) may read hundreds that generation does not compute."""
+    missing = [name for name in artifact.manifest.features.extra_stats if name not in TOKEN_STATISTICS]
+    if not missing:
+        return None
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return (
+        f"artifact {artifact.path} scores with {len(missing)} per-token statistics the server does not "
+        f"compute ({shown})"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,59 @@ def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClien
     assert response.status_code == 409
     # Feature sizes no longer match the regressor, or the lag count differs from the engine's: either way refused.
     assert "artifact" in response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def studied_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path], tiny_artifact: Path) -> Path:
+    """An artifact of the same model fitted with statistics only an annotated copy of the runs holds."""
+    from training.commands.fit import FitOptions, run_fit
+
+    folder = tmp_path_factory.mktemp("studied")
+    annotated = folder / "annotated-run"
+    shutil.copytree(tiny_runs["train"], annotated)
+    for entropy in annotated.glob("shards/*/stat-entropy.npy"):
+        for name in ("study_a", "study_b", "study_c", "study_d"):
+            shutil.copy(entropy, entropy.with_name(f"stat-{name}.npy"))
+    convention = read_manifest(tiny_artifact).features.convention
+    out = folder / "studied-tad"
+    run_fit(
+        FitOptions(
+            runs=[annotated],
+            out=out,
+            alphas=(1.0,),
+            conventions=(convention,),
+            extra_stats=("study_a", "study_b", "study_c", "study_d"),
+            extra_feature_sets=(),
+            combiner=False,
+        )
+    )
+    return out
+
+
+STUDIED = r"scores with 4 per-token statistics the server does not compute \(study_a, study_b, study_c and 1 more\)"
+
+
+def test_an_artifact_reading_statistics_the_server_does_not_compute_is_refused_at_start(
+    service_settings: Settings, studied_artifact: Path
+) -> None:
+    from app.serving.runtime import Runtime, StartupError
+    from app.telemetry import ServiceMetrics
+
+    settings = service_settings.model_copy(update={"artifact_dir": studied_artifact})
+    with pytest.raises(StartupError, match=STUDIED):
+        Runtime(settings, ServiceMetrics()).load()
+
+
+def test_an_artifact_reading_statistics_the_server_does_not_compute_is_refused_on_reload(
+    client: TestClient, served: Path, studied_artifact: Path
+) -> None:
+    payload = {"messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4, "temperature": 0}
+    before = _confidences(client, payload)
+    _replace(served, studied_artifact)
+    response = client.post(RELOAD)
+    assert response.status_code == 409
+    assert re.search(STUDIED, response.json()["error"]["message"])
+    assert _confidences(client, payload) == before
 
 
 def test_a_request_in_flight_finishes_with_the_artifact_it_started_with(
