@@ -50,3 +50,29 @@ def as_mlp_artifact(
     manifest["files"]["regressor.joblib"] = hashlib.sha256((out / "regressor.joblib").read_bytes()).hexdigest()
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
+
+
+def studied_artifact(train_run: Path, folder: Path, statistics: tuple[str, ...], like: Path) -> Path:
+    """An artifact of the tiny model (the convention of the artifact `like`) fitted with per-token `statistics`
+    that only an annotated copy of `train_run` holds (each a copy of its entropy), as `fit --extra-stats` on a
+    study's runs writes one: neither generation nor the server computes them."""
+    from app.uncertainty.artifact import read_manifest
+    from training.commands.fit import FitOptions, run_fit
+
+    annotated = folder / "annotated-run"
+    shutil.copytree(train_run, annotated)
+    for entropy in annotated.glob("shards/*/stat-entropy.npy"):
+        for name in statistics:
+            shutil.copy(entropy, entropy.with_name(f"stat-{name}.npy"))
+    out = folder / "studied-tad"
+    options = FitOptions(
+        runs=[annotated],
+        out=out,
+        alphas=(1.0,),
+        conventions=(read_manifest(like).features.convention,),
+        extra_stats=statistics,
+        extra_feature_sets=(),
+        combiner=False,
+    )
+    run_fit(options)
+    return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.uncertainty.artifact import TadArtifact
+from app.uncertainty.features import statistics_text
 from training.commands.generate import GenerateOptions, run_generate
 from training.runs import check_run_folders, read_run_settings
 
@@ -56,7 +57,7 @@ def obtain_runs(source: RunSource, artifact: TadArtifact, *also_scoring: TadArti
             # Refused before the minutes of generating: a new run holds only what generation records.
             raise SystemExit(
                 f"{scoring.path} scores with per-token statistics generation does not record "
-                f"({len(unrecorded)}: {unrecorded[0]}, ...): give --run with runs that hold them"
+                f"({len(unrecorded)}: {statistics_text(unrecorded)}): give --run with runs that hold them"
             )
     options = GenerateOptions(
         data=source.data,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from app.uncertainty.features import statistics_text
 from app.uncertainty.trace import TokenTrace
 
 SHARDS = "shards"
@@ -155,16 +156,9 @@ def check_statistics(answers_stats: Iterable[Mapping[str, np.ndarray]], names: I
         missing = sorted(wanted - set(stats))
         if missing:
             raise SystemExit(
-                f"{option}: the runs hold no per-token statistic {_names_text(missing)} "
-                f"(they hold {_names_text(sorted(stats))})"
+                f"{option}: the runs hold no per-token statistic {statistics_text(missing, 5)} "
+                f"(they hold {statistics_text(sorted(stats), 5)})"
             )
-
-
-def _names_text(names: Sequence[str], shown: int = 5) -> str:
-    """Names for a message: a study's statistics come by the hundred (one per layer and head)."""
-    if len(names) <= shown:
-        return ", ".join(names)
-    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
 
 
 def read_run_settings(run_dir: Path) -> dict[str, Any]:

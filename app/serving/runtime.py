@@ -29,7 +29,7 @@ from app.settings import Settings
 from app.telemetry import ServiceMetrics
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
-from app.uncertainty.features import Convention
+from app.uncertainty.features import Convention, statistics_text
 from app.uncertainty.methods import Method
 
 logger = logging.getLogger(__name__)
@@ -367,8 +367,7 @@ def _uncomputed_statistics(artifact: TadArtifact) -> str | None:
     missing = [name for name in artifact.manifest.features.extra_stats if name not in TOKEN_STATISTICS]
     if not missing:
         return None
-    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
     return (
         f"artifact {artifact.path} scores with {len(missing)} per-token statistics the server does not "
-        f"compute ({shown})"
+        f"compute ({statistics_text(missing)})"
     )

@@ -40,6 +40,13 @@ class Convention(StrEnum):
     GENERATING = "generating"  # the step that produces y_i (query: y_{i-1}'s position); the authors' code
 
 
+def statistics_text(names: Sequence[str], shown: int = 3) -> str:
+    """Statistic names for a message: a study's come by the hundred (one per layer and head)."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     """The shape of TAD's features for one LLM."""

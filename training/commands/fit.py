@@ -90,6 +90,7 @@ MLP_GRIDS: dict[str, dict[str, Sequence[float]]] = {
 
 # In an ablation's feature set: the authors' p_i * c_{i-l} terms (FeatureSpec.products), not a statistic.
 PRODUCTS = "products"
+PRODUCTS_ARE_NO_STATISTIC = "--extra-stats: the product terms are not a per-token statistic; use --products"
 
 
 @dataclass(frozen=True)
@@ -755,7 +756,7 @@ def run_fit(options: FitOptions) -> Manifest:
     extra_names = {name for names in options.extra_feature_sets for name in names} - {PRODUCTS}
     check_statistics((t.stats for t in texts), extra_names, "--extra-feature-sets")
     if PRODUCTS in options.extra_stats:
-        raise SystemExit("--extra-stats: the product terms are not a per-token statistic; use --products")
+        raise SystemExit(PRODUCTS_ARE_NO_STATISTIC)
     check_statistics((t.stats for t in texts), options.extra_stats, "--extra-stats")
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}

@@ -33,6 +33,8 @@ from app.uncertainty.methods import Method
 from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
 from training.commands.fit import (
     MLP_CONFIG_KEYS,
+    PRODUCTS,
+    PRODUCTS_ARE_NO_STATISTIC,
     Choice,
     FitOptions,
     fit_final,
@@ -87,8 +89,8 @@ def run_lodo(
     manifest = artifact.manifest
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
     if extra_stats is not None:
-        if "products" in extra_stats:
-            raise SystemExit("--extra-stats: the product terms are not a per-token statistic; use --products")
+        if PRODUCTS in extra_stats:
+            raise SystemExit(PRODUCTS_ARE_NO_STATISTIC)
         spec = replace(spec, extra_stats=tuple(extra_stats))
     if products is not None:
         spec = replace(spec, products=products)

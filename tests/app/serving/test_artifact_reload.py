@@ -116,28 +116,10 @@ def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClien
 @pytest.fixture(scope="module")
 def studied_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path], tiny_artifact: Path) -> Path:
     """An artifact of the same model fitted with statistics only an annotated copy of the runs holds."""
-    from training.commands.fit import FitOptions, run_fit
+    from tests.artifacts import studied_artifact
 
-    folder = tmp_path_factory.mktemp("studied")
-    annotated = folder / "annotated-run"
-    shutil.copytree(tiny_runs["train"], annotated)
-    for entropy in annotated.glob("shards/*/stat-entropy.npy"):
-        for name in ("study_a", "study_b", "study_c", "study_d"):
-            shutil.copy(entropy, entropy.with_name(f"stat-{name}.npy"))
-    convention = read_manifest(tiny_artifact).features.convention
-    out = folder / "studied-tad"
-    run_fit(
-        FitOptions(
-            runs=[annotated],
-            out=out,
-            alphas=(1.0,),
-            conventions=(convention,),
-            extra_stats=("study_a", "study_b", "study_c", "study_d"),
-            extra_feature_sets=(),
-            combiner=False,
-        )
-    )
-    return out
+    statistics = ("study_a", "study_b", "study_c", "study_d")
+    return studied_artifact(tiny_runs["train"], tmp_path_factory.mktemp("studied"), statistics, tiny_artifact)
 
 
 STUDIED = r"scores with 4 per-token statistics the server does not compute \(study_a, study_b, study_c and 1 more\)"

@@ -75,21 +75,9 @@ def test_runs_without_a_statistic_an_artifact_scores_with_are_refused_naming_the
 def test_an_artifact_scoring_with_statistics_generation_does_not_record_is_refused_before_generating(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
 ) -> None:
-    annotated = tmp_path / "train-annotated"
-    shutil.copytree(tiny_runs["train"], annotated)
-    for entropy in annotated.glob("shards/*/stat-entropy.npy"):
-        shutil.copy(entropy, entropy.with_name("stat-study_only.npy"))
-    studied = tmp_path / "studied"
-    run_fit(
-        FitOptions(
-            runs=[annotated],
-            out=studied,
-            alphas=(1.0,),
-            extra_stats=("study_only",),
-            extra_feature_sets=(),
-            combiner=False,
-        )
-    )
+    from tests.artifacts import studied_artifact
+
+    studied = studied_artifact(tiny_runs["train"], tmp_path, ("study_only",), tiny_artifact)
     data = tmp_path / "unused.jsonl"
     data.write_text("")
     source = RunSource(data=[data], runs=[], default_run_dir=tmp_path / "new-run")
