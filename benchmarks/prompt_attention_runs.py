@@ -44,22 +44,17 @@ import torch
 
 from app.engine.chat_prompt import encode_chat
 from app.engine.loading import LoadedModel, load_model
+from app.engine.prompt_attention import (
+    PROMPT_FAMILIES,
+    PROMPT_MASS,
+    PROMPT_SINK,
+    prompt_statistic_name,
+    prompt_statistic_names,
+)
 from benchmarks.run_copies import chat_run_settings, pending_shards, run_records, runs_model, write_linked_shard
 from training.data import QARecord
 from training.runs import RUN_FILE, STAT_PREFIX
 from training.tasks import PromptStyle, build_messages
-
-PROMPT_MASS, PROMPT_SINK = "prompt_mass", "prompt_sink"
-FAMILIES = (PROMPT_MASS, PROMPT_SINK)
-
-
-def stat_name(family: str, layer: int, head: int) -> str:
-    return f"{family}_l{layer:02d}_h{head}"
-
-
-def stat_names(layers: int, heads: int, family: str = PROMPT_MASS) -> list[str]:
-    """Every head's statistic name, layer by layer (the order `fit --extra-feature-sets` is given them)."""
-    return [stat_name(family, layer, head) for layer in range(layers) for head in range(heads)]
 
 
 def answer_attention(loaded: LoadedModel, prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> np.ndarray:
@@ -108,7 +103,7 @@ def annotate_run(run: Path, out: Path, loaded: LoadedModel) -> list[float]:
         metas = json.loads((shard / "texts.json").read_text())
         offsets, token_ids = np.load(shard / "offsets.npy"), np.load(shard / "token_ids.npy")
         stored = np.load(shard / "attention.npy", mmap_mode="r")
-        statistics = {family: np.zeros((len(token_ids), layers, heads), dtype=np.float64) for family in FAMILIES}
+        statistics = {family: np.zeros((len(token_ids), layers, heads), dtype=np.float64) for family in PROMPT_FAMILIES}
         difference = 0.0
         for index, meta in enumerate(metas):
             record = records.get(meta["key"])
@@ -123,12 +118,12 @@ def annotate_run(run: Path, out: Path, loaded: LoadedModel) -> list[float]:
             for family, values in prompt_attention(rows, len(prompt_ids)).items():
                 statistics[family][start:end] = values
             difference = max(difference, stored_row_difference(rows, len(prompt_ids), stored[start:end]))
-        arrays = {
-            f"{STAT_PREFIX}{stat_name(family, layer, head)}.npy": np.ascontiguousarray(values[:, layer, head])
-            for family, values in statistics.items()
-            for layer in range(layers)
-            for head in range(heads)
-        }
+        arrays = {}
+        for family, values in statistics.items():
+            for layer in range(layers):
+                for head in range(heads):
+                    name = prompt_statistic_name(family, layer, head)
+                    arrays[f"{STAT_PREFIX}{name}.npy"] = np.ascontiguousarray(values[:, layer, head])
         write_linked_shard(shard, final, arrays)
         differences.append(difference)
     return differences
@@ -145,12 +140,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar=("LAYERS", "HEADS"),
         help="print the statistics' names joined by '+' (one --extra-feature-sets entry) and stop",
     )
-    parser.add_argument("--family", nargs="+", choices=FAMILIES, help="with --names: whose names (prompt_mass)")
+    parser.add_argument("--family", nargs="+", choices=PROMPT_FAMILIES, help="with --names: whose names (prompt_mass)")
     args = parser.parse_args(argv)
     if args.names is not None:
         layers, heads = args.names
-        families = args.family or [PROMPT_MASS]
-        print("+".join(name for family in families for name in stat_names(layers, heads, family)))
+        print("+".join(prompt_statistic_names(layers, heads, args.family or [PROMPT_MASS])))
         return
     if args.family is not None:
         parser.error("--family goes with --names")

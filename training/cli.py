@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="few-shot example files (default: each data file's <dataset>_train.jsonl beside it)",
     )
+    generate.add_argument(
+        "--prompt-attention",
+        action="store_true",
+        help="also store each token's attention to the prompt per layer and head (prompt_mass_*, prompt_sink_*), "
+        "for `fit --extra-stats`",
+    )
     _add_generation_options(generate)
 
     fit = commands.add_parser(
@@ -472,6 +478,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 cache_dir=args.cache_dir,
                 prompt_style=PromptStyle(args.prompt_style),
                 shots_from=args.shots_from,
+                prompt_attention=args.prompt_attention,
             )
         )
     elif args.command == "fit":

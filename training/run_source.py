@@ -49,10 +49,16 @@ def obtain_runs(source: RunSource, artifact: TadArtifact, *also_scoring: TadArti
         return list(source.runs)
     if not source.data:
         raise SystemExit("give --data files to generate from, or --run to reuse a run")
+    from app.engine.prompt_attention import is_prompt_statistic, wants_prompt_statistics
     from app.engine.token_stats import TOKEN_STATISTICS
 
+    layers, heads = artifact.manifest.features.num_layers, artifact.manifest.features.num_heads
     for scoring in (artifact, *also_scoring):
-        unrecorded = [name for name in scoring.manifest.features.extra_stats if name not in TOKEN_STATISTICS]
+        unrecorded = [
+            name
+            for name in scoring.manifest.features.extra_stats
+            if name not in TOKEN_STATISTICS and not is_prompt_statistic(name, layers, heads)
+        ]
         if unrecorded:
             # Refused before the minutes of generating: a new run holds only what generation records.
             raise SystemExit(
@@ -70,5 +76,8 @@ def obtain_runs(source: RunSource, artifact: TadArtifact, *also_scoring: TadArti
         device=source.device,
         cache_dir=source.cache_dir,
         out_option=source.run_dir_option,
+        prompt_attention=any(
+            wants_prompt_statistics(scoring.manifest.features.extra_stats) for scoring in (artifact, *also_scoring)
+        ),
     )
     return [run_generate(options)]

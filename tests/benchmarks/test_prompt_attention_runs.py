@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from app.engine.loading import LoadedModel
-from benchmarks.prompt_attention_runs import PROMPT_MASS, PROMPT_SINK, main, prompt_attention, stat_names
+from app.engine.prompt_attention import PROMPT_MASS, PROMPT_SINK, prompt_statistic_names
+from benchmarks.prompt_attention_runs import main, prompt_attention
 from training.cli import main as training_main
 from training.runs import completed_shards, iter_texts
 
@@ -39,7 +40,8 @@ def test_copies_add_a_statistic_per_head_consistent_with_the_stored_rows(
     # The eager forward reproduces the generation's step rows on every slot both hold.
     assert int(written[1]) == len(completed_shards(run)) and float(written[2]) < 1e-5
     layers, heads = tiny_loaded.identity.num_layers, tiny_loaded.identity.num_heads
-    names, sinks = stat_names(layers, heads), stat_names(layers, heads, PROMPT_SINK)
+    names = list(prompt_statistic_names(layers, heads, [PROMPT_MASS]))
+    sinks = list(prompt_statistic_names(layers, heads, [PROMPT_SINK]))
     copy = tmp_path / run.name
     for shard in completed_shards(copy):
         assert (shard / "attention.npy").is_symlink() and not (shard / f"stat-{names[0]}.npy").is_symlink()
@@ -73,10 +75,10 @@ def test_names_print_one_extra_feature_set_and_lodo_fits_it(
     layers, heads = tiny_loaded.identity.num_layers, tiny_loaded.identity.num_heads
     main(["--names", str(layers), str(heads)])
     names = capsys.readouterr().out.strip().split("+")
-    assert names == stat_names(layers, heads) and len(set(names)) == layers * heads
+    assert names == list(prompt_statistic_names(layers, heads, [PROMPT_MASS])) and len(set(names)) == layers * heads
     main(["--names", str(layers), str(heads), "--family", PROMPT_MASS, PROMPT_SINK])
     both = capsys.readouterr().out.strip().split("+")
-    assert both == names + stat_names(layers, heads, PROMPT_SINK)
+    assert both == list(prompt_statistic_names(layers, heads))
     main(["--out", str(tmp_path / "copies"), str(tiny_runs["train"]), str(tiny_runs["dev"])])
     out = tmp_path / "lodo"
     training_main(

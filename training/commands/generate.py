@@ -59,6 +59,9 @@ class GenerateOptions:
     shots_from: Sequence[Path] = ()
     # The option that names `out` in the caller's command line, for messages (calibrate's is --run-dir).
     out_option: str = "--out"
+    # Each token's attention to the prompt per layer and head too (app/engine/prompt_attention.py), as a
+    # served artifact fitted with them has the engine compute them.
+    prompt_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def settings_before_loading(options: GenerateOptions) -> dict[str, Any]:
         "capture": CAPTURE_VERSION,
         # Only when used, so runs made before the options existed still resume.
         **({"skip": options.skip} if options.skip else {}),
+        **({"prompt_attention": True} if options.prompt_attention else {}),
         **(
             {"shots": [{"path": str(p), "sha256": file_sha256(p)} for p in shot_files(options)]}
             if options.prompt_style is PromptStyle.FEW_SHOT
@@ -290,7 +294,7 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         len(mine) - len(todo),
     )
     # Every step row, the last token's included, so that a run serves both conventions.
-    engine = Engine(loaded, n_lags=options.n_lags, last_row=True)
+    engine = Engine(loaded, n_lags=options.n_lags, last_row=True, prompt_statistics=options.prompt_attention)
     shape = (loaded.identity.num_layers, loaded.identity.num_heads, options.n_lags + 1)
     pools = shot_pools(shot_files(options)) if options.prompt_style is PromptStyle.FEW_SHOT else None
     with tqdm(total=sum(len(shards[i]) for i in todo), desc=f"generate [{distribution.rank}]", unit="text") as bar:

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.loading import LoadedModel
+from app.engine.prompt_attention import prompt_statistic_names
 from training.commands.evaluate import COMPARED_SCORE, report_markdown, run_evaluate
 from training.commands.fit import FitOptions, run_fit
 from training.run_source import RunSource
+from training.runs import iter_texts, read_run_settings
 
 
 def _source(tiny_runs: dict[str, Path], tmp_path: Path) -> RunSource:
@@ -85,6 +88,25 @@ def test_an_artifact_scoring_with_statistics_generation_does_not_record_is_refus
         with pytest.raises(SystemExit, match=r"per-token statistics generation does not record \(1: study_only"):
             run_evaluate(artifact, source, tmp_path / "report", 0, compared)
     assert not (tmp_path / "new-run").exists()
+
+
+def test_an_artifact_reading_the_attention_to_the_prompt_has_its_run_generated_with_it(
+    tiny_runs: dict[str, Path],
+    tiny_artifact: Path,
+    tiny_data: dict[str, list[Path]],
+    tiny_loaded: LoadedModel,
+    tmp_path: Path,
+) -> None:
+    from tests.artifacts import studied_artifact
+
+    layers, heads = tiny_loaded.identity.num_layers, tiny_loaded.identity.num_heads
+    names = prompt_statistic_names(layers, heads)
+    studied = studied_artifact(tiny_runs["train"], tmp_path, names, tiny_artifact)
+    source = RunSource(data=tiny_data["dev"], runs=[], default_run_dir=tmp_path / "new-run", limit=4, max_new_tokens=6)
+    report = run_evaluate(studied, source, tmp_path / "report", 20, tiny_artifact)
+    assert report["compared_artifact"] == str(tiny_artifact)
+    assert read_run_settings(tmp_path / "new-run")["prompt_attention"] is True
+    assert set(names) <= set(next(iter_texts([tmp_path / "new-run"])).stats)
 
 
 def test_an_artifact_of_another_model_is_refused(
