@@ -11,7 +11,8 @@ In one process and interleaved (so machine noise hits every method alike), it ti
 and with --prompt-attention also
 
 - prompt:   capture + TAD that also computes each token's attention to the prompt per layer and head
-            (app/engine/prompt_attention.py: what an artifact fitted with those statistics makes it do);
+            (app/engine/prompt_attention.py: what an artifact fitted with those statistics makes it do),
+            scored with --prompt-artifact (one fitted with them) or else the default artifact;
 
 at batch 1 and 8 with a short prompt and at batch 1 with a ~1,000-token prompt, each for
 exactly --new-tokens tokens. Prints medians, tokens/s, peak memory (RSS above the idle
@@ -33,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -41,6 +43,7 @@ from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.uncertainty.answer import AnswerScorer
+from app.uncertainty.artifact import load_artifact
 from benchmarks.default_engine import add_model_arguments, load_capturing_engine, long_prompt
 
 PAGE = 4096
@@ -100,6 +103,9 @@ def main() -> None:
     parser.add_argument(
         "--prompt-attention", action="store_true", help="also time capture with the attention to the prompt"
     )
+    parser.add_argument(
+        "--prompt-artifact", type=Path, help="with --prompt-attention: score with this artifact (fitted with them)"
+    )
     args = parser.parse_args()
 
     loaded, artifact, capture = load_capturing_engine(args)  # stop tokens off: always exactly --new-tokens
@@ -140,12 +146,12 @@ def main() -> None:
             )
         return out if isinstance(out, torch.Tensor) else out.sequences
 
-    def engine_generate(engine: Engine, prompts: list[list[int]], score: bool) -> None:
+    def engine_generate(engine: Engine, prompts: list[list[int]], score: bool, by: AnswerScorer = scorer) -> None:
         requests = [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new)) for p in prompts]
         for sequence in engine.generate(requests):
             assert len(sequence.tokens) == new
             if score:
-                scored = scorer.score(engine.trace(sequence))
+                scored = by.score(engine.trace(sequence))
                 assert scored.confidences is not None and len(scored.confidences) == new
 
     def extra_forward(prompts: list[list[int]]) -> None:
@@ -167,7 +173,8 @@ def main() -> None:
     core = [PLAIN, ENGINE, CAPTURE]
     if args.prompt_attention:
         prompt_engine = capture.with_prompt_statistics()
-        methods[PROMPT] = lambda p: engine_generate(prompt_engine, p, score=True)
+        prompt_scorer = scorer if args.prompt_artifact is None else AnswerScorer(load_artifact(args.prompt_artifact))
+        methods[PROMPT] = lambda p: engine_generate(prompt_engine, p, score=True, by=prompt_scorer)
         core.append(PROMPT)
     for setting in settings:  # warm-up
         for run in methods.values():
@@ -209,6 +216,8 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, {new} new tokens, {args.repeats} interleaved repeats "
         f"({args.slow_repeats} for eager and extra), TAD artifact: {artifact.path}, N={artifact.n_lags}"
     )
+    if args.prompt_attention:
+        print(f"{PROMPT} scored with {args.prompt_artifact or artifact.path}")
     print(
         f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9} "
         f"{'vs engine':>10}"
