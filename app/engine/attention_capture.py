@@ -310,7 +310,8 @@ def _decode_rows(
     capture.decode_steps[_layer(module)] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scaling)
     if capture.prompt is not None:
         scores = _packed_scores(packed, key, attention_mask, scaling)
-        capture.record_prompt_shares(module, scores, log_sum_exp.float(), decode=True)
+        # The scores' own normaliser: the kernel's comes from the model's dtype (bf16 would skew the shares).
+        capture.record_prompt_shares(module, scores, torch.logsumexp(scores, dim=-1), decode=True)
     return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
 
 

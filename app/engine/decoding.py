@@ -55,6 +55,8 @@ class DecodeContext:
     def __post_init__(self) -> None:
         if self.prompt_statistics and not self.capturing:
             raise ValueError("the prompt-attention statistics need attention capture (n_lags > 0)")
+        if self.prompt_statistics and self.num_heads < 1:
+            raise ValueError("the prompt-attention statistics need the model's head count (num_heads)")
 
     @property
     def capturing(self) -> bool:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 
@@ -47,10 +48,14 @@ def prompt_statistic_names(
     )
 
 
+@cache
+def _names_of(num_layers: int, num_heads: int) -> frozenset[str]:
+    return frozenset(prompt_statistic_names(num_layers, num_heads))
+
+
 def is_prompt_statistic(name: str, num_layers: int, num_heads: int) -> bool:
-    """Whether `name` is one of this model's prompt-attention statistics."""
-    match = _NAME.match(name)
-    return match is not None and int(match[2]) < num_layers and int(match[3]) < num_heads
+    """Whether `name` is one of this model's prompt-attention statistics, spelt as the engine writes it."""
+    return name in _names_of(num_layers, num_heads)
 
 
 def wants_prompt_statistics(names: Iterable[str]) -> bool:
@@ -60,11 +65,13 @@ def wants_prompt_statistics(names: Iterable[str]) -> bool:
 
 @dataclass(frozen=True)
 class PromptColumns:
-    """Which key columns hold each row's prompt, as additive masks: `masks[b, 0, 0, 0]` is 0 on the prompt's
-    positions 1 .. P-1 and -inf elsewhere, `masks[b, 0, 0, 1]` 0 on its position 0 only (`[batch, 1, 1, 2,
-    columns]` float32, families in `PROMPT_FAMILIES` order)."""
+    """Which key columns hold each row's prompt: `selectors[b, 0, k, 0]` is 1 on the prompt's positions
+    1 .. P-1 and 0 elsewhere, `selectors[b, 0, k, 1]` 1 on its position 0 only (`[batch, 1, columns, 2]`
+    float32, families in `PROMPT_FAMILIES` order)."""
 
-    masks: torch.Tensor
+    selectors: torch.Tensor
+    # A copy per device, for the layers of a model split over several (device_map="auto").
+    _on_device: dict[torch.device, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, starts: Sequence[int], lengths: Sequence[int], width: int, device: torch.device) -> PromptColumns:
@@ -74,17 +81,20 @@ class PromptColumns:
         end = start + torch.tensor(list(lengths), device=device)[:, None]
         content = (columns > start) & (columns < end)
         sink = columns == start
-        keep = torch.stack([content, sink], dim=1)  # [batch, 2, columns]
-        masks = torch.zeros(keep.shape, dtype=torch.float32, device=device).masked_fill_(~keep, float("-inf"))
-        return cls(masks[:, None, None])
+        selectors = torch.stack([content, sink], dim=-1).float()  # [batch, columns, 2]
+        return cls(selectors[:, None])
 
     def shares(self, scores: torch.Tensor, log_sum_exp: torch.Tensor) -> torch.Tensor:
         """Each query's weight on the prompt's content and on its first position, `[..., 2]` float32.
 
         `scores` `[batch, X, Y, keys]`: a layer's float32 attention scores, masked as the softmax saw
         them; `log_sum_exp` `[batch, X, Y]`: their softmax normaliser. A layer whose cache holds fewer
-        keys than the batch has columns (a sliding window) holds the last ones.
+        keys than the batch has columns (a sliding window) holds the last ones. One temporary the size
+        of `scores` (the weights), then one product with the selectors: teacher-forced scoring's score
+        rows of a long answer are large already.
         """
-        masks = self.masks[..., -scores.shape[-1] :]
-        prompt = torch.logsumexp(scores.unsqueeze(-2) + masks, dim=-1)  # [batch, X, Y, 2]
-        return torch.exp(prompt - log_sum_exp.unsqueeze(-1))
+        selectors = self._on_device.get(scores.device)
+        if selectors is None:
+            selectors = self._on_device[scores.device] = self.selectors.to(scores.device)
+        weights = torch.exp(scores - log_sum_exp.unsqueeze(-1))
+        return torch.matmul(weights, selectors[..., -scores.shape[-1] :, :])  # [batch, X, Y, 2]

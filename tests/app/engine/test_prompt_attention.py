@@ -34,6 +34,7 @@ def test_names_are_per_family_layer_and_head_and_only_this_models(tiny_loaded: L
     assert all(is_prompt_statistic(name, layers, heads) for name in names)
     assert not is_prompt_statistic(f"prompt_mass_l{layers:02d}_h0", layers, heads)
     assert not is_prompt_statistic(f"prompt_mass_l00_h{heads}", layers, heads)
+    assert not is_prompt_statistic("prompt_mass_l0_h0", layers, heads)  # spelt otherwise than the engine writes
     assert wants_prompt_statistics(["entropy", names[3]]) and not wants_prompt_statistics(["entropy"])
 
 
@@ -103,3 +104,30 @@ def test_they_need_capture_and_leave_with_it(prompt_engine: Engine, tiny_loaded:
     assert not plain.prompt_statistics and plain.context.statistic_names == tuple(TOKEN_STATISTICS)
     sequence = plain.generate([GenerationRequest(tuple(prompts(plain)[0]), SamplingParams(max_new_tokens=3))])[0]
     assert not any(name.startswith(PROMPT_MASS) for name in plain.trace(sequence).stats)
+
+
+def test_a_prefill_in_chunks_and_a_chunked_scoring_pass_give_the_same(
+    prompt_engine: Engine, eager_model: PreTrainedModel
+) -> None:
+    batch = prompts(prompt_engine)
+    prefill = prompt_engine.start_prefill(
+        [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=6)) for p in batch]
+    )
+    decoding = None
+    while decoding is None:
+        decoding = prefill.advance(max_tokens=5)  # a few columns at a time, the last chunk with the first token
+    sequences = list(decoding.sequences)
+    decoding.pop_done()
+    while decoding.sequences:
+        decoding.step()
+        decoding.pop_done()
+    answers = [list(prompt_engine.trace(sequence).token_ids) for sequence in sequences]
+    scoring = prompt_engine.start_scoring(list(zip(batch, answers, strict=True)))
+    traces = None
+    while traces is None:
+        traces = scoring.advance(max_tokens=5)
+    for prompt, answer, sequence, trace in zip(batch, answers, sequences, traces, strict=True):
+        expected = eager_prompt_attention(eager_model, prompt, answer)
+        generated = prompt_statistics_of(prompt_engine, dict(prompt_engine.trace(sequence).stats))
+        np.testing.assert_allclose(generated, expected, atol=1e-5)
+        np.testing.assert_allclose(prompt_statistics_of(prompt_engine, dict(trace.stats)), expected, atol=1e-5)
