@@ -219,7 +219,7 @@ def main() -> None:
     if args.prompt_attention:
         print(f"{PROMPT} scored with {args.prompt_artifact or artifact.path}")
     print(
-        f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9} "
+        f"{'setting':<28} {'method':<34} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9} "
         f"{'vs engine':>10}"
     )
     worst = worst_prompt = worst_prompt_capture = 0.0
@@ -230,7 +230,7 @@ def main() -> None:
             ratio = statistics.median(paired[(setting.name, name)])
             ratio_engine = statistics.median(paired_engine[(setting.name, name)])
             print(
-                f"{setting.name:<28} {name:<30} {median:>9.3f} {tokens / median:>9.1f} "
+                f"{setting.name:<28} {name:<34} {median:>9.3f} {tokens / median:>9.1f} "
                 f"{memory[(setting.name, name)]:>8.0f} {ratio:>8.2f}x {ratio_engine:>9.2f}x"
             )
         worst = max(worst, statistics.median(paired[(setting.name, CAPTURE)]))
