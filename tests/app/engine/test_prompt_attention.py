@@ -90,14 +90,10 @@ def test_teacher_forced_scoring_reproduces_them_and_the_rows(prompt_engine: Engi
     assert set(empty.stats) == set(prompt_engine.context.statistic_names)
 
 
-def engine_without(engine: Engine) -> Engine:
-    return Engine(engine.loaded, n_lags=engine.n_lags)
-
-
-def test_they_need_capture_and_leave_with_it(prompt_engine: Engine, tiny_loaded: LoadedModel) -> None:
+def test_they_need_capture_and_leave_with_it(prompt_engine: Engine, engine: Engine, tiny_loaded: LoadedModel) -> None:
     with pytest.raises(ValueError, match="need attention capture"):
         Engine(tiny_loaded, n_lags=0, prompt_statistics=True)
-    added = engine_without(prompt_engine).with_prompt_statistics()
+    added = engine.with_prompt_statistics()
     assert added.prompt_statistics and added.context.statistic_names == prompt_engine.context.statistic_names
     assert added.token_text(added.encode_response("who")[0]) == "who"
     plain = prompt_engine.with_lags(0)
