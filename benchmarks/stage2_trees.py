@@ -7,14 +7,21 @@ the natural third member. This fits one tree ensemble (scikit-learn's
 own stage-2 rows: the same training runs, variant, stage-1 alpha, target centring and row
 weighting, with each text's earlier confidences from the out-of-fold stage-1 models exactly as
 `fit` gives its final stage 2. Rows are subsampled to at most `--rows-per-text` per text, each
-kept row's weight scaled so that every text keeps its total weight (the fit is then about 15
-minutes for the default artifact's 6,218 texts on 2 cores instead of an hour).
+kept row's weight scaled so that every text keeps its total weight (for the default artifact's
+6,218 texts, 90,053 rows and about 15 minutes on 2 cores; the time grows with the rows).
+
+The runs must be the artifact's training runs (their texts are counted against its manifest),
+and the folds are the artifact's own (count, seed and unit from its manifest); `--seed` draws
+only the subsampled rows and the trees.
 
 Three artifacts are written under --out, each a copy of --artifact with another stage 2:
 `trees3` (the mean of the ridge, the MLP and the trees), `trees-ridge` (ridge and trees) and
-`trees-alone`. Compare them with `training evaluate --compare-artifact <the artifact>` on dev
-runs; set OMP_NUM_THREADS=1 there: the trees predict one row per token, and under torch's thread
-pool each call costs ten times more.
+`trees-alone`. They are for `training evaluate` only: their manifests keep the artifact's `kind`
+(the manifest schema names no trees, since none is served), `params.stage2_members` says what the
+stage 2 is, and the calibrated thresholds, which belonged to the artifact's own stage 2, are
+dropped. Compare them with `training evaluate --compare-artifact <the artifact>` on dev runs; set
+OMP_NUM_THREADS=1 there: the trees predict one row per token, and under torch's thread pool each
+call costs ten times more.
 
     python -m benchmarks.stage2_trees --artifact DIR --out DIR RUN [RUN ...]
 """
@@ -24,8 +31,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import joblib
 import numpy as np
@@ -35,12 +44,12 @@ from app.uncertainty.artifact import load_artifact, read_manifest, write_manifes
 from app.uncertainty.features import FeatureSpec
 from app.uncertainty.tad import AveragedRegressor, Regressor
 from training.commands.fit import FitOptions, load_runs, prepare_folds, stage1_for_stage2
-from training.folds import FoldUnit
+from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.two_stage import FitText, Variant, stage2_matrix
 from training.weighting import RowWeighting, weighted
 
-# Fixed before the first fit (runs/s14/decision_rule.txt in the session that measured it), never tuned.
+# Fixed before the first fit, with the rule that judged them (README, "Trees as a third member"), never tuned.
 TREE_PARAMS = {
     "max_iter": 300,
     "learning_rate": 0.05,
@@ -50,6 +59,9 @@ TREE_PARAMS = {
     "early_stopping": False,
 }
 ROWS_PER_TEXT = 16
+# The manifest parameters of each member kind: what a copy keeps of them depends on the members it has.
+MLP_PARAMS = ("layers", "epochs", "learning_rate", "batch_size", "width", "seeds", "standardised_inputs")
+RIDGE_PARAMS = ("alpha",)
 
 
 def subsampled_rows(
@@ -71,20 +83,37 @@ def subsampled_rows(
     return np.concatenate(features), np.concatenate(targets), np.concatenate(weights)
 
 
-def fit_trees(
-    artifact_dir: Path, runs: Sequence[Path], rows_per_text: int, fold_unit: FoldUnit, seed: int
-) -> Regressor:
+def check_training_texts(texts: Sequence[FitText], training: dict[str, Any]) -> None:
+    """Refuse runs that are not the artifact's training runs: centring offsets, row weights and folds are
+    worked out from the texts given, so other texts would give other stage-2 rows without a word."""
+    counts = Counter(t.dataset for t in texts)
+    expected = training.get("datasets")
+    if len(texts) != training.get("texts") or (expected is not None and dict(counts) != expected):
+        raise SystemExit(
+            f"the runs hold {len(texts)} texts ({dict(sorted(counts.items()))}); the artifact was fitted on "
+            f"{training.get('texts')} ({expected}): give its training runs"
+        )
+
+
+def fit_trees(artifact_dir: Path, runs: Sequence[Path], rows_per_text: int, seed: int) -> Regressor:
     """The tree ensemble on the artifact's stage-2 rows (see the module docstring)."""
     artifact = load_artifact(artifact_dir)
     manifest, spec = artifact.manifest, artifact.scorer.spec
     params = manifest.regressor.params
-    texts, _, lags = load_runs(runs, spec.n_lags)
-    if lags != spec.n_lags:
-        raise SystemExit(f"the runs store {lags} lags, the artifact uses {spec.n_lags}")
+    texts, _, _ = load_runs(runs, spec.n_lags)
+    check_training_texts(texts, manifest.training)
     centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
     texts = weighted(centred(texts, centring), RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value)))
-    variant = Variant(manifest.variant)
-    options = FitOptions(runs=runs, out=artifact_dir, fold_unit=fold_unit, seed=seed, variants=(variant,))
+    variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
+    cv = manifest.metrics.get("cv", {})
+    options = FitOptions(
+        runs=runs,
+        out=artifact_dir,
+        folds=int(cv.get("folds", FitOptions.folds)),
+        seed=int(cv.get("seed", FitOptions.seed)),
+        fold_unit=fold_unit_of_split(cv.get("split")),
+        variants=(variant,),
+    )
     data = prepare_folds(texts, spec, options)
     confidences = stage1_for_stage2(
         texts,
@@ -113,9 +142,11 @@ def write_variant(artifact_dir: Path, out: Path, regressor: Regressor, members: 
     shutil.copytree(artifact_dir, out, ignore=shutil.ignore_patterns("report", "alternatives"))
     joblib.dump(regressor, out / "regressor.joblib")
     manifest = read_manifest(out)
-    params = {**manifest.regressor.params, "stage2_members": list(members), "trees": TREE_PARAMS}
+    dropped = (() if "mlp" in members else MLP_PARAMS) + (() if "ridge" in members else RIDGE_PARAMS)
+    params = {key: value for key, value in manifest.regressor.params.items() if key not in dropped}
+    params.update(stage2_members=list(members), trees=TREE_PARAMS)
     info = manifest.regressor.model_copy(update={"params": params})
-    write_manifest(out, manifest.model_copy(update={"regressor": info}))
+    write_manifest(out, manifest.model_copy(update={"regressor": info, "thresholds": {}, "default_target": None}))
     load_artifact(out)  # it loads, sizes and hashes checked
 
 
@@ -125,16 +156,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--artifact", type=Path, required=True, help="an artifact whose stage 2 is a ridge and an MLP")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows-per-text", type=int, default=ROWS_PER_TEXT)
-    parser.add_argument("--fold-unit", type=FoldUnit, default=FoldUnit.RECORD)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="draws the subsampled rows and the trees")
     args = parser.parse_args(argv)
     if args.rows_per_text < 1:
         parser.error("--rows-per-text must be at least 1")
-    stage2: tuple[Regressor, ...] = getattr(load_artifact(args.artifact).scorer.regressor, "members", ())
-    if len(stage2) != 2:
+    artifact = load_artifact(args.artifact)
+    if artifact.manifest.regressor.kind != "mlp+ridge":
         parser.error("--artifact: its stage 2 must be the mean of a ridge and an MLP (fit --mlp --mlp-average)")
+    stage2: tuple[Regressor, ...] = artifact.scorer.regressor.members  # type: ignore[attr-defined]
     started = time.monotonic()
-    trees = fit_trees(args.artifact, args.runs, args.rows_per_text, args.fold_unit, args.seed)
+    trees = fit_trees(args.artifact, args.runs, args.rows_per_text, args.seed)
     print(f"trees fitted in {time.monotonic() - started:.0f} s", flush=True)
     ridge, mlp = stage2
     for name, members, regressor in (
