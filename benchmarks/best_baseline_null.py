@@ -22,7 +22,8 @@ import numpy as np
 
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import BASELINES
-from training.rejection import accuracy, prediction_rejection_ratio
+from training.commands.evaluate import best_baseline
+from training.rejection import accuracy, informative, prediction_rejection_ratio
 from training.runs import iter_texts
 from training.scoring import uncertainty_table
 
@@ -40,9 +41,10 @@ class NullGap:
 
 
 def gap_to_best(scores: Mapping[str, np.ndarray], targets: np.ndarray, default: str, baselines: Sequence[str]) -> float:
-    """PRR of `default` minus the largest PRR among `baselines` (uncertainties: higher is worse)."""
-    best = max(prediction_rejection_ratio(scores[name], targets) for name in baselines)
-    return prediction_rejection_ratio(scores[default], targets) - best
+    """PRR of `default` minus the best PRR among `baselines` (uncertainties: higher is worse), the best chosen
+    as every `evaluate` report chooses it."""
+    prr = {name: prediction_rejection_ratio(scores[name], targets) for name in baselines}
+    return prediction_rejection_ratio(scores[default], targets) - prr[best_baseline(prr)]
 
 
 def null_gap(
@@ -62,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifact", type=Path, required=True)
     parser.add_argument("--run", type=Path, nargs="+", required=True, help="dev runs of one prompt style")
-    parser.add_argument("--datasets", nargs="+", default=None, help="default: every dataset in the runs")
+    parser.add_argument(
+        "--datasets", nargs="+", default=None, help="default: every dataset in the runs with accuracy in [0.1, 0.9]"
+    )
     parser.add_argument("--shuffles", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -70,10 +74,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--shuffles must be at least 1")
     artifact = load_artifact(args.artifact)
     texts = list(iter_texts(args.run))
-    datasets = args.datasets or sorted({t.dataset for t in texts})
-    missing = sorted(set(datasets) - {t.dataset for t in texts})
+    missing = sorted(set(args.datasets or ()) - {t.dataset for t in texts})
     if missing:
         parser.error(f"--datasets: the runs hold no {', '.join(missing)}")
+    # Where (almost) every answer is wrong, or right, a PRR is undefined or says nothing.
+    datasets = args.datasets or sorted(
+        d
+        for d in {t.dataset for t in texts}
+        if informative(accuracy(np.array([t.target for t in texts if t.dataset == d])))
+    )
     default = artifact.decision_method.value
     baselines = [method.value for method in BASELINES]
     print(f"{default} PRR minus the best of {len(baselines)} baselines; null: targets shuffled {args.shuffles} times")
