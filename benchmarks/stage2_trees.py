@@ -40,10 +40,10 @@ import joblib
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingRegressor
 
-from app.uncertainty.artifact import load_artifact, read_manifest, write_manifest
+from app.uncertainty.artifact import TadArtifact, load_artifact, read_manifest, write_manifest
 from app.uncertainty.features import FeatureSpec
 from app.uncertainty.tad import AveragedRegressor, Regressor
-from training.commands.fit import FitOptions, load_runs, prepare_folds, stage1_for_stage2
+from training.commands.fit import MLP_CONFIG_KEYS, FitOptions, load_runs, prepare_folds, stage1_for_stage2
 from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.two_stage import FitText, Variant, stage2_matrix
@@ -60,7 +60,7 @@ TREE_PARAMS = {
 }
 ROWS_PER_TEXT = 16
 # The manifest parameters of each member kind: what a copy keeps of them depends on the members it has.
-MLP_PARAMS = ("layers", "epochs", "learning_rate", "batch_size", "width", "seeds", "standardised_inputs")
+MLP_PARAMS = (*MLP_CONFIG_KEYS, "width", "seeds", "standardised_inputs")
 RIDGE_PARAMS = ("alpha",)
 
 
@@ -95,20 +95,19 @@ def check_training_texts(texts: Sequence[FitText], training: dict[str, Any]) -> 
         )
 
 
-def fit_trees(artifact_dir: Path, runs: Sequence[Path], rows_per_text: int, seed: int) -> Regressor:
+def fit_trees(artifact: TadArtifact, runs: Sequence[Path], rows_per_text: int, seed: int) -> Regressor:
     """The tree ensemble on the artifact's stage-2 rows (see the module docstring)."""
-    artifact = load_artifact(artifact_dir)
     manifest, spec = artifact.manifest, artifact.scorer.spec
     params = manifest.regressor.params
     texts, _, _ = load_runs(runs, spec.n_lags)
     check_training_texts(texts, manifest.training)
     centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
     texts = weighted(centred(texts, centring), RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value)))
-    variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
+    variant = Variant.of_manifest(manifest.variant)
     cv = manifest.metrics.get("cv", {})
     options = FitOptions(
         runs=runs,
-        out=artifact_dir,
+        out=artifact.path,
         folds=int(cv.get("folds", FitOptions.folds)),
         seed=int(cv.get("seed", FitOptions.seed)),
         fold_unit=fold_unit_of_split(cv.get("split")),
@@ -165,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--artifact: its stage 2 must be the mean of a ridge and an MLP (fit --mlp --mlp-average)")
     stage2: tuple[Regressor, ...] = artifact.scorer.regressor.members  # type: ignore[attr-defined]
     started = time.monotonic()
-    trees = fit_trees(args.artifact, args.runs, args.rows_per_text, args.seed)
+    trees = fit_trees(artifact, args.runs, args.rows_per_text, args.seed)
     print(f"trees fitted in {time.monotonic() - started:.0f} s", flush=True)
     ridge, mlp = stage2
     for name, members, regressor in (

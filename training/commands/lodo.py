@@ -95,7 +95,7 @@ def run_lodo(
     if products is not None:
         spec = replace(spec, products=products)
     params = manifest.regressor.params
-    variant = Variant("algorithm1-literal" if manifest.variant == "paper-exact" else manifest.variant)
+    variant = Variant.of_manifest(manifest.variant)
     # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
     # a ridge, whose ridge has one).
     artifact_alpha = float(params.get("alpha", math.nan))
