@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import joblib
 import numpy as np
@@ -43,11 +41,9 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from app.uncertainty.artifact import TadArtifact, load_artifact, read_manifest, write_manifest
 from app.uncertainty.features import FeatureSpec
 from app.uncertainty.tad import AveragedRegressor, Regressor
-from training.commands.fit import MLP_CONFIG_KEYS, FitOptions, load_runs, prepare_folds, stage1_for_stage2
-from training.folds import fold_unit_of_split
-from training.groups import TargetCentring, centred
-from training.two_stage import FitText, Variant, stage2_matrix
-from training.weighting import RowWeighting, weighted
+from benchmarks.artifact_stage2 import artifact_folds
+from training.commands.fit import MLP_CONFIG_KEYS, stage1_for_stage2
+from training.two_stage import FitText, stage2_matrix
 
 # Fixed before the first fit, with the rule that judged them (README, "Trees as a third member"), never tuned.
 TREE_PARAMS = {
@@ -83,49 +79,23 @@ def subsampled_rows(
     return np.concatenate(features), np.concatenate(targets), np.concatenate(weights)
 
 
-def check_training_texts(texts: Sequence[FitText], training: dict[str, Any]) -> None:
-    """Refuse runs that are not the artifact's training runs: centring offsets, row weights and folds are
-    worked out from the texts given, so other texts would give other stage-2 rows without a word."""
-    counts = Counter(t.dataset for t in texts)
-    expected = training.get("datasets")
-    if len(texts) != training.get("texts") or (expected is not None and dict(counts) != expected):
-        raise SystemExit(
-            f"the runs hold {len(texts)} texts ({dict(sorted(counts.items()))}); the artifact was fitted on "
-            f"{training.get('texts')} ({expected}): give its training runs"
-        )
-
-
 def fit_trees(artifact: TadArtifact, runs: Sequence[Path], rows_per_text: int, seed: int) -> Regressor:
     """The tree ensemble on the artifact's stage-2 rows (see the module docstring)."""
-    manifest, spec = artifact.manifest, artifact.scorer.spec
-    params = manifest.regressor.params
-    texts, _, _ = load_runs(runs, spec.n_lags)
-    check_training_texts(texts, manifest.training)
-    centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
-    texts = weighted(centred(texts, centring), RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value)))
-    variant = Variant.of_manifest(manifest.variant)
-    cv = manifest.metrics.get("cv", {})
-    options = FitOptions(
-        runs=runs,
-        out=artifact.path,
-        folds=int(cv.get("folds", FitOptions.folds)),
-        seed=int(cv.get("seed", FitOptions.seed)),
-        fold_unit=fold_unit_of_split(cv.get("split")),
-        variants=(variant,),
-    )
-    data = prepare_folds(texts, spec, options)
+    spec = artifact.scorer.spec
+    folds = artifact_folds(artifact, runs)
+    data = folds.data
     confidences = stage1_for_stage2(
-        texts,
+        folds.texts,
         data.fold_of,
         data,
         list(range(data.count)),
-        float(params["alpha_stage1"]),
-        variant,
+        folds.alpha_stage1,
+        folds.variant,
         spec,
-        manifest.epsilon,
+        artifact.manifest.epsilon,
     )
-    features, targets, weights = subsampled_rows(texts, confidences, spec, rows_per_text, seed)
-    print(f"{len(targets)} stage-2 rows of {len(texts)} texts", flush=True)
+    features, targets, weights = subsampled_rows(folds.texts, confidences, spec, rows_per_text, seed)
+    print(f"{len(targets)} stage-2 rows of {len(folds.texts)} texts", flush=True)
     trees = HistGradientBoostingRegressor(random_state=seed, **TREE_PARAMS)
     return trees.fit(features, targets, sample_weight=weights)
 

@@ -1,0 +1,67 @@
+"""An artifact's own training texts and folds, rebuilt from its manifest for stage-2 experiments.
+
+A stage-2 experiment on an artifact (another kind of model, more epochs) must see the rows that
+`fit` gave the artifact's stage 2: the same training runs, target centring, row weighting,
+variant and folds (count, seed and unit from the manifest's `metrics.cv`). Runs other than the
+artifact's training runs are refused: centring offsets, row weights and folds are worked out from
+the texts given, so other texts would give other rows without a word.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.uncertainty.artifact import TadArtifact
+from training.commands.fit import FitOptions, FoldData, load_runs, prepare_folds
+from training.folds import fold_unit_of_split
+from training.groups import TargetCentring, centred
+from training.two_stage import FitText, Variant
+from training.weighting import RowWeighting, weighted
+
+
+@dataclass(frozen=True)
+class ArtifactFolds:
+    """The artifact's centred, weighted training texts and their folds, as `fit` had them."""
+
+    texts: list[FitText]
+    data: FoldData
+    options: FitOptions
+    variant: Variant
+    alpha_stage1: float
+
+
+def check_training_texts(texts: Sequence[FitText], training: dict[str, Any]) -> None:
+    """Refuse texts that are not the artifact's training texts (counted per dataset against its manifest)."""
+    counts = Counter(t.dataset for t in texts)
+    expected = training.get("datasets")
+    if len(texts) != training.get("texts") or (expected is not None and dict(counts) != expected):
+        raise SystemExit(
+            f"the runs hold {len(texts)} texts ({dict(sorted(counts.items()))}); the artifact was fitted on "
+            f"{training.get('texts')} ({expected}): give its training runs"
+        )
+
+
+def artifact_folds(artifact: TadArtifact, runs: Sequence[Path]) -> ArtifactFolds:
+    """Load the artifact's training runs and rebuild its folds (see the module docstring)."""
+    manifest, spec = artifact.manifest, artifact.scorer.spec
+    params = manifest.regressor.params
+    texts, _, _ = load_runs(runs, spec.n_lags)
+    check_training_texts(texts, manifest.training)
+    centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
+    texts = weighted(centred(texts, centring), RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value)))
+    variant = Variant.of_manifest(manifest.variant)
+    cv = manifest.metrics.get("cv", {})
+    options = FitOptions(
+        runs=runs,
+        out=artifact.path,
+        folds=int(cv.get("folds", FitOptions.folds)),
+        seed=int(cv.get("seed", FitOptions.seed)),
+        fold_unit=fold_unit_of_split(cv.get("split")),
+        variants=(variant,),
+        epsilon=manifest.epsilon,
+    )
+    return ArtifactFolds(texts, prepare_folds(texts, spec, options), options, variant, float(params["alpha_stage1"]))

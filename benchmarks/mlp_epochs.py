@@ -1,0 +1,180 @@
+"""The paper's MLP grid along its epochs axis, cross-validated on an artifact's own folds.
+
+The default artifact's MLP is one point of the paper's 36-point grid (2 or 4 layers, 10-30
+epochs, learning rates 1e-5 to 5e-5, batch 64 or 128): 10 epochs at the highest learning rate and
+the smallest batch. Running the whole grid takes about a day on 2 cores; this measures the one
+axis along which the shipped point trains least, its epochs, at a fraction of that cost: on each
+fold one network is trained for the most epochs asked for, and copies of its weights are taken at
+the end of every earlier epoch asked for (`EpochSnapshots`). A copy is bit-identical to a network
+fitted with that many epochs (scikit-learn draws the same initial weights and batch orders, and
+its early stop on a flat training loss is honoured), so one fit gives every point of the axis.
+
+Each fold replicates `fit`'s MLP cross-validation (`training.commands.fit.mlp_search`) on the
+artifact's own folds: the held-out fold's texts are scored by the MLP alone and by its mean with
+the ridge refitted on the other folds (the shipped kind), for every aggregation, within the
+informative groups and pooled. Per fold about 20 minutes for 30 epochs of the default
+configuration on 2 cores (a fold's ~260,000 x 2,721 training matrix in memory, about 6 GB).
+Results are appended to --out as one JSON line per fold and epoch count; a rerun skips the folds
+already there.
+
+    python -m benchmarks.mlp_epochs --artifact DIR --out FILE.jsonl --folds 0 1 2 --epochs 10 20 30 RUN [RUN ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.neural_network import MLPRegressor
+
+from app.uncertainty.artifact import TadArtifact, load_artifact
+from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
+from benchmarks.artifact_stage2 import ArtifactFolds, artifact_folds
+from training.commands.fit import held_out_prr, stage1_for_stage2
+from training.ridge import fit_ridge
+from training.two_stage import cross_stats, stage2_matrix, stage2_stats
+
+
+class EpochSnapshots(MLPRegressor):
+    """An `MLPRegressor` that keeps a copy of itself at the end of each epoch in `snapshot_epochs`.
+
+    scikit-learn calls `_update_no_improvement_count` once at the end of every epoch, after the
+    epoch's loss is recorded; nothing else is changed, so training is the plain one.
+    """
+
+    # Set after construction, not an __init__ parameter: scikit-learn's parameters are the MLP's own.
+    snapshot_epochs: tuple[int, ...] = ()
+
+    def _update_no_improvement_count(self, *args: Any, **kwargs: Any) -> None:
+        super()._update_no_improvement_count(*args, **kwargs)
+        if self.n_iter_ in self.snapshot_epochs:
+            self.snapshots_[self.n_iter_] = plain_copy(self, self.n_iter_)
+
+    def fit(self, *args: Any, **kwargs: Any) -> EpochSnapshots:
+        self.snapshots_: dict[int, MLPRegressor] = {}
+        return super().fit(*args, **kwargs)
+
+
+def plain_copy(model: MLPRegressor, epochs: int) -> MLPRegressor:
+    """A plain `MLPRegressor` with `model`'s current weights, as fitted with `max_iter=epochs` (it pickles
+    without this module and the scorer's split path takes it)."""
+    plain = MLPRegressor(**{**model.get_params(), "max_iter": epochs})
+    for key, value in vars(model).items():
+        if key.endswith("_") and not key.startswith("_") and key != "snapshots_":  # fitted attributes
+            setattr(plain, key, copy.deepcopy(value))
+    plain.coefs_ = [weights.copy() for weights in model.coefs_]
+    plain.intercepts_ = [biases.copy() for biases in model.intercepts_]
+    return plain
+
+
+def mlp_snapshots(
+    config: dict[str, Any], width: int, seed: int, epochs: Sequence[int], features: Any, targets: Any, weights: Any
+) -> dict[int, MLPRegressor]:
+    """Networks of `config` (its own epochs ignored) after each of `epochs`, from one fit; an epoch count
+    past an early stop gets the stopped network, as a fit with that count would."""
+    model = EpochSnapshots(
+        hidden_layer_sizes=(width,) * int(config["layers"]),
+        learning_rate_init=float(config["learning_rate"]),
+        max_iter=max(epochs),
+        batch_size=int(config["batch_size"]),
+        random_state=seed,
+    )
+    model.snapshot_epochs = tuple(epochs)
+    with warnings.catch_warnings():  # the paper's epoch counts stop before scikit-learn's tolerance
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(features, targets, sample_weight=weights)
+    taken = getattr(model, "snapshots_", {})
+    return {count: taken.get(count, plain_copy(model, count)) for count in epochs}
+
+
+def fold_rows(
+    artifact: TadArtifact, folds: ArtifactFolds, fold: int, epochs: Sequence[int], seed: int, layers: int | None = None
+) -> list[dict[str, Any]]:
+    """One held-out fold: per epoch count, the PRRs of the MLP (the artifact's configuration, or with
+    `layers` hidden layers) and of its mean with the fold's ridge."""
+    spec, data, params = artifact.scorer.spec, folds.data, artifact.manifest.regressor.params
+    config = {**params, "layers": int(params["layers"]) if layers is None else layers}
+    epsilon = artifact.manifest.epsilon
+    train, train_folds = data.texts_without(fold, folds.texts)
+    available = [g for g in range(data.count) if g != fold]
+    confidences = stage1_for_stage2(
+        train, train_folds, data, available, folds.alpha_stage1, folds.variant, spec, epsilon
+    )
+    ridge = fit_ridge(
+        stage2_stats(data.static_without(fold), cross_stats(train, [confidences], spec), 0, spec),
+        float(params["alpha"]),
+    )
+    features, targets, weights = stage2_matrix(train, confidences, spec)
+    started = time.monotonic()
+    networks = mlp_snapshots(config, int(params.get("width", 256)), seed, epochs, features, targets, weights)
+    fit_seconds = time.monotonic() - started
+    del features, targets, weights
+    rows = []
+    for count, network in networks.items():
+        stage2: dict[str, Regressor] = {"mlp": network, "mlp+ridge": AveragedRegressor((ridge, network))}
+        for kind, regressor in stage2.items():
+            scored = held_out_prr(TadScorer(regressor, spec, epsilon), data.groups[fold], data.informative)
+            rows.append(
+                {
+                    "fold": fold,
+                    "layers": len(network.coefs_) - 1,  # hidden layers, as fitted
+                    "epochs": count,
+                    "stage2": kind,
+                    "trained_epochs": int(network.n_iter_),
+                    "fit_seconds": round(fit_seconds, 1),
+                    **{metric.value: {a.value: v for a, v in by.items()} for metric, by in scored.items()},
+                }
+            )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="the artifact's training runs")
+    parser.add_argument("--artifact", type=Path, required=True, help="an artifact whose stage 2 is a ridge and an MLP")
+    parser.add_argument("--out", type=Path, required=True, help="JSON lines, appended to; folds there are skipped")
+    parser.add_argument("--folds", type=int, nargs="+", help="held-out folds to run (default: all)")
+    parser.add_argument("--epochs", type=int, nargs="+", default=[10, 20, 30])
+    parser.add_argument("--layers", type=int, help="hidden layers (default: the artifact's)")
+    args = parser.parse_args(argv)
+    if min(args.epochs) < 1:
+        parser.error("--epochs must be at least 1")
+    if args.layers is not None and args.layers < 1:
+        parser.error("--layers must be at least 1")
+    artifact = load_artifact(args.artifact)
+    if artifact.manifest.regressor.kind != "mlp+ridge":
+        parser.error("--artifact: its stage 2 must be the mean of a ridge and an MLP (fit --mlp --mlp-average)")
+    done = set()
+    if args.out.exists():
+        done = {json.loads(line)["fold"] for line in args.out.read_text().splitlines() if line.strip()}
+    folds = artifact_folds(artifact, args.runs)
+    wanted = args.folds if args.folds is not None else list(range(folds.data.count))
+    bad = [f for f in wanted if not 0 <= f < folds.data.count]
+    if bad:
+        parser.error(f"--folds: the artifact has {folds.data.count} folds, not {bad}")
+    seed = folds.options.seed
+    for fold in wanted:
+        if fold in done:
+            print(f"fold {fold}: already in {args.out}", flush=True)
+            continue
+        rows = fold_rows(artifact, folds, fold, sorted(set(args.epochs)), seed, args.layers)
+        with args.out.open("a") as sink:
+            for row in rows:
+                sink.write(json.dumps(row) + "\n")
+        for row in rows:
+            print(
+                f"fold {fold} epochs {row['epochs']:>2} {row['stage2']:<9} within-group mean-log "
+                f"{row['within-group']['mean-log']:.4f} pooled {row['pooled']['mean-log']:.4f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The paper's MLP grid along its epochs axis: snapshots of one fit, scored on an artifact's own folds."""
+
+from __future__ import annotations
+
+import json
+import warnings
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.neural_network import MLPRegressor
+
+import training.commands.fit as fit_module
+from app.uncertainty.artifact import load_artifact
+from benchmarks import artifact_stage2
+from benchmarks.artifact_stage2 import artifact_folds
+from benchmarks.mlp_epochs import fold_rows, main, mlp_snapshots
+from training.commands.fit import FitOptions, run_fit
+from training.groups import TargetCentring
+from training.two_stage import FitText
+from training.weighting import RowWeighting
+
+CONFIG = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
+
+
+def test_each_snapshot_is_the_network_fitted_with_that_many_epochs() -> None:
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(600, 12))
+    targets = features[:, 0] * 0.3 + rng.normal(size=600) * 0.1
+    weights = rng.uniform(0.5, 2.0, size=600)
+    snapshots = mlp_snapshots(CONFIG, 8, 0, [2, 5, 9], features, targets, weights)
+    assert sorted(snapshots) == [2, 5, 9]
+    for epochs, snapshot in snapshots.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            fitted = MLPRegressor(
+                hidden_layer_sizes=(8, 8), learning_rate_init=1e-3, max_iter=epochs, batch_size=64, random_state=0
+            ).fit(features, targets, sample_weight=weights)
+        assert type(snapshot) is MLPRegressor and snapshot.n_iter_ == epochs == snapshot.max_iter
+        for ours, theirs in zip(
+            snapshot.coefs_ + snapshot.intercepts_, fitted.coefs_ + fitted.intercepts_, strict=True
+        ):
+            np.testing.assert_array_equal(ours, theirs)
+        np.testing.assert_array_equal(snapshot.predict(features), fitted.predict(features))
+
+
+def _with_coin_targets(load: Callable[..., tuple[list[FitText], Any, int]]) -> Callable[..., Any]:
+    """`load_runs` with every text right or wrong by a coin fixed by its key: the tiny model is always wrong,
+    and a PRR over constant targets is undefined, which would make any comparison of PRRs pass."""
+
+    def loading(*args: Any, **kwargs: Any) -> tuple[list[FitText], Any, int]:
+        texts, settings, lags = load(*args, **kwargs)
+        return [replace(t, target=float(zlib.crc32(t.key.encode()) % 2)) for t in texts], settings, lags
+
+    return loading
+
+
+@pytest.fixture(scope="module")
+def averaged_artifact(tiny_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The tiny runs, with coin targets, fitted as the default artifact is: quarter centring, text weighting,
+    a ridge and an MLP averaged, with fit's own MLP cross-validation recorded in the manifest. The coin
+    targets stay in place for the module's tests, which load the runs again."""
+    out = tmp_path_factory.mktemp("epochs") / "averaged"
+    with pytest.MonkeyPatch.context() as patch:
+        loading = _with_coin_targets(fit_module.load_runs)
+        patch.setattr(fit_module, "load_runs", loading)
+        patch.setattr(artifact_stage2, "load_runs", loading)
+        _fit_averaged(tiny_runs, out)
+        yield out
+
+
+def _fit_averaged(tiny_runs: dict[str, Path], out: Path) -> None:
+    run_fit(
+        FitOptions(
+            runs=[tiny_runs["train"]],
+            out=out,
+            alphas=(1.0,),
+            centrings=(TargetCentring.GROUP_QUARTER,),
+            weightings=(RowWeighting.TEXT,),
+            mlp=True,
+            mlp_width=16,
+            mlp_grid={key: (value,) for key, value in CONFIG.items()},
+            mlp_average=True,
+            mlp_average_force=True,
+            extra_feature_sets=(),
+            combiner=False,
+        )
+    )
+
+
+def test_a_fold_at_the_artifacts_own_epochs_reproduces_fits_cross_validation(
+    averaged_artifact: Path, tiny_runs: dict[str, Path]
+) -> None:
+    artifact = load_artifact(averaged_artifact)
+    assert artifact.manifest.regressor.kind == "mlp+ridge"
+    folds = artifact_folds(artifact, [tiny_runs["train"]])
+    recorded = artifact.manifest.metrics["cv"]["mlp"]["grid"]
+    assert len(artifact.manifest.metrics["cv"]["informative_groups"]) == 2  # PRRs within groups are defined
+    for fold in (0, 3):
+        rows = fold_rows(artifact, folds, fold, [int(CONFIG["epochs"]), 6], folds.options.seed)
+        assert {(row["epochs"], row["stage2"]) for row in rows} == {
+            (e, k) for e in (3, 6) for k in ("mlp", "mlp+ridge")
+        }
+        assert {row["layers"] for row in rows} == {CONFIG["layers"]}
+        for row in (row for row in rows if row["epochs"] == CONFIG["epochs"]):
+            for cv_row in (r for r in recorded if r["stage2"] == row["stage2"]):
+                aggregation = cv_row["aggregation"]
+                assert _same(row["within-group"][aggregation], cv_row["within_group_prr_folds"][fold])
+                assert _same(row["pooled"][aggregation], cv_row["pooled_prr_folds"][fold])
+
+
+def _same(ours: float, recorded: float | None) -> bool:
+    """A PRR equal to the manifest's (which writes NaN, a fold with no informative group, as null)."""
+    return np.isnan(ours) if recorded is None else ours == pytest.approx(recorded, abs=1e-12)
+
+
+def test_main_appends_per_fold_rows_and_a_rerun_skips_the_folds_done(
+    averaged_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cv.jsonl"
+    args = [str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--out", str(out), "--epochs", "1", "2"]
+    main([*args, "--folds", "1", "--layers", "1"])
+    first = out.read_text().splitlines()
+    assert {json.loads(line)["layers"] for line in first} == {1}
+    assert [(json.loads(line)["fold"], json.loads(line)["epochs"]) for line in first] == [
+        (1, 1),
+        (1, 1),
+        (1, 2),
+        (1, 2),
+    ]
+    main([*args, "--folds", "1", "2"])
+    lines = out.read_text().splitlines()
+    assert lines[:4] == first and {json.loads(line)["fold"] for line in lines[4:]} == {2}
+    assert "fold 1: already in" in capsys.readouterr().out
+
+
+def test_refuses_a_ridge_artifact_and_folds_it_does_not_have(
+    tiny_artifact: Path, averaged_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "cv.jsonl"
+    with pytest.raises(SystemExit):
+        main([str(tiny_runs["train"]), "--artifact", str(tiny_artifact), "--out", str(out)])
+    with pytest.raises(SystemExit):
+        main([str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--out", str(out), "--folds", "7"])
+    with pytest.raises(SystemExit, match="give its training runs"):
+        main([str(tiny_runs["dev"]), "--artifact", str(averaged_artifact), "--out", str(out)])
+    assert not out.exists()
