@@ -1,4 +1,5 @@
-"""An artifact's own training texts and folds, rebuilt from its manifest for stage-2 experiments.
+"""An artifact's own training texts and folds, rebuilt for stage-2 experiments, and copies of it
+with another stage 2.
 
 A stage-2 experiment on an artifact (another kind of model, more epochs) must see the rows that
 `fit` gave the artifact's stage 2: the same training runs, target centring, row weighting,
@@ -9,13 +10,17 @@ the texts given, so other texts would give other rows without a word.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.uncertainty.artifact import TadArtifact
+import joblib
+
+from app.uncertainty.artifact import TadArtifact, load_artifact, read_manifest, write_manifest
+from app.uncertainty.tad import Regressor
 from training.commands.fit import FitOptions, FoldData, load_runs, prepare_folds
 from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
@@ -65,3 +70,20 @@ def artifact_folds(artifact: TadArtifact, runs: Sequence[Path]) -> ArtifactFolds
         epsilon=manifest.epsilon,
     )
     return ArtifactFolds(texts, prepare_folds(texts, spec, options), options, variant, float(params["alpha_stage1"]))
+
+
+def write_stage2_copy(artifact_dir: Path, out: Path, regressor: Regressor, params: dict[str, Any]) -> None:
+    """A copy of the artifact (reports and alternatives left out) with `regressor` as its stage 2 and
+    `params` as its regressor parameters, for `training evaluate`.
+
+    The calibrated thresholds belonged to the artifact's own stage 2 and are dropped; the manifest's
+    `kind` is kept. The copy is loaded once, so its sizes and hashes are checked.
+    """
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(artifact_dir, out, ignore=shutil.ignore_patterns("report", "alternatives"))
+    joblib.dump(regressor, out / "regressor.joblib")
+    manifest = read_manifest(out)
+    info = manifest.regressor.model_copy(update={"params": params})
+    write_manifest(out, manifest.model_copy(update={"regressor": info, "thresholds": {}, "default_target": None}))
+    load_artifact(out)

@@ -17,7 +17,14 @@ configuration on 2 cores (a fold's ~260,000 x 2,721 training matrix in memory, a
 Results are appended to --out as one JSON line per fold and epoch count; a rerun skips the folds
 already there.
 
-    python -m benchmarks.mlp_epochs --artifact DIR --out FILE.jsonl --folds 0 1 2 --epochs 10 20 30 RUN [RUN ...]
+With --write DIR instead of --out, the MLP is refitted on all the artifact's stage-2 rows, as `fit`
+fits its final MLP (about 25 minutes for 30 epochs), and a copy of the artifact is written per
+epoch count, its stage 2 the artifact's ridge averaged with the refitted MLP, for `training
+evaluate --compare-artifact`. Where layers and epochs are the artifact's own, the refitted MLP is
+checked to be the artifact's to the bit.
+
+    python -m benchmarks.mlp_epochs RUN [RUN ...] --artifact DIR --out FILE.jsonl --folds 0 1 2 --epochs 10 20 30
+    python -m benchmarks.mlp_epochs RUN [RUN ...] --artifact DIR --write DIR --epochs 10 20 30
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
-from benchmarks.artifact_stage2 import ArtifactFolds, artifact_folds
+from benchmarks.artifact_stage2 import ArtifactFolds, artifact_folds, write_stage2_copy
 from training.commands.fit import held_out_prr, stage1_for_stage2
 from training.ridge import fit_ridge
 from training.two_stage import cross_stats, stage2_matrix, stage2_stats
@@ -94,13 +102,59 @@ def mlp_snapshots(
     return {count: taken.get(count, plain_copy(model, count)) for count in epochs}
 
 
+def mlp_config(artifact: TadArtifact, layers: int | None) -> dict[str, Any]:
+    """The artifact's MLP configuration, with `layers` hidden layers when given."""
+    params = artifact.manifest.regressor.params
+    return {**params, "layers": int(params["layers"]) if layers is None else layers}
+
+
+def final_snapshots(
+    artifact: TadArtifact, folds: ArtifactFolds, epochs: Sequence[int], seed: int, layers: int | None = None
+) -> dict[int, MLPRegressor]:
+    """The artifact's final MLP refitted on all its stage-2 rows, as `fit` fits it
+    (`training.commands.fit.fit_final_mlp`), after each of `epochs`."""
+    spec, data = artifact.scorer.spec, folds.data
+    confidences = stage1_for_stage2(
+        folds.texts,
+        data.fold_of,
+        data,
+        list(range(data.count)),
+        folds.alpha_stage1,
+        folds.variant,
+        spec,
+        artifact.manifest.epsilon,
+    )
+    features, targets, weights = stage2_matrix(folds.texts, confidences, spec)
+    width = int(artifact.manifest.regressor.params.get("width", 256))
+    return mlp_snapshots(mlp_config(artifact, layers), width, seed, epochs, features, targets, weights)
+
+
+def write_final_copies(artifact: TadArtifact, networks: dict[int, MLPRegressor], out: Path) -> dict[str, bool]:
+    """Per network a copy of the artifact whose stage 2 is its ridge averaged with the network, under
+    `out/layers-L-epochs-E`; returns, per copy, whether its network is the artifact's own MLP to the bit
+    (expected where layers and epochs are the artifact's: a check that the refit is `fit`'s)."""
+    ridge, own = artifact.scorer.regressor.members  # type: ignore[attr-defined]
+    params = artifact.manifest.regressor.params
+    identical = {}
+    for count, network in networks.items():
+        layers = len(network.coefs_) - 1
+        name = f"layers-{layers}-epochs-{count}"
+        copied = {**params, "layers": layers, "epochs": count}
+        write_stage2_copy(artifact.path, out / name, AveragedRegressor((ridge, network)), copied)
+        identical[name] = len(network.coefs_) == len(own.coefs_) and all(
+            np.array_equal(a, b)
+            for a, b in zip(network.coefs_ + network.intercepts_, own.coefs_ + own.intercepts_, strict=True)
+        )
+    return identical
+
+
 def fold_rows(
     artifact: TadArtifact, folds: ArtifactFolds, fold: int, epochs: Sequence[int], seed: int, layers: int | None = None
 ) -> list[dict[str, Any]]:
     """One held-out fold: per epoch count, the PRRs of the MLP (the artifact's configuration, or with
     `layers` hidden layers) and of its mean with the fold's ridge."""
     spec, data, params = artifact.scorer.spec, folds.data, artifact.manifest.regressor.params
-    config = {**params, "layers": int(params["layers"]) if layers is None else layers}
+    config = mlp_config(artifact, layers)
     epsilon = artifact.manifest.epsilon
     train, train_folds = data.texts_without(fold, folds.texts)
     available = [g for g in range(data.count) if g != fold]
@@ -139,7 +193,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="the artifact's training runs")
     parser.add_argument("--artifact", type=Path, required=True, help="an artifact whose stage 2 is a ridge and an MLP")
-    parser.add_argument("--out", type=Path, required=True, help="JSON lines, appended to; folds there are skipped")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", type=Path, help="cross-validate: JSON lines, appended to; folds there are skipped")
+    target.add_argument(
+        "--write", type=Path, help="refit on all rows instead and write a copy of the artifact per epoch count here"
+    )
     parser.add_argument("--folds", type=int, nargs="+", help="held-out folds to run (default: all)")
     parser.add_argument("--epochs", type=int, nargs="+", default=[10, 20, 30])
     parser.add_argument("--layers", type=int, help="hidden layers (default: the artifact's)")
@@ -151,6 +209,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     artifact = load_artifact(args.artifact)
     if artifact.manifest.regressor.kind != "mlp+ridge":
         parser.error("--artifact: its stage 2 must be the mean of a ridge and an MLP (fit --mlp --mlp-average)")
+    if args.write is not None:
+        folds = artifact_folds(artifact, args.runs)
+        networks = final_snapshots(artifact, folds, sorted(set(args.epochs)), folds.options.seed, args.layers)
+        for name, same in write_final_copies(artifact, networks, args.write).items():
+            print(f"wrote {args.write / name} (its MLP is the artifact's own: {same})", flush=True)
+        return
     done = set()
     if args.out.exists():
         done = {json.loads(line)["fold"] for line in args.out.read_text().splitlines() if line.strip()}

@@ -29,19 +29,17 @@ call costs ten times more.
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import joblib
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingRegressor
 
-from app.uncertainty.artifact import TadArtifact, load_artifact, read_manifest, write_manifest
+from app.uncertainty.artifact import TadArtifact, load_artifact, read_manifest
 from app.uncertainty.features import FeatureSpec
 from app.uncertainty.tad import AveragedRegressor, Regressor
-from benchmarks.artifact_stage2 import artifact_folds
+from benchmarks.artifact_stage2 import artifact_folds, write_stage2_copy
 from training.commands.fit import MLP_CONFIG_KEYS, stage1_for_stage2
 from training.two_stage import FitText, stage2_matrix
 
@@ -101,22 +99,15 @@ def fit_trees(artifact: TadArtifact, runs: Sequence[Path], rows_per_text: int, s
 
 
 def write_variant(artifact_dir: Path, out: Path, regressor: Regressor, members: Sequence[str]) -> None:
-    """A copy of the artifact (reports and alternatives left out) with `regressor` as its stage 2.
+    """A copy of the artifact with `regressor` as its stage 2 (`write_stage2_copy`).
 
     The manifest's `kind` is left as it was (the manifest schema names no trees: none is served);
     `params.stage2_members` says what the stage 2 is and `params.trees` how the trees were fitted.
     """
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(artifact_dir, out, ignore=shutil.ignore_patterns("report", "alternatives"))
-    joblib.dump(regressor, out / "regressor.joblib")
-    manifest = read_manifest(out)
+    params = read_manifest(artifact_dir).regressor.params
     dropped = (() if "mlp" in members else MLP_PARAMS) + (() if "ridge" in members else RIDGE_PARAMS)
-    params = {key: value for key, value in manifest.regressor.params.items() if key not in dropped}
-    params.update(stage2_members=list(members), trees=TREE_PARAMS)
-    info = manifest.regressor.model_copy(update={"params": params})
-    write_manifest(out, manifest.model_copy(update={"regressor": info, "thresholds": {}, "default_target": None}))
-    load_artifact(out)  # it loads, sizes and hashes checked
+    kept = {key: value for key, value in params.items() if key not in dropped}
+    write_stage2_copy(artifact_dir, out, regressor, {**kept, "stage2_members": list(members), "trees": TREE_PARAMS})
 
 
 def main(argv: Sequence[str] | None = None) -> None:

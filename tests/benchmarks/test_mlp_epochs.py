@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import joblib
 import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
@@ -150,3 +151,25 @@ def test_refuses_a_ridge_artifact_and_folds_it_does_not_have(
     with pytest.raises(SystemExit, match="give its training runs"):
         main([str(tiny_runs["dev"]), "--artifact", str(averaged_artifact), "--out", str(out)])
     assert not out.exists()
+
+
+def test_write_refits_the_artifacts_own_mlp_to_the_bit_and_writes_a_copy_per_epoch_count(
+    averaged_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "copies"
+    main([str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--write", str(out), "--epochs", "3", "5"])
+    printed = capsys.readouterr().out
+    assert "layers-2-epochs-3 (its MLP is the artifact's own: True)" in printed
+    assert "layers-2-epochs-5 (its MLP is the artifact's own: False)" in printed
+    ridge, own = joblib.load(averaged_artifact / "regressor.joblib").members
+    rows = np.random.default_rng(0).uniform(size=(4, int(own.n_features_in_)))
+    for epochs in (3, 5):
+        copy = load_artifact(out / f"layers-2-epochs-{epochs}")
+        copied_ridge, network = copy.scorer.regressor.members  # type: ignore[attr-defined]
+        assert network.n_iter_ == epochs and copy.manifest.regressor.params["epochs"] == epochs
+        np.testing.assert_array_equal(copied_ridge.coef_, ridge.coef_)
+        np.testing.assert_allclose(
+            copy.scorer.regressor.predict(rows), (ridge.predict(rows) + network.predict(rows)) / 2, rtol=1e-12
+        )
+        assert copy.manifest.thresholds == {} and copy.manifest.default_target is None
+        assert not (out / f"layers-2-epochs-{epochs}" / "report").exists()
