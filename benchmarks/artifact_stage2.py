@@ -39,6 +39,14 @@ class ArtifactFolds:
     alpha_stage1: float
 
 
+def check_training_runs(runs: Sequence[Path], training: dict[str, Any]) -> None:
+    """Refuse runs other than the artifact's, or in another order: the order of the rows changes the
+    MLP's batches and the sums of the Gram matrices (a shell glob sorts `bare` before `task`)."""
+    expected = [Path(run).name for run in training.get("runs", [])]
+    if expected and [Path(run).name for run in runs] != expected:
+        raise SystemExit(f"the artifact was fitted on the runs {expected}: give its training runs, in that order")
+
+
 def check_training_texts(texts: Sequence[FitText], training: dict[str, Any]) -> None:
     """Refuse texts that are not the artifact's training texts (counted per dataset against its manifest)."""
     counts = Counter(t.dataset for t in texts)
@@ -54,6 +62,7 @@ def artifact_folds(artifact: TadArtifact, runs: Sequence[Path]) -> ArtifactFolds
     """Load the artifact's training runs and rebuild its folds (see the module docstring)."""
     manifest, spec = artifact.manifest, artifact.scorer.spec
     params = manifest.regressor.params
+    check_training_runs(runs, manifest.training)
     texts, _, _ = load_runs(runs, spec.n_lags)
     check_training_texts(texts, manifest.training)
     centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
@@ -67,7 +76,6 @@ def artifact_folds(artifact: TadArtifact, runs: Sequence[Path]) -> ArtifactFolds
         seed=int(cv.get("seed", FitOptions.seed)),
         fold_unit=fold_unit_of_split(cv.get("split")),
         variants=(variant,),
-        epsilon=manifest.epsilon,
     )
     return ArtifactFolds(texts, prepare_folds(texts, spec, options), options, variant, float(params["alpha_stage1"]))
 

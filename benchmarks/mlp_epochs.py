@@ -14,8 +14,10 @@ artifact's own folds: the held-out fold's texts are scored by the MLP alone and 
 the ridge refitted on the other folds (the shipped kind), for every aggregation, within the
 informative groups and pooled. Per fold about 20 minutes for 30 epochs of the default
 configuration on 2 cores (a fold's ~260,000 x 2,721 training matrix in memory, about 6 GB).
-Results are appended to --out as one JSON line per fold and epoch count; a rerun skips the folds
-already there.
+Results are appended to --out as one JSON line per fold, layer count, epoch count and stage 2; a
+rerun skips the folds with every count asked already there. Where the artifact's own layers and
+epochs are among those asked, the fold's PRRs must reproduce its manifest's (`fit`'s
+cross-validation), or the run stops.
 
 With --write DIR instead of --out, the MLP is refitted on all the artifact's stage-2 rows, as `fit`
 fits its final MLP (about 25 minutes for 30 epochs), and a copy of the artifact is written per
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import time
 import warnings
 from collections.abc import Sequence
@@ -83,10 +86,18 @@ def plain_copy(model: MLPRegressor, epochs: int) -> MLPRegressor:
 
 
 def mlp_snapshots(
-    config: dict[str, Any], width: int, seed: int, epochs: Sequence[int], features: Any, targets: Any, weights: Any
+    config: dict[str, Any],
+    width: int,
+    seed: int,
+    epochs: Sequence[int],
+    features: np.ndarray,
+    targets: np.ndarray,
+    weights: np.ndarray | None,
 ) -> dict[int, MLPRegressor]:
     """Networks of `config` (its own epochs ignored) after each of `epochs`, from one fit; an epoch count
-    past an early stop gets the stopped network, as a fit with that count would."""
+    past scikit-learn's stop on a flat training loss gets the stopped network, as a fit with that count
+    would. A fit that ends early for any other reason (an interrupt, which scikit-learn only warns of), or
+    whose snapshots were not taken (the private hook renamed in another version), is refused."""
     model = EpochSnapshots(
         hidden_layer_sizes=(width,) * int(config["layers"]),
         learning_rate_init=float(config["learning_rate"]),
@@ -98,8 +109,52 @@ def mlp_snapshots(
     with warnings.catch_warnings():  # the paper's epoch counts stop before scikit-learn's tolerance
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(features, targets, sample_weight=weights)
-    taken = getattr(model, "snapshots_", {})
-    return {count: taken.get(count, plain_copy(model, count)) for count in epochs}
+    trained = int(model.n_iter_)
+    stopped_flat = model._no_improvement_count > model.n_iter_no_change
+    if trained < max(epochs) and not stopped_flat:
+        raise RuntimeError(f"the MLP stopped after {trained} of {max(epochs)} epochs without converging")
+    taken = model.snapshots_
+    missing = [count for count in epochs if count <= trained and count not in taken]
+    if missing:
+        raise RuntimeError(f"no snapshot was taken after epochs {missing}: is scikit-learn's epoch hook renamed?")
+    return {count: taken[count] if count in taken else plain_copy(model, count) for count in epochs}
+
+
+def unsupported(artifact: TadArtifact) -> str | None:
+    """Why the artifact's stage 2 cannot be measured here, or None: a ridge and one MLP on raw inputs."""
+    params = artifact.manifest.regressor.params
+    if artifact.manifest.regressor.kind != "mlp+ridge":
+        return "its stage 2 must be the mean of a ridge and an MLP (fit --mlp --mlp-average)"
+    if int(params.get("seeds", 1)) != 1:
+        return "its MLP member averages several seeds (fit --mlp-seeds); this measures one network"
+    if params.get("standardised_inputs"):
+        return "its MLP was fitted on standardised inputs (fit --mlp-standardise); this fits on raw ones"
+    return None
+
+
+def recorded_fold_prr(artifact: TadArtifact, fold: int) -> dict[tuple[str, str], float | None]:
+    """The artifact's own cross-validated PRRs of `fold` within groups, by (stage 2, aggregation), from its
+    manifest (`fit`'s MLP cross-validation)."""
+    grid = artifact.manifest.metrics.get("cv", {}).get("mlp", {}).get("grid", [])
+    return {(row["stage2"], row["aggregation"]): row["within_group_prr_folds"][fold] for row in grid}
+
+
+def check_reproduced(artifact: TadArtifact, rows: Sequence[dict[str, Any]]) -> None:
+    """Refuse rows of the artifact's own configuration that do not reproduce its manifest's fold PRRs: then
+    the replication of `fit` is wrong, and no other row of the fold can be trusted."""
+    params = artifact.manifest.regressor.params
+    for row in rows:
+        if row["layers"] != int(params["layers"]) or row["epochs"] != int(params["epochs"]):
+            continue
+        recorded = recorded_fold_prr(artifact, row["fold"])
+        for aggregation, value in row["within-group"].items():
+            expected = recorded.get((row["stage2"], aggregation))
+            same = math.isnan(value) if expected is None else abs(value - expected) <= 1e-9
+            if (row["stage2"], aggregation) in recorded and not same:
+                raise SystemExit(
+                    f"fold {row['fold']}: {row['stage2']} {aggregation} gives {value}, the manifest {expected}: "
+                    "this does not reproduce fit's cross-validation"
+                )
 
 
 def mlp_config(artifact: TadArtifact, layers: int | None) -> dict[str, Any]:
@@ -135,7 +190,7 @@ def write_final_copies(artifact: TadArtifact, networks: dict[int, MLPRegressor],
     (expected where layers and epochs are the artifact's: a check that the refit is `fit`'s)."""
     ridge, own = artifact.scorer.regressor.members  # type: ignore[attr-defined]
     params = artifact.manifest.regressor.params
-    identical = {}
+    identical: dict[str, bool] = {}
     for count, network in networks.items():
         layers = len(network.coefs_) - 1
         name = f"layers-{layers}-epochs-{count}"
@@ -194,7 +249,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="the artifact's training runs")
     parser.add_argument("--artifact", type=Path, required=True, help="an artifact whose stage 2 is a ridge and an MLP")
     target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--out", type=Path, help="cross-validate: JSON lines, appended to; folds there are skipped")
+    target.add_argument(
+        "--out", type=Path, help="cross-validate: JSON lines, appended to (a fold with every count asked is skipped)"
+    )
     target.add_argument(
         "--write", type=Path, help="refit on all rows instead and write a copy of the artifact per epoch count here"
     )
@@ -207,17 +264,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.layers is not None and args.layers < 1:
         parser.error("--layers must be at least 1")
     artifact = load_artifact(args.artifact)
-    if artifact.manifest.regressor.kind != "mlp+ridge":
-        parser.error("--artifact: its stage 2 must be the mean of a ridge and an MLP (fit --mlp --mlp-average)")
+    reason = unsupported(artifact)
+    if reason is not None:
+        parser.error(f"--artifact: {reason}")
+    epochs = sorted(set(args.epochs))
+    layers = int(mlp_config(artifact, args.layers)["layers"])
+    own = (layers, int(artifact.manifest.regressor.params["epochs"]))
     if args.write is not None:
         folds = artifact_folds(artifact, args.runs)
-        networks = final_snapshots(artifact, folds, sorted(set(args.epochs)), folds.options.seed, args.layers)
-        for name, same in write_final_copies(artifact, networks, args.write).items():
+        networks = final_snapshots(artifact, folds, epochs, folds.options.seed, args.layers)
+        identical = write_final_copies(artifact, networks, args.write)
+        for name, same in identical.items():
             print(f"wrote {args.write / name} (its MLP is the artifact's own: {same})", flush=True)
+        own_name = f"layers-{own[0]}-epochs-{own[1]}"
+        if own[0] == int(artifact.manifest.regressor.params["layers"]) and not identical.get(own_name, True):
+            raise SystemExit(f"{own_name}: the refitted MLP is not the artifact's own: this is not fit's refit")
         return
-    done = set()
+    done: set[tuple[int, int, int]] = set()
     if args.out.exists():
-        done = {json.loads(line)["fold"] for line in args.out.read_text().splitlines() if line.strip()}
+        rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
+        done = {(row["fold"], row["layers"], row["epochs"]) for row in rows}
     folds = artifact_folds(artifact, args.runs)
     wanted = args.folds if args.folds is not None else list(range(folds.data.count))
     bad = [f for f in wanted if not 0 <= f < folds.data.count]
@@ -225,10 +291,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--folds: the artifact has {folds.data.count} folds, not {bad}")
     seed = folds.options.seed
     for fold in wanted:
-        if fold in done:
+        if all((fold, layers, count) in done for count in epochs):
             print(f"fold {fold}: already in {args.out}", flush=True)
             continue
-        rows = fold_rows(artifact, folds, fold, sorted(set(args.epochs)), seed, args.layers)
+        rows = fold_rows(artifact, folds, fold, epochs, seed, args.layers)
+        check_reproduced(artifact, rows)
         with args.out.open("a") as sink:
             for row in rows:
                 sink.write(json.dumps(row) + "\n")

@@ -20,7 +20,8 @@ import training.commands.fit as fit_module
 from app.uncertainty.artifact import load_artifact
 from benchmarks import artifact_stage2
 from benchmarks.artifact_stage2 import artifact_folds
-from benchmarks.mlp_epochs import fold_rows, main, mlp_snapshots
+from benchmarks.mlp_epochs import EpochSnapshots, check_reproduced, fold_rows, main, mlp_snapshots
+from tests.artifacts import as_mlp_artifact
 from training.commands.fit import FitOptions, run_fit
 from training.groups import TargetCentring
 from training.two_stage import FitText
@@ -59,6 +60,29 @@ def _with_coin_targets(load: Callable[..., tuple[list[FitText], Any, int]]) -> C
         return [replace(t, target=float(zlib.crc32(t.key.encode()) % 2)) for t in texts], settings, lags
 
     return loading
+
+
+def test_an_epoch_count_past_a_stop_on_a_flat_loss_gets_the_stopped_network() -> None:
+    features = np.random.default_rng(0).normal(size=(300, 6))
+    targets = np.zeros(300)  # the loss flattens at once: scikit-learn stops after 40 epochs
+    config = {"layers": 1, "learning_rate": 1e-2, "batch_size": 64}
+    snapshots = mlp_snapshots(config, 4, 0, [5, 60], features, targets, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fitted = MLPRegressor(
+            hidden_layer_sizes=(4,), learning_rate_init=1e-2, batch_size=64, max_iter=60, random_state=0
+        ).fit(features, targets)
+    assert fitted.n_iter_ < 60 and snapshots[60].n_iter_ == fitted.n_iter_ and snapshots[5].n_iter_ == 5
+    np.testing.assert_array_equal(snapshots[60].predict(features), fitted.predict(features))
+
+
+def test_refuses_snapshots_that_were_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As if scikit-learn renamed the hook: training runs, but no copy is taken at the end of an epoch.
+    monkeypatch.setattr(EpochSnapshots, "_update_no_improvement_count", MLPRegressor._update_no_improvement_count)
+    rng = np.random.default_rng(0)
+    features, targets = rng.normal(size=(200, 5)), rng.normal(size=200)
+    with pytest.raises(RuntimeError, match="no snapshot"):
+        mlp_snapshots(CONFIG, 4, 0, [1, 2], features, targets, None)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +152,11 @@ def test_main_appends_per_fold_rows_and_a_rerun_skips_the_folds_done(
     main([*args, "--folds", "1", "--layers", "1"])
     first = out.read_text().splitlines()
     assert {json.loads(line)["layers"] for line in first} == {1}
-    assert [(json.loads(line)["fold"], json.loads(line)["epochs"]) for line in first] == [
+    main([*args, "--folds", "1"])  # the artifact's 2 layers: not yet there, so fold 1 runs again
+    first = out.read_text().splitlines()
+    assert [json.loads(line)["layers"] for line in first] == [1] * 4 + [2] * 4
+    args = [*args, "--layers", "1"]
+    assert [(json.loads(line)["fold"], json.loads(line)["epochs"]) for line in first[:4]] == [
         (1, 1),
         (1, 1),
         (1, 2),
@@ -136,21 +164,48 @@ def test_main_appends_per_fold_rows_and_a_rerun_skips_the_folds_done(
     ]
     main([*args, "--folds", "1", "2"])
     lines = out.read_text().splitlines()
-    assert lines[:4] == first and {json.loads(line)["fold"] for line in lines[4:]} == {2}
+    assert lines[:8] == first and {json.loads(line)["fold"] for line in lines[8:]} == {2}
     assert "fold 1: already in" in capsys.readouterr().out
 
 
-def test_refuses_a_ridge_artifact_and_folds_it_does_not_have(
-    tiny_artifact: Path, averaged_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path
+def test_refuses_what_it_cannot_measure_as_fit_did(
+    tiny_artifact: Path,
+    averaged_artifact: Path,
+    tiny_runs: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "cv.jsonl"
-    with pytest.raises(SystemExit):
-        main([str(tiny_runs["train"]), "--artifact", str(tiny_artifact), "--out", str(out)])
-    with pytest.raises(SystemExit):
-        main([str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--out", str(out), "--folds", "7"])
-    with pytest.raises(SystemExit, match="give its training runs"):
-        main([str(tiny_runs["dev"]), "--artifact", str(averaged_artifact), "--out", str(out)])
+    train = str(tiny_runs["train"])
+    two_seeds = as_mlp_artifact(tiny_artifact, tmp_path / "seeds", averaged=True, seeds=2)
+    refused = [
+        ([train, "--artifact", str(tiny_artifact)], "mean of a ridge and an MLP"),
+        ([train, "--artifact", str(two_seeds)], "several seeds"),
+        ([train, "--artifact", str(averaged_artifact), "--folds", "7"], "5 folds, not [7]"),
+    ]
+    for args, reason in refused:
+        with pytest.raises(SystemExit):
+            main([*args, "--out", str(out)])
+        assert reason in capsys.readouterr().err
+    for runs in ([str(tiny_runs["dev"])], [train, train]):  # other runs; the same run twice
+        with pytest.raises(SystemExit, match="give its training runs"):
+            main([*runs, "--artifact", str(averaged_artifact), "--out", str(out)])
     assert not out.exists()
+
+
+def test_rows_of_the_artifacts_own_configuration_must_reproduce_its_manifest(
+    averaged_artifact: Path, tiny_runs: dict[str, Path]
+) -> None:
+    artifact = load_artifact(averaged_artifact)
+    folds = artifact_folds(artifact, [tiny_runs["train"]])
+    rows = fold_rows(artifact, folds, 2, [int(CONFIG["epochs"])], folds.options.seed)
+    check_reproduced(artifact, rows)
+    off = [
+        {**row, "within-group": {**row["within-group"], "mean-log": 0.01 + row["within-group"]["mean-log"]}}
+        for row in rows
+    ]
+    with pytest.raises(SystemExit, match="does not reproduce"):
+        check_reproduced(artifact, off)
 
 
 def test_write_refits_the_artifacts_own_mlp_to_the_bit_and_writes_a_copy_per_epoch_count(
