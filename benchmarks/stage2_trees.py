@@ -10,9 +10,10 @@ weighting, with each text's earlier confidences from the out-of-fold stage-1 mod
 kept row's weight scaled so that every text keeps its total weight (for the default artifact's
 6,218 texts, 90,053 rows and about 15 minutes on 2 cores; the time grows with the rows).
 
-The runs must be the artifact's training runs (their texts are counted against its manifest),
-and the folds are the artifact's own (count, seed and unit from its manifest); `--seed` draws
-only the subsampled rows and the trees.
+The runs must be the artifact's training runs in its manifest's order (checked by name, and
+their texts counted against it; benchmarks/artifact_stage2.py), and the folds are the
+artifact's own (count, seed and unit from its manifest); `--seed` draws only the subsampled rows
+and the trees.
 
 Three artifacts are written under --out, each a copy of --artifact with another stage 2:
 `trees3` (the mean of the ridge, the MLP and the trees), `trees-ridge` (ridge and trees) and
