@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import joblib
+import numpy as np
 
 from app.uncertainty.artifact import TadArtifact, load_artifact, read_manifest, write_manifest
 from app.uncertainty.tad import Regressor
-from training.commands.fit import FitOptions, FoldData, load_runs, prepare_folds
+from training.commands.fit import FitOptions, FoldData, load_runs, prepare_folds, stage1_for_stage2
 from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.two_stage import FitText, Variant
@@ -78,6 +79,22 @@ def artifact_folds(artifact: TadArtifact, runs: Sequence[Path]) -> ArtifactFolds
         variants=(variant,),
     )
     return ArtifactFolds(texts, prepare_folds(texts, spec, options), options, variant, float(params["alpha_stage1"]))
+
+
+def final_stage1_confidences(artifact: TadArtifact, folds: ArtifactFolds) -> list[np.ndarray]:
+    """Each training text's earlier confidences as the artifact's final stage 2 was fitted on them: from the
+    stage-1 models of every fold but the text's own (`fit`'s `fit_final_mlp` and final ridge)."""
+    data = folds.data
+    return stage1_for_stage2(
+        folds.texts,
+        data.fold_of,
+        data,
+        list(range(data.count)),
+        folds.alpha_stage1,
+        folds.variant,
+        artifact.scorer.spec,
+        artifact.manifest.epsilon,
+    )
 
 
 def write_stage2_copy(artifact_dir: Path, out: Path, regressor: Regressor, params: dict[str, Any]) -> None:

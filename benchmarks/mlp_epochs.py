@@ -47,7 +47,7 @@ from sklearn.neural_network import MLPRegressor
 
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
-from benchmarks.artifact_stage2 import ArtifactFolds, artifact_folds, write_stage2_copy
+from benchmarks.artifact_stage2 import ArtifactFolds, artifact_folds, final_stage1_confidences, write_stage2_copy
 from training.commands.fit import held_out_prr, stage1_for_stage2
 from training.ridge import fit_ridge
 from training.two_stage import cross_stats, stage2_matrix, stage2_stats
@@ -79,9 +79,7 @@ def plain_copy(model: MLPRegressor, epochs: int) -> MLPRegressor:
     plain = MLPRegressor(**{**model.get_params(), "max_iter": epochs})
     for key, value in vars(model).items():
         if key.endswith("_") and not key.startswith("_") and key != "snapshots_":  # fitted attributes
-            setattr(plain, key, copy.deepcopy(value))
-    plain.coefs_ = [weights.copy() for weights in model.coefs_]
-    plain.intercepts_ = [biases.copy() for biases in model.intercepts_]
+            setattr(plain, key, copy.deepcopy(value))  # the weights too: training goes on updating them in place
     return plain
 
 
@@ -168,18 +166,8 @@ def final_snapshots(
 ) -> dict[int, MLPRegressor]:
     """The artifact's final MLP refitted on all its stage-2 rows, as `fit` fits it
     (`training.commands.fit.fit_final_mlp`), after each of `epochs`."""
-    spec, data = artifact.scorer.spec, folds.data
-    confidences = stage1_for_stage2(
-        folds.texts,
-        data.fold_of,
-        data,
-        list(range(data.count)),
-        folds.alpha_stage1,
-        folds.variant,
-        spec,
-        artifact.manifest.epsilon,
-    )
-    features, targets, weights = stage2_matrix(folds.texts, confidences, spec)
+    confidences = final_stage1_confidences(artifact, folds)
+    features, targets, weights = stage2_matrix(folds.texts, confidences, artifact.scorer.spec)
     width = int(artifact.manifest.regressor.params.get("width", 256))
     return mlp_snapshots(mlp_config(artifact, layers), width, seed, epochs, features, targets, weights)
 

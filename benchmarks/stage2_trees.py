@@ -40,8 +40,8 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from app.uncertainty.artifact import TadArtifact, load_artifact, read_manifest
 from app.uncertainty.features import FeatureSpec
 from app.uncertainty.tad import AveragedRegressor, Regressor
-from benchmarks.artifact_stage2 import artifact_folds, write_stage2_copy
-from training.commands.fit import MLP_CONFIG_KEYS, stage1_for_stage2
+from benchmarks.artifact_stage2 import artifact_folds, final_stage1_confidences, write_stage2_copy
+from training.commands.fit import MLP_CONFIG_KEYS
 from training.two_stage import FitText, stage2_matrix
 
 # Fixed before the first fit, with the rule that judged them (README, "Trees as a third member"), never tuned.
@@ -80,20 +80,9 @@ def subsampled_rows(
 
 def fit_trees(artifact: TadArtifact, runs: Sequence[Path], rows_per_text: int, seed: int) -> Regressor:
     """The tree ensemble on the artifact's stage-2 rows (see the module docstring)."""
-    spec = artifact.scorer.spec
     folds = artifact_folds(artifact, runs)
-    data = folds.data
-    confidences = stage1_for_stage2(
-        folds.texts,
-        data.fold_of,
-        data,
-        list(range(data.count)),
-        folds.alpha_stage1,
-        folds.variant,
-        spec,
-        artifact.manifest.epsilon,
-    )
-    features, targets, weights = subsampled_rows(folds.texts, confidences, spec, rows_per_text, seed)
+    confidences = final_stage1_confidences(artifact, folds)
+    features, targets, weights = subsampled_rows(folds.texts, confidences, artifact.scorer.spec, rows_per_text, seed)
     print(f"{len(targets)} stage-2 rows of {len(folds.texts)} texts", flush=True)
     trees = HistGradientBoostingRegressor(random_state=seed, **TREE_PARAMS)
     return trees.fit(features, targets, sample_weight=weights)
