@@ -1,31 +1,34 @@
-"""The paper's MLP grid along its epochs axis, cross-validated on an artifact's own folds.
+"""The paper's MLP grid, one learning rate, batch size and layer count at a time, cross-validated on an
+artifact's own folds.
 
 The default artifact's MLP is one point of the paper's 36-point grid (2 or 4 layers, 10-30
 epochs, learning rates 1e-5 to 5e-5, batch 64 or 128): 10 epochs at the highest learning rate and
-the smallest batch. Running the whole grid takes about a day on 2 cores; this measures the one
-axis along which the shipped point trains least, its epochs, at a fraction of that cost: on each
-fold one network is trained for the most epochs asked for, and copies of its weights are taken at
-the end of every earlier epoch asked for (`EpochSnapshots`). A copy is bit-identical to a network
-fitted with that many epochs (scikit-learn draws the same initial weights and batch orders, and
-its early stop on a flat training loss is honoured), so one fit gives every point of the axis.
+the smallest batch. Running the whole grid takes about a day on 2 cores; this measures it a line at
+a time, at a fraction of that cost: the layers, learning rate and batch size are fixed per run
+(the artifact's unless given), and on each fold one network is trained for the most epochs asked
+for, copies of its weights taken at the end of every earlier epoch asked for (`EpochSnapshots`).
+A copy is bit-identical to a network fitted with that many epochs (scikit-learn draws the same
+initial weights and batch orders, and its early stop on a flat training loss is honoured), so one
+fit gives every point of the epochs axis.
 
 Each fold replicates `fit`'s MLP cross-validation (`training.commands.fit.mlp_search`) on the
 artifact's own folds: the held-out fold's texts are scored by the MLP alone and by its mean with
 the ridge refitted on the other folds (the shipped kind), for every aggregation, within the
 informative groups and pooled. Per fold about 20 minutes for 30 epochs of the default
 configuration on 2 cores (a fold's ~260,000 x 2,721 training matrix in memory, about 6 GB).
-Results are appended to --out as one JSON line per fold, layer count, epoch count and stage 2; a
-rerun skips the folds with every count asked already there. Where the artifact's own layers and
-epochs are among those asked, the fold's PRRs must reproduce its manifest's (`fit`'s
-cross-validation), or the run stops.
+Results are appended to --out as one JSON line per fold, configuration (layers, learning rate, batch
+size), epoch count and stage 2; a rerun skips the folds with every count asked already there.
+Where the artifact's own configuration and epochs are among those asked, the fold's PRRs must
+reproduce its manifest's (`fit`'s cross-validation), or the run stops.
 
 With --write DIR instead of --out, the MLP is refitted on all the artifact's stage-2 rows, as `fit`
 fits its final MLP (about 25 minutes for 30 epochs), and a copy of the artifact is written per
 epoch count, its stage 2 the artifact's ridge averaged with the refitted MLP, for `training
-evaluate --compare-artifact`. Where layers and epochs are the artifact's own, the refitted MLP is
+evaluate --compare-artifact`. Where the configuration and epochs are the artifact's own, the refitted MLP is
 checked to be the artifact's to the bit.
 
     python -m benchmarks.mlp_epochs RUN [RUN ...] --artifact DIR --out FILE.jsonl --folds 0 1 2 --epochs 10 20 30
+    python -m benchmarks.mlp_epochs RUN [RUN ...] --artifact DIR --out FILE.jsonl --learning-rate 1e-5 --batch-size 128
     python -m benchmarks.mlp_epochs RUN [RUN ...] --artifact DIR --write DIR --epochs 10 20 30
 """
 
@@ -137,12 +140,22 @@ def recorded_fold_prr(artifact: TadArtifact, fold: int) -> dict[tuple[str, str],
     return {(row["stage2"], row["aggregation"]): row["within_group_prr_folds"][fold] for row in grid}
 
 
+def row_key(artifact: TadArtifact, row: dict[str, Any]) -> tuple[int, int, float, int, int]:
+    """What identifies a row for resuming: fold, layers, learning rate, batch size and epochs (rows written
+    before the learning rate and batch size were recorded have the artifact's)."""
+    params = artifact.manifest.regressor.params
+    learning_rate = float(row.get("learning_rate", params["learning_rate"]))
+    batch_size = int(row.get("batch_size", params["batch_size"]))
+    return (int(row["fold"]), int(row["layers"]), learning_rate, batch_size, int(row["epochs"]))
+
+
 def check_reproduced(artifact: TadArtifact, rows: Sequence[dict[str, Any]]) -> None:
     """Refuse rows of the artifact's own configuration that do not reproduce its manifest's fold PRRs: then
     the replication of `fit` is wrong, and no other row of the fold can be trusted."""
     params = artifact.manifest.regressor.params
+    own = (int(params["layers"]), float(params["learning_rate"]), int(params["batch_size"]), int(params["epochs"]))
     for row in rows:
-        if row["layers"] != int(params["layers"]) or row["epochs"] != int(params["epochs"]):
+        if row_key(artifact, row)[1:] != own:
             continue
         recorded = recorded_fold_prr(artifact, row["fold"])
         for aggregation, value in row["within-group"].items():
@@ -155,34 +168,59 @@ def check_reproduced(artifact: TadArtifact, rows: Sequence[dict[str, Any]]) -> N
                 )
 
 
-def mlp_config(artifact: TadArtifact, layers: int | None) -> dict[str, Any]:
-    """The artifact's MLP configuration, with `layers` hidden layers when given."""
+def mlp_config(artifact: TadArtifact, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The artifact's MLP configuration with `changes` (layers, learning_rate, batch_size) applied; a
+    change of None keeps the artifact's value."""
     params = artifact.manifest.regressor.params
-    return {**params, "layers": int(params["layers"]) if layers is None else layers}
+    given = {key: value for key, value in (changes or {}).items() if value is not None}
+    unknown = set(given) - {"layers", "learning_rate", "batch_size"}
+    if unknown:
+        raise ValueError(f"not an MLP setting measured here: {sorted(unknown)}")
+    return {**params, **given}
 
 
 def final_snapshots(
-    artifact: TadArtifact, folds: ArtifactFolds, epochs: Sequence[int], seed: int, layers: int | None = None
+    artifact: TadArtifact,
+    folds: ArtifactFolds,
+    epochs: Sequence[int],
+    seed: int,
+    changes: dict[str, Any] | None = None,
 ) -> dict[int, MLPRegressor]:
-    """The artifact's final MLP refitted on all its stage-2 rows, as `fit` fits it
-    (`training.commands.fit.fit_final_mlp`), after each of `epochs`."""
+    """The artifact's final MLP (with `changes`, see `mlp_config`) refitted on all its stage-2 rows, as `fit`
+    fits it (`training.commands.fit.fit_final_mlp`), after each of `epochs`."""
     confidences = final_stage1_confidences(artifact, folds)
     features, targets, weights = stage2_matrix(folds.texts, confidences, artifact.scorer.spec)
     width = int(artifact.manifest.regressor.params.get("width", 256))
-    return mlp_snapshots(mlp_config(artifact, layers), width, seed, epochs, features, targets, weights)
+    return mlp_snapshots(mlp_config(artifact, changes), width, seed, epochs, features, targets, weights)
+
+
+def network_config(network: MLPRegressor) -> dict[str, Any]:
+    """The grid point a fitted network is: hidden layers, learning rate, batch size and epochs."""
+    return {
+        "layers": len(network.coefs_) - 1,
+        "learning_rate": float(network.learning_rate_init),
+        "batch_size": int(network.batch_size),
+        "epochs": int(network.max_iter),
+    }
+
+
+def copy_name(config: dict[str, Any]) -> str:
+    """The folder name of an artifact copy for a grid point, e.g. layers-2-epochs-10-lr-5e-05-batch-64."""
+    layers, epochs, rate, batch = (config[key] for key in ("layers", "epochs", "learning_rate", "batch_size"))
+    return f"layers-{layers}-epochs-{epochs}-lr-{float(rate):g}-batch-{batch}"
 
 
 def write_final_copies(artifact: TadArtifact, networks: dict[int, MLPRegressor], out: Path) -> dict[str, bool]:
     """Per network a copy of the artifact whose stage 2 is its ridge averaged with the network, under
-    `out/layers-L-epochs-E`; returns, per copy, whether its network is the artifact's own MLP to the bit
-    (expected where layers and epochs are the artifact's: a check that the refit is `fit`'s)."""
+    `out/<copy_name>`; returns, per copy, whether its network is the artifact's own MLP to the bit
+    (expected where the grid point is the artifact's: a check that the refit is `fit`'s)."""
     ridge, own = artifact.scorer.regressor.members  # type: ignore[attr-defined]
     params = artifact.manifest.regressor.params
     identical: dict[str, bool] = {}
-    for count, network in networks.items():
-        layers = len(network.coefs_) - 1
-        name = f"layers-{layers}-epochs-{count}"
-        copied = {**params, "layers": layers, "epochs": count}
+    for network in networks.values():
+        point = network_config(network)
+        name = copy_name(point)
+        copied = {**params, **point}
         write_stage2_copy(artifact.path, out / name, AveragedRegressor((ridge, network)), copied)
         identical[name] = len(network.coefs_) == len(own.coefs_) and all(
             np.array_equal(a, b)
@@ -192,12 +230,17 @@ def write_final_copies(artifact: TadArtifact, networks: dict[int, MLPRegressor],
 
 
 def fold_rows(
-    artifact: TadArtifact, folds: ArtifactFolds, fold: int, epochs: Sequence[int], seed: int, layers: int | None = None
+    artifact: TadArtifact,
+    folds: ArtifactFolds,
+    fold: int,
+    epochs: Sequence[int],
+    seed: int,
+    changes: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """One held-out fold: per epoch count, the PRRs of the MLP (the artifact's configuration, or with
-    `layers` hidden layers) and of its mean with the fold's ridge."""
+    """One held-out fold: per epoch count, the PRRs of the MLP (the artifact's configuration with `changes`,
+    see `mlp_config`) and of its mean with the fold's ridge."""
     spec, data, params = artifact.scorer.spec, folds.data, artifact.manifest.regressor.params
-    config = mlp_config(artifact, layers)
+    config = mlp_config(artifact, changes)
     epsilon = artifact.manifest.epsilon
     train, train_folds = data.texts_without(fold, folds.texts)
     available = [g for g in range(data.count) if g != fold]
@@ -221,7 +264,7 @@ def fold_rows(
             rows.append(
                 {
                     "fold": fold,
-                    "layers": len(network.coefs_) - 1,  # hidden layers, as fitted
+                    **network_config(network),  # as fitted
                     "epochs": count,
                     "stage2": kind,
                     "trained_epochs": int(network.n_iter_),
@@ -246,32 +289,39 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--folds", type=int, nargs="+", help="held-out folds to run (default: all)")
     parser.add_argument("--epochs", type=int, nargs="+", default=[10, 20, 30])
     parser.add_argument("--layers", type=int, help="hidden layers (default: the artifact's)")
+    parser.add_argument("--learning-rate", type=float, help="Adam's initial learning rate (default: the artifact's)")
+    parser.add_argument("--batch-size", type=int, help="minibatch rows (default: the artifact's)")
     args = parser.parse_args(argv)
     if min(args.epochs) < 1:
         parser.error("--epochs must be at least 1")
     if args.layers is not None and args.layers < 1:
         parser.error("--layers must be at least 1")
+    if args.learning_rate is not None and not 0 < args.learning_rate < 1:
+        parser.error("--learning-rate must be between 0 and 1")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
     artifact = load_artifact(args.artifact)
     reason = unsupported(artifact)
     if reason is not None:
         parser.error(f"--artifact: {reason}")
     epochs = sorted(set(args.epochs))
-    layers = int(mlp_config(artifact, args.layers)["layers"])
-    own = (layers, int(artifact.manifest.regressor.params["epochs"]))
+    changes = {"layers": args.layers, "learning_rate": args.learning_rate, "batch_size": args.batch_size}
+    config = mlp_config(artifact, changes)
+    point = (int(config["layers"]), float(config["learning_rate"]), int(config["batch_size"]))
     if args.write is not None:
         folds = artifact_folds(artifact, args.runs)
-        networks = final_snapshots(artifact, folds, epochs, folds.options.seed, args.layers)
+        networks = final_snapshots(artifact, folds, epochs, folds.options.seed, changes)
         identical = write_final_copies(artifact, networks, args.write)
         for name, same in identical.items():
             print(f"wrote {args.write / name} (its MLP is the artifact's own: {same})", flush=True)
-        own_name = f"layers-{own[0]}-epochs-{own[1]}"
-        if own[0] == int(artifact.manifest.regressor.params["layers"]) and not identical.get(own_name, True):
+        own_name = copy_name(artifact.manifest.regressor.params)
+        if own_name in identical and not identical[own_name]:
             raise SystemExit(f"{own_name}: the refitted MLP is not the artifact's own: this is not fit's refit")
         return
-    done: set[tuple[int, int, int]] = set()
+    done: set[tuple[int, int, float, int, int]] = set()
     if args.out.exists():
         rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
-        done = {(row["fold"], row["layers"], row["epochs"]) for row in rows}
+        done = {row_key(artifact, row) for row in rows}
     folds = artifact_folds(artifact, args.runs)
     wanted = args.folds if args.folds is not None else list(range(folds.data.count))
     bad = [f for f in wanted if not 0 <= f < folds.data.count]
@@ -279,10 +329,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--folds: the artifact has {folds.data.count} folds, not {bad}")
     seed = folds.options.seed
     for fold in wanted:
-        if all((fold, layers, count) in done for count in epochs):
+        if all((fold, *point, count) in done for count in epochs):
             print(f"fold {fold}: already in {args.out}", flush=True)
             continue
-        rows = fold_rows(artifact, folds, fold, epochs, seed, args.layers)
+        rows = fold_rows(artifact, folds, fold, epochs, seed, changes)
         check_reproduced(artifact, rows)
         with args.out.open("a") as sink:
             for row in rows:

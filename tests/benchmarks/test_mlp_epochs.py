@@ -1,4 +1,4 @@
-"""The paper's MLP grid along its epochs axis: snapshots of one fit, scored on an artifact's own folds."""
+"""The paper's MLP grid a line at a time: snapshots of one fit, scored on an artifact's own folds."""
 
 from __future__ import annotations
 
@@ -20,7 +20,15 @@ import training.commands.fit as fit_module
 from app.uncertainty.artifact import load_artifact
 from benchmarks import artifact_stage2
 from benchmarks.artifact_stage2 import artifact_folds
-from benchmarks.mlp_epochs import EpochSnapshots, check_reproduced, fold_rows, main, mlp_snapshots
+from benchmarks.mlp_epochs import (
+    EpochSnapshots,
+    check_reproduced,
+    fold_rows,
+    main,
+    mlp_config,
+    mlp_snapshots,
+    row_key,
+)
 from tests.artifacts import as_mlp_artifact
 from training.commands.fit import FitOptions, run_fit
 from training.groups import TargetCentring
@@ -168,6 +176,53 @@ def test_main_appends_per_fold_rows_and_a_rerun_skips_the_folds_done(
     assert "fold 1: already in" in capsys.readouterr().out
 
 
+def test_another_learning_rate_or_batch_is_another_grid_point_recorded_and_resumed_apart(
+    averaged_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cv.jsonl"
+    args = [str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--out", str(out), "--epochs", "1"]
+    main([*args, "--folds", "1"])
+    main([*args, "--folds", "1", "--learning-rate", "0.002"])  # not the artifact's 1e-3: runs again
+    main([*args, "--folds", "1", "--batch-size", "8"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["learning_rate"], r["batch_size"]) for r in rows] == [(1e-3, 64)] * 2 + [(2e-3, 64)] * 2 + [
+        (1e-3, 8)
+    ] * 2
+    pooled = [row["pooled"]["mean-log"] for row in rows if row["stage2"] == "mlp"]
+    assert np.isfinite(pooled).all() and len(set(pooled)) == 3  # the rate and the batch reached the fit
+    capsys.readouterr()
+    main([*args, "--folds", "1", "--learning-rate", "0.002"])
+    assert "fold 1: already in" in capsys.readouterr().out and len(out.read_text().splitlines()) == 6
+
+
+def test_rows_written_before_rate_and_batch_were_recorded_are_keyed_as_the_artifacts(
+    averaged_artifact: Path,
+) -> None:
+    artifact = load_artifact(averaged_artifact)
+    legacy = {"fold": 0, "layers": 2, "epochs": 3}
+    assert row_key(artifact, legacy) == (0, 2, 1e-3, 64, 3)
+    assert row_key(artifact, {**legacy, "learning_rate": 1e-5, "batch_size": 128}) == (0, 2, 1e-5, 128, 3)
+
+
+def test_an_unknown_or_invalid_grid_setting_is_refused(
+    averaged_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    artifact = load_artifact(averaged_artifact)
+    assert mlp_config(artifact, {"learning_rate": None, "batch_size": 128})["batch_size"] == 128
+    with pytest.raises(ValueError, match="width"):
+        mlp_config(artifact, {"width": 64})
+    out = tmp_path / "cv.jsonl"
+    args = [str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--out", str(out)]
+    for flag, value, reason in (
+        ("--learning-rate", "0", "--learning-rate must be"),
+        ("--batch-size", "0", "--batch-size"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*args, flag, value])
+        assert reason in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_refuses_what_it_cannot_measure_as_fit_did(
     tiny_artifact: Path,
     averaged_artifact: Path,
@@ -206,6 +261,8 @@ def test_rows_of_the_artifacts_own_configuration_must_reproduce_its_manifest(
     ]
     with pytest.raises(SystemExit, match="does not reproduce"):
         check_reproduced(artifact, off)
+    for other in ({"learning_rate": 2e-3}, {"batch_size": 32}, {"layers": 1}):  # other grid points: not checked
+        check_reproduced(artifact, [{**row, **other} for row in off])
 
 
 def test_write_refits_the_artifacts_own_mlp_to_the_bit_and_writes_a_copy_per_epoch_count(
@@ -214,12 +271,12 @@ def test_write_refits_the_artifacts_own_mlp_to_the_bit_and_writes_a_copy_per_epo
     out = tmp_path / "copies"
     main([str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--write", str(out), "--epochs", "3", "5"])
     printed = capsys.readouterr().out
-    assert "layers-2-epochs-3 (its MLP is the artifact's own: True)" in printed
-    assert "layers-2-epochs-5 (its MLP is the artifact's own: False)" in printed
+    assert "layers-2-epochs-3-lr-0.001-batch-64 (its MLP is the artifact's own: True)" in printed
+    assert "layers-2-epochs-5-lr-0.001-batch-64 (its MLP is the artifact's own: False)" in printed
     ridge, own = joblib.load(averaged_artifact / "regressor.joblib").members
     rows = np.random.default_rng(0).uniform(size=(4, int(own.n_features_in_)))
     for epochs in (3, 5):
-        copy = load_artifact(out / f"layers-2-epochs-{epochs}")
+        copy = load_artifact(out / f"layers-2-epochs-{epochs}-lr-0.001-batch-64")
         copied_ridge, network = copy.scorer.regressor.members  # type: ignore[attr-defined]
         assert network.n_iter_ == epochs and copy.manifest.regressor.params["epochs"] == epochs
         np.testing.assert_array_equal(copied_ridge.coef_, ridge.coef_)
@@ -227,4 +284,10 @@ def test_write_refits_the_artifacts_own_mlp_to_the_bit_and_writes_a_copy_per_epo
             copy.scorer.regressor.predict(rows), (ridge.predict(rows) + network.predict(rows)) / 2, rtol=1e-12
         )
         assert copy.manifest.thresholds == {} and copy.manifest.default_target is None
-        assert not (out / f"layers-2-epochs-{epochs}" / "report").exists()
+        assert not (out / f"layers-2-epochs-{epochs}-lr-0.001-batch-64" / "report").exists()
+    args = [str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--write", str(out), "--epochs", "3"]
+    main([*args, "--learning-rate", "0.002"])
+    assert "layers-2-epochs-3-lr-0.002-batch-64 (its MLP is the artifact's own: False)" in capsys.readouterr().out
+    slower = load_artifact(out / "layers-2-epochs-3-lr-0.002-batch-64")
+    assert slower.manifest.regressor.params["learning_rate"] == 2e-3
+    assert slower.scorer.regressor.members[1].learning_rate_init == 2e-3  # type: ignore[attr-defined]
