@@ -1,5 +1,4 @@
-"""The paper's MLP grid, one learning rate, batch size and layer count at a time, cross-validated on an
-artifact's own folds.
+"""The paper's MLP grid a line at a time (epochs from one fit), cross-validated on an artifact's own folds.
 
 The default artifact's MLP is one point of the paper's 36-point grid (2 or 4 layers, 10-30
 epochs, learning rates 1e-5 to 5e-5, batch 64 or 128): 10 epochs at the highest learning rate and
@@ -17,7 +16,8 @@ the ridge refitted on the other folds (the shipped kind), for every aggregation,
 informative groups and pooled. Per fold about 20 minutes for 30 epochs of the default
 configuration on 2 cores (a fold's ~260,000 x 2,721 training matrix in memory, about 6 GB).
 Results are appended to --out as one JSON line per fold, configuration (layers, learning rate, batch
-size), epoch count and stage 2; a rerun skips the folds with every count asked already there.
+size), epoch count and stage 2; a rerun skips the folds with every count asked already there at
+the same layers, learning rate and batch size.
 Where the artifact's own configuration and epochs are among those asked, the fold's PRRs must
 reproduce its manifest's (`fit`'s cross-validation), or the run stops.
 
@@ -133,11 +133,28 @@ def unsupported(artifact: TadArtifact) -> str | None:
     return None
 
 
+def grid_point(config: dict[str, Any]) -> tuple[int, float, int, int]:
+    """A configuration's point of the grid, comparable whatever types a manifest or a row holds: layers,
+    learning rate, batch size, epochs."""
+    return (
+        int(config["layers"]),
+        float(config["learning_rate"]),
+        int(config["batch_size"]),
+        int(config["epochs"]),
+    )
+
+
 def recorded_fold_prr(artifact: TadArtifact, fold: int) -> dict[tuple[str, str], float | None]:
     """The artifact's own cross-validated PRRs of `fold` within groups, by (stage 2, aggregation), from its
-    manifest (`fit`'s MLP cross-validation)."""
+    manifest (`fit`'s MLP cross-validation): the rows of its own grid point and one seed, of the many a
+    searched grid records."""
+    own = grid_point(artifact.manifest.regressor.params)
     grid = artifact.manifest.metrics.get("cv", {}).get("mlp", {}).get("grid", [])
-    return {(row["stage2"], row["aggregation"]): row["within_group_prr_folds"][fold] for row in grid}
+    return {
+        (row["stage2"], row["aggregation"]): row["within_group_prr_folds"][fold]
+        for row in grid
+        if grid_point(row) == own and int(row.get("seeds", 1)) == 1
+    }
 
 
 def row_key(artifact: TadArtifact, row: dict[str, Any]) -> tuple[int, int, float, int, int]:
@@ -152,8 +169,7 @@ def row_key(artifact: TadArtifact, row: dict[str, Any]) -> tuple[int, int, float
 def check_reproduced(artifact: TadArtifact, rows: Sequence[dict[str, Any]]) -> None:
     """Refuse rows of the artifact's own configuration that do not reproduce its manifest's fold PRRs: then
     the replication of `fit` is wrong, and no other row of the fold can be trusted."""
-    params = artifact.manifest.regressor.params
-    own = (int(params["layers"]), float(params["learning_rate"]), int(params["batch_size"]), int(params["epochs"]))
+    own = grid_point(artifact.manifest.regressor.params)
     for row in rows:
         if row_key(artifact, row)[1:] != own:
             continue
@@ -213,7 +229,7 @@ def copy_name(config: dict[str, Any]) -> str:
 def write_final_copies(artifact: TadArtifact, networks: dict[int, MLPRegressor], out: Path) -> dict[str, bool]:
     """Per network a copy of the artifact whose stage 2 is its ridge averaged with the network, under
     `out/<copy_name>`; returns, per copy, whether its network is the artifact's own MLP to the bit
-    (expected where the grid point is the artifact's: a check that the refit is `fit`'s)."""
+    (to be checked where the grid point is the artifact's: then the refit must be `fit`'s)."""
     ridge, own = artifact.scorer.regressor.members  # type: ignore[attr-defined]
     params = artifact.manifest.regressor.params
     identical: dict[str, bool] = {}
@@ -281,7 +297,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--artifact", type=Path, required=True, help="an artifact whose stage 2 is a ridge and an MLP")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument(
-        "--out", type=Path, help="cross-validate: JSON lines, appended to (a fold with every count asked is skipped)"
+        "--out",
+        type=Path,
+        help="cross-validate: JSON lines, appended to (a fold with every count asked at this grid point is skipped)",
     )
     target.add_argument(
         "--write", type=Path, help="refit on all rows instead and write a copy of the artifact per epoch count here"
@@ -314,9 +332,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         identical = write_final_copies(artifact, networks, args.write)
         for name, same in identical.items():
             print(f"wrote {args.write / name} (its MLP is the artifact's own: {same})", flush=True)
-        own_name = copy_name(artifact.manifest.regressor.params)
-        if own_name in identical and not identical[own_name]:
-            raise SystemExit(f"{own_name}: the refitted MLP is not the artifact's own: this is not fit's refit")
+        own = grid_point(artifact.manifest.regressor.params)
+        for network in networks.values():
+            name = copy_name(network_config(network))
+            if grid_point(network_config(network)) == own and not identical[name]:
+                raise SystemExit(f"{name}: the refitted MLP is not the artifact's own: this is not fit's refit")
         return
     done: set[tuple[int, int, float, int, int]] = set()
     if args.out.exists():

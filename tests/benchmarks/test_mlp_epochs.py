@@ -18,7 +18,7 @@ from sklearn.neural_network import MLPRegressor
 
 import training.commands.fit as fit_module
 from app.uncertainty.artifact import load_artifact
-from benchmarks import artifact_stage2
+from benchmarks import artifact_stage2, mlp_epochs
 from benchmarks.artifact_stage2 import artifact_folds
 from benchmarks.mlp_epochs import (
     EpochSnapshots,
@@ -27,6 +27,7 @@ from benchmarks.mlp_epochs import (
     main,
     mlp_config,
     mlp_snapshots,
+    recorded_fold_prr,
     row_key,
 )
 from tests.artifacts import as_mlp_artifact
@@ -195,6 +196,20 @@ def test_another_learning_rate_or_batch_is_another_grid_point_recorded_and_resum
     assert "fold 1: already in" in capsys.readouterr().out and len(out.read_text().splitlines()) == 6
 
 
+def test_the_manifests_prrs_to_reproduce_are_those_of_its_own_grid_point_and_one_seed(
+    averaged_artifact: Path,
+) -> None:
+    artifact = load_artifact(averaged_artifact)
+    own = recorded_fold_prr(artifact, 2)
+    grid = artifact.manifest.metrics["cv"]["mlp"]["grid"]
+    assert own and len(own) == len(grid)  # the fixture searched one point
+    shifted = [{**row, "within_group_prr_folds": [0.5] * 5} for row in grid]
+    # a searched grid records other points and seed averages too, here after the artifact's own
+    grid.extend({**row, "learning_rate": 3e-3} for row in shifted)
+    grid.extend({**row, "seeds": 2} for row in shifted)
+    assert recorded_fold_prr(artifact, 2) == own
+
+
 def test_rows_written_before_rate_and_batch_were_recorded_are_keyed_as_the_artifacts(
     averaged_artifact: Path,
 ) -> None:
@@ -291,3 +306,20 @@ def test_write_refits_the_artifacts_own_mlp_to_the_bit_and_writes_a_copy_per_epo
     slower = load_artifact(out / "layers-2-epochs-3-lr-0.002-batch-64")
     assert slower.manifest.regressor.params["learning_rate"] == 2e-3
     assert slower.scorer.regressor.members[1].learning_rate_init == 2e-3  # type: ignore[attr-defined]
+
+
+def test_write_refuses_a_refit_of_the_artifacts_own_point_that_is_not_its_mlp(
+    averaged_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refit = mlp_epochs.final_snapshots
+
+    def nudged(*args: Any, **kwargs: Any) -> dict[int, MLPRegressor]:
+        networks = refit(*args, **kwargs)
+        for network in networks.values():
+            weights = network.coefs_[0]  # float32, as the stage-2 matrix: one step of its spacing
+            weights[0, 0] = np.nextafter(weights[0, 0], np.inf, dtype=weights.dtype)
+        return networks
+
+    monkeypatch.setattr(mlp_epochs, "final_snapshots", nudged)
+    with pytest.raises(SystemExit, match="not the artifact's own"):
+        main([str(tiny_runs["train"]), "--artifact", str(averaged_artifact), "--write", str(tmp_path), "--epochs", "3"])
