@@ -161,9 +161,8 @@ def row_key(artifact: TadArtifact, row: dict[str, Any]) -> tuple[int, int, float
     """What identifies a row for resuming: fold, layers, learning rate, batch size and epochs (rows written
     before the learning rate and batch size were recorded have the artifact's)."""
     params = artifact.manifest.regressor.params
-    learning_rate = float(row.get("learning_rate", params["learning_rate"]))
-    batch_size = int(row.get("batch_size", params["batch_size"]))
-    return (int(row["fold"]), int(row["layers"]), learning_rate, batch_size, int(row["epochs"]))
+    legacy = {"learning_rate": params["learning_rate"], "batch_size": params["batch_size"]}
+    return (int(row["fold"]), *grid_point({**legacy, **row}))
 
 
 def check_reproduced(artifact: TadArtifact, rows: Sequence[dict[str, Any]]) -> None:
@@ -273,7 +272,7 @@ def fold_rows(
     fit_seconds = time.monotonic() - started
     del features, targets, weights
     rows = []
-    for count, network in networks.items():
+    for network in networks.values():
         stage2: dict[str, Regressor] = {"mlp": network, "mlp+ridge": AveragedRegressor((ridge, network))}
         for kind, regressor in stage2.items():
             scored = held_out_prr(TadScorer(regressor, spec, epsilon), data.groups[fold], data.informative)
@@ -281,7 +280,6 @@ def fold_rows(
                 {
                     "fold": fold,
                     **network_config(network),  # as fitted
-                    "epochs": count,
                     "stage2": kind,
                     "trained_epochs": int(network.n_iter_),
                     "fit_seconds": round(fit_seconds, 1),
@@ -324,8 +322,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--artifact: {reason}")
     epochs = sorted(set(args.epochs))
     changes = {"layers": args.layers, "learning_rate": args.learning_rate, "batch_size": args.batch_size}
-    config = mlp_config(artifact, changes)
-    point = (int(config["layers"]), float(config["learning_rate"]), int(config["batch_size"]))
+    point = grid_point({**mlp_config(artifact, changes), "epochs": 0})[:3]  # layers, learning rate, batch
     if args.write is not None:
         folds = artifact_folds(artifact, args.runs)
         networks = final_snapshots(artifact, folds, epochs, folds.options.seed, changes)
