@@ -92,6 +92,8 @@ class PromptStyle(StrEnum):
     FEW_SHOT = "few-shot"
 
 
+# A chat answer's budget: at least this, and the task's own where that is longer (a worked math
+# solution or a paragraph cut at 64 tokens would be scored wrong for its length, not its content).
 BARE_MAX_NEW_TOKENS = 64
 # Shots per task (the paper's appendix: 5-shot for short answers; fewer where examples are long).
 FEW_SHOT_COUNT: dict[Task, int] = {
@@ -162,7 +164,8 @@ def build_messages(record: QARecord, style: PromptStyle = PromptStyle.TASK) -> l
 
 
 def max_new_tokens(task: Task, style: PromptStyle = PromptStyle.TASK) -> int:
-    return BARE_MAX_NEW_TOKENS if style is PromptStyle.BARE else TASKS[task].max_new_tokens
+    own = TASKS[task].max_new_tokens
+    return max(BARE_MAX_NEW_TOKENS, own) if style is PromptStyle.BARE else own
 
 
 def score_answer(prediction: str, record: QARecord) -> float:

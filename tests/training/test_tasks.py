@@ -64,6 +64,8 @@ def test_bare_style_asks_the_question_alone_but_keeps_passage_and_options():
     assert "Bird" in build_messages(_mc_record("B"), PromptStyle.BARE)[0]["content"]
     assert max_new_tokens(Task.MULTIPLE_CHOICE, PromptStyle.BARE) == BARE_MAX_NEW_TOKENS
     assert max_new_tokens(Task.MULTIPLE_CHOICE) == 8
+    # A worked solution is not cut shorter in a chat than under the task's instruction.
+    assert max_new_tokens(Task.MATH_WORD_PROBLEM, PromptStyle.BARE) == max_new_tokens(Task.MATH_WORD_PROBLEM) == 256
 
 
 def test_few_shot_prompt_has_k_examples_of_the_task_never_the_record_itself():

@@ -33,7 +33,8 @@ from training.tasks import max_new_tokens as default_length
 
 logger = logging.getLogger(__name__)
 
-PROMPT_VERSION = "prompts-v1"
+# v2: chat-style (bare) budgets are the task's own where longer than 64 tokens (math, long form).
+PROMPT_VERSION = "prompts-v2"
 # Step rows with keys 0..N back from each step's query (docs/method.md §2).
 CAPTURE_VERSION = "step-rows-v2"
 
