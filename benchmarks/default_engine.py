@@ -10,7 +10,6 @@ import torch
 
 from app.engine.engine import Engine
 from app.engine.loading import LoadedModel, load_model
-from app.engine.prompt_attention import wants_prompt_statistics
 from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.features import Convention
@@ -32,12 +31,7 @@ def load_capturing_engine(args: argparse.Namespace) -> tuple[LoadedModel, TadArt
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
     artifact = load_artifact(args.artifact)
-    engine = Engine(
-        loaded,
-        n_lags=artifact.n_lags,
-        last_row=artifact.convention is Convention.CONSUMING,
-        prompt_statistics=wants_prompt_statistics(artifact.manifest.features.extra_stats),
-    )
+    engine = Engine(loaded, n_lags=artifact.n_lags, last_row=artifact.convention is Convention.CONSUMING)
     engine.context = replace(engine.context, stop_token_ids=frozenset())
     return loaded, artifact, engine
 

@@ -8,20 +8,12 @@ In one process and interleaved (so machine noise hits every method alike), it ti
 - eager:    transformers' `generate` with eager attention and `output_attentions=True`;
 - extra:    plain `generate`, then the paper's extra teacher-forced forward with eager attentions;
 
-and with --prompt-attention also
-
-- prompt:   capture + TAD that also computes each token's attention to the prompt per layer and head
-            (app/engine/prompt_attention.py: what an artifact fitted with those statistics makes it do),
-            scored with --prompt-artifact (one fitted with them) or else the default artifact;
-
 at batch 1 and 8 with a short prompt and at batch 1 with a ~1,000-token prompt, each for
 exactly --new-tokens tokens. Prints medians, tokens/s, peak memory (RSS above the idle
 process, sampled every 2 ms in a separate untimed pass) and ratios (median over repeats of
 the method's time over plain's time in the same repeat; "vs engine" likewise over the
 engine without capture, which isolates what capture and scoring add); the last line is
-`overhead_ratio=<worst capture/plain ratio of the three settings>` (after, with --prompt-attention,
-`prompt_attention_overhead_ratio=` likewise for prompt/plain and `prompt_attention_vs_capture=` for
-prompt/capture).
+`overhead_ratio=<worst capture/plain ratio of the three settings>`.
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -43,14 +34,12 @@ from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.uncertainty.answer import AnswerScorer
-from app.uncertainty.artifact import load_artifact
 from benchmarks.default_engine import add_model_arguments, load_capturing_engine, long_prompt
 
 PAGE = 4096
 PLAIN = "plain (transformers generate)"
 ENGINE = "plain (engine, no capture)"
 CAPTURE = "capture + TAD"
-PROMPT = "capture + prompt attention + TAD"
 _LIBC = ctypes.CDLL("libc.so.6")
 
 
@@ -100,12 +89,6 @@ def main() -> None:
     parser.add_argument("--slow-repeats", type=int, default=3, help="repeats of the eager and extra-forward runs")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--long-tokens", type=int, default=1024)
-    parser.add_argument(
-        "--prompt-attention", action="store_true", help="also time capture with the attention to the prompt"
-    )
-    parser.add_argument(
-        "--prompt-artifact", type=Path, help="with --prompt-attention: score with this artifact (fitted with them)"
-    )
     args = parser.parse_args()
 
     loaded, artifact, capture = load_capturing_engine(args)  # stop tokens off: always exactly --new-tokens
@@ -146,12 +129,12 @@ def main() -> None:
             )
         return out if isinstance(out, torch.Tensor) else out.sequences
 
-    def engine_generate(engine: Engine, prompts: list[list[int]], score: bool, by: AnswerScorer = scorer) -> None:
+    def engine_generate(engine: Engine, prompts: list[list[int]], score: bool) -> None:
         requests = [GenerationRequest(tuple(p), SamplingParams(max_new_tokens=new)) for p in prompts]
         for sequence in engine.generate(requests):
             assert len(sequence.tokens) == new
             if score:
-                scored = by.score(engine.trace(sequence))
+                scored = scorer.score(engine.trace(sequence))
                 assert scored.confidences is not None and len(scored.confidences) == new
 
     def extra_forward(prompts: list[list[int]]) -> None:
@@ -170,23 +153,17 @@ def main() -> None:
         ),
         "extra forward pass": extra_forward,
     }
-    core = [PLAIN, ENGINE, CAPTURE]
-    if args.prompt_attention:
-        prompt_engine = capture.with_prompt_statistics()
-        prompt_scorer = scorer if args.prompt_artifact is None else AnswerScorer(load_artifact(args.prompt_artifact))
-        methods[PROMPT] = lambda p: engine_generate(prompt_engine, p, score=True, by=prompt_scorer)
-        core.append(PROMPT)
     for setting in settings:  # warm-up
         for run in methods.values():
             run(setting.prompts[:1])
     # Per run the shared machine's noise is about +-10%, so the three methods the ratio compares
     # run many times, back to back and in rotating order; the slow alternatives run fewer times.
+    core = [PLAIN, ENGINE, CAPTURE]
     slow = [m for m in methods if m not in core]
     times: dict[tuple[str, str], list[float]] = {(s.name, m): [] for s in settings for m in methods}
-    # A method's time over plain's, over the engine without capture's and over capture's, in the same repeat.
+    # A method's time over plain's, and over the engine without capture's, in the same repeat.
     paired: dict[tuple[str, str], list[float]] = {(s.name, m): [] for s in settings for m in methods}
     paired_engine: dict[tuple[str, str], list[float]] = {(s.name, m): [] for s in settings for m in methods}
-    paired_capture: dict[tuple[str, str], list[float]] = {(s.name, m): [] for s in settings for m in methods}
     for repeat in range(args.repeats):
         order = core[repeat % len(core) :] + core[: repeat % len(core)]
         if repeat < args.slow_repeats:
@@ -201,7 +178,6 @@ def main() -> None:
                 times[(setting.name, name)].append(seconds)
                 paired[(setting.name, name)].append(seconds / this_repeat[PLAIN])
                 paired_engine[(setting.name, name)].append(seconds / this_repeat[ENGINE])
-                paired_capture[(setting.name, name)].append(seconds / this_repeat[CAPTURE])
         print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
     # Memory in its own pass: the sampling thread would otherwise steal CPU from the timed runs.
     memory = {}
@@ -216,13 +192,11 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, {new} new tokens, {args.repeats} interleaved repeats "
         f"({args.slow_repeats} for eager and extra), TAD artifact: {artifact.path}, N={artifact.n_lags}"
     )
-    if args.prompt_attention:
-        print(f"{PROMPT} scored with {args.prompt_artifact or artifact.path}")
     print(
-        f"{'setting':<28} {'method':<34} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9} "
+        f"{'setting':<28} {'method':<30} {'median s':>9} {'tokens/s':>9} {'peak MB':>8} {'vs plain':>9} "
         f"{'vs engine':>10}"
     )
-    worst = worst_prompt = worst_prompt_capture = 0.0
+    worst = 0.0
     for setting in settings:
         tokens = new * len(setting.prompts)
         for name in methods:
@@ -230,16 +204,10 @@ def main() -> None:
             ratio = statistics.median(paired[(setting.name, name)])
             ratio_engine = statistics.median(paired_engine[(setting.name, name)])
             print(
-                f"{setting.name:<28} {name:<34} {median:>9.3f} {tokens / median:>9.1f} "
+                f"{setting.name:<28} {name:<30} {median:>9.3f} {tokens / median:>9.1f} "
                 f"{memory[(setting.name, name)]:>8.0f} {ratio:>8.2f}x {ratio_engine:>9.2f}x"
             )
         worst = max(worst, statistics.median(paired[(setting.name, CAPTURE)]))
-        if args.prompt_attention:
-            worst_prompt = max(worst_prompt, statistics.median(paired[(setting.name, PROMPT)]))
-            worst_prompt_capture = max(worst_prompt_capture, statistics.median(paired_capture[(setting.name, PROMPT)]))
-    if args.prompt_attention:
-        print(f"prompt_attention_overhead_ratio={worst_prompt:.3f}")
-        print(f"prompt_attention_vs_capture={worst_prompt_capture:.3f}")
     print(f"overhead_ratio={worst:.3f}")
 
 

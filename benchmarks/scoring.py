@@ -17,8 +17,7 @@ the real shapes of larger models, it times, interleaved and repeated:
   products then come one row at a time instead of one matrix product per answer.
 
 `--stage2 mlp` gives the larger shapes random MLP stage 2s of the default artifact's size
-(two hidden layers of 256) in place of linear ones; `--mlp-seeds N` makes each the mean of N
-such MLPs (what `fit --mlp-seeds N` installs beside its ridge), split as one.
+(two hidden layers of 256) in place of linear ones.
 
 Prints microseconds per token (medians) and the speed-up; the last line is
 `scoring_speedup=<smallest feature-vector / split-weights ratio over the shapes>`.
@@ -41,7 +40,7 @@ from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import MethodInput, score_all
-from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
+from app.uncertainty.tad import Regressor, TadScorer
 from app.uncertainty.trace import TokenTrace
 
 # (name, layers, query heads) of the real configs the GPU benchmark uses.
@@ -104,16 +103,14 @@ def default_case() -> Case:
     return Case(name, artifact.scorer, generic, artifact.manifest.aggregation)
 
 
-def random_case(name: str, layers: int, heads: int, n_lags: int, stage2: str = "ridge", seeds: int = 1) -> Case:
+def random_case(name: str, layers: int, heads: int, n_lags: int, stage2: str = "ridge") -> Case:
     spec = FeatureSpec(n_lags=n_lags, num_layers=layers, num_heads=heads, convention=Convention.GENERATING)
     rng = np.random.default_rng(0)
     if stage2 == "ridge":
         return case_of(name, rng.normal(0.0, 1e-3, spec.stage2_size), 0.5, spec, Aggregation.MEAN)
-    networks = [random_mlp(spec.stage2_size, 256, rng) for _ in range(seeds)]
-    mlp: Regressor = networks[0] if seeds == 1 else AveragedRegressor(tuple(networks))
+    mlp = random_mlp(spec.stage2_size, 256, rng)
     split = TadScorer(mlp, spec, 1e-4)
-    label = f"{name}, MLP 256 x 256" + (f", mean of {seeds}" if seeds > 1 else "")
-    return Case(label, split, TadScorer(FeatureVectorModel(mlp), spec, 1e-4), Aggregation.MEAN)
+    return Case(f"{name}, MLP 256 x 256", split, TadScorer(FeatureVectorModel(mlp), spec, 1e-4), Aggregation.MEAN)
 
 
 def random_mlp(inputs: int, width: int, rng: np.random.Generator) -> MLPRegressor:
@@ -181,14 +178,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--n-lags", type=int, default=10, help="N for the larger shapes")
     parser.add_argument("--stage2", choices=("ridge", "mlp"), default="ridge", help="the larger shapes' stage 2")
-    parser.add_argument("--mlp-seeds", type=int, default=1, help="with --stage2 mlp: the mean of this many MLPs")
     args = parser.parse_args()
-    if args.mlp_seeds < 1 or (args.mlp_seeds > 1 and args.stage2 != "mlp"):
-        parser.error("--mlp-seeds: at least 1, and more only with --stage2 mlp")
 
     cases = [default_case()] + [
-        random_case(name, layers, heads, args.n_lags, args.stage2, args.mlp_seeds)
-        for name, layers, heads in LARGER_SHAPES
+        random_case(name, layers, heads, args.n_lags, args.stage2) for name, layers, heads in LARGER_SHAPES
     ]
     print(f"{args.tokens}-token answers, {args.repeats} interleaved repeats, medians (microseconds per token)\n")
     print(

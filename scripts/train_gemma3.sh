@@ -24,13 +24,6 @@ DEV_REST=${DEV_REST:-300}
 INFORMATIVE=(${INFORMATIVE:-squad mmlu truthfulqa triviaqa})
 DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
 
-# Runs made before the targets last changed: scored again from their stored answers first (no generation).
-shopt -s nullglob
-for run in "$RUNS"/gemma3-*/; do
-    if [ -f "$run/run.json" ]; then $PY -m training rescore "$run"; fi
-done
-shopt -u nullglob
-
 GEN=("$PY" -m training generate --model "$MODEL" --prompt-style few-shot --batch-size 16 --shard-size 30)
 survey=()
 for name in "${DATASETS[@]}"; do survey+=("$DATA/${name}_dev.jsonl"); done

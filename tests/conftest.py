@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -19,6 +20,9 @@ N_LAGS = 4
 # The tiny model's matmuls are too small to gain from threads, and on a busy machine
 # OpenMP threads spinning against other processes make them up to 50x slower.
 torch.set_num_threads(1)
+# The tiny model's references (eager attention, stored traces) are float32; `auto` would pick bfloat16 on
+# a CPU that computes it natively. bfloat16 has its own tests (tests/app/engine/test_bfloat16.py).
+os.environ.setdefault("TAD_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +33,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir: Path) -> LoadedModel:
     torch.manual_seed(0)
-    return load_model(str(tiny_model_dir))
+    return load_model(str(tiny_model_dir), dtype="float32")
 
 
 @pytest.fixture(scope="session")
@@ -98,6 +102,7 @@ def tiny_runs(
                 data=tiny_data[split],
                 out=folder / split,
                 model=str(tiny_model_dir),
+                dtype="float32",
                 n_lags=N_LAGS,
                 max_new_tokens=10,
                 batch_size=8,

@@ -109,20 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("task", "bare", "few-shot"),
         default="task",
         help="task: the task's instruction (short answers); bare: the question alone, as users ask (64 tokens); "
-        "few-shot: k worked examples from the train split, then the question (base models, no chat template)",
-    )
-    generate.add_argument(
-        "--shots-from",
-        type=Path,
-        nargs="*",
-        default=[],
-        help="few-shot example files (default: each data file's <dataset>_train.jsonl beside it)",
-    )
-    generate.add_argument(
-        "--prompt-attention",
-        action="store_true",
-        help="also store each token's attention to the prompt per layer and head (prompt_mass_*, prompt_sink_*), "
-        "for `fit --extra-stats`",
+        "few-shot: k worked examples from each data file's <dataset>_train.jsonl beside it, then the question "
+        "(base models, no chat template)",
     )
     _add_generation_options(generate)
 
@@ -156,32 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage1-alphas", type=_positive, nargs="+", default=None, help="stage-1 grid (default: --alphas)"
     )
     fit.add_argument(
-        "--extra-feature-sets",
-        nargs="*",
-        default=["entropy", "top2_margin", "entropy+top2_margin", "products"],
-        help="ablations: per-token statistics added to the features ('+' joins several; products: the authors' "
-        "p_i * c_{i-l} term per lag), each tried with the chosen configuration and kept only if its fold-by-fold "
-        "CV gain is significant; none to skip",
-    )
-    fit.add_argument(
         "--variants",
         nargs="+",
         choices=("leak-free", "algorithm1-literal", "authors"),
         default=["leak-free", "algorithm1-literal", "authors"],
         help="training variants to cross-validate (training/two_stage.py)",
-    )
-    fit.add_argument(
-        "--products",
-        action="store_true",
-        help="fit with the authors' p_i * c_{i-l} term per lag in the stage-2 features from the start (the "
-        "products ablation tries them on the chosen configuration)",
-    )
-    fit.add_argument(
-        "--extra-stats",
-        nargs="+",
-        default=(),
-        help="per-token statistics the runs hold, in the features of every fit from the start ('+' joins several "
-        "in one argument, as `benchmarks.prompt_attention_runs --names` prints them); the ablations add to them",
     )
     fit.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
     fit.add_argument(
@@ -203,19 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --mlp-average: install the average even when the trial rule does not keep it (the verdict "
         "is still recorded); the default artifact's was adopted on the dev split this way",
-    )
-    fit.add_argument(
-        "--mlp-seeds",
-        type=_int_at_least(1),
-        default=1,
-        help="with --mlp-average: also cross-validate the average with its MLP replaced by the mean of this "
-        "many MLPs (seeds --seed, --seed + 1, ...), kept under the trial rule against what would be installed",
-    )
-    fit.add_argument(
-        "--mlp-standardise",
-        action="store_true",
-        help="with --mlp: fit each MLP on unit-variance columns, the scaling folded into its first layer "
-        "(the installed network takes raw features)",
     )
     fit.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
     fit.add_argument(
@@ -333,18 +287,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit with this target centring instead of the artifact's",
     )
     lodo.add_argument(
-        "--extra-stats",
-        nargs="*",
-        help="fit with these per-token statistics added to the features instead of the artifact's (the option "
-        "alone: without any); the runs must hold them",
-    )
-    lodo.add_argument(
-        "--products",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="fit with (or without) the authors' p_i * c_{i-l} feature terms instead of as the artifact has them",
-    )
-    lodo.add_argument(
         "--datasets", nargs="+", help="train and test on these datasets alone (default: every dataset in the runs)"
     )
     lodo.add_argument(
@@ -360,15 +302,6 @@ def build_parser() -> argparse.ArgumentParser:
         "mean quality and mean answer tokens.",
     )
     summary.add_argument("runs", type=Path, nargs="+")
-
-    rescore = commands.add_parser(
-        "rescore",
-        help="score runs' stored answers again with this code's targets (no generation; resumable)",
-        description="Recompute every answer's quality target of each run from its stored text and its record "
-        "(the run's data files, found by their sha256), and record the targets version in run.json.",
-    )
-    rescore.add_argument("runs", type=Path, nargs="+")
-    rescore.add_argument("--data", type=Path, nargs="*", default=[], help="the runs' data files, where they have moved")
     return parser
 
 
@@ -442,7 +375,6 @@ INTERRUPTED = {
     "blend": _STARTS_OVER,
     "lodo": _STARTS_OVER,
     "summary": _STARTS_OVER,
-    "rescore": "shards already rescored are unchanged by a rerun, which rescores every shard again (quick)",
 }
 
 
@@ -477,8 +409,6 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 dtype=args.dtype,
                 cache_dir=args.cache_dir,
                 prompt_style=PromptStyle(args.prompt_style),
-                shots_from=args.shots_from,
-                prompt_attention=args.prompt_attention,
             )
         )
     elif args.command == "fit":
@@ -493,10 +423,6 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             parser.error("--mlp-average needs --mlp (it averages the MLP with the ridge stage 2)")
         if args.force_average and not args.mlp_average:
             parser.error("--force-average needs --mlp-average")
-        if args.mlp_standardise and not args.mlp:
-            parser.error("--mlp-standardise needs --mlp")
-        if args.mlp_seeds > 1 and not args.mlp_average:
-            parser.error("--mlp-seeds needs --mlp-average (the seeds' mean is measured averaged with the ridge)")
         manifest = run_fit(
             FitOptions(
                 runs=args.runs,
@@ -511,14 +437,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 mlp_width=args.mlp_width,
                 mlp_average=args.mlp_average,
                 mlp_average_force=args.force_average,
-                mlp_seeds=args.mlp_seeds,
-                mlp_standardise=args.mlp_standardise,
                 mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
                 conventions=tuple(Convention(c) for c in args.conventions),
                 variants=tuple(Variant(v) for v in args.variants),
-                extra_feature_sets=tuple(tuple(s.split("+")) for s in args.extra_feature_sets if s != "none"),
-                products=args.products,
-                extra_stats=tuple(dict.fromkeys(name for entry in args.extra_stats for name in entry.split("+"))),
                 stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
                 combiner=args.combiner,
                 selection=Selection(args.selection),
@@ -530,21 +451,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         if manifest.regressor.kind == "mlp":
             chosen = manifest.metrics["cv"]["mlp"]["best"]
         elif manifest.regressor.kind == "mlp+ridge":
-            mlp = manifest.metrics["cv"]["mlp"]
-            chosen = (mlp["seeds"] if int(manifest.regressor.params.get("seeds", 1)) > 1 else mlp["average"])["best"]
+            chosen = manifest.metrics["cv"]["mlp"]["average"]["best"]
         print(
             f"wrote {args.out}: {manifest.regressor.kind} {manifest.regressor.params}, variant {manifest.variant}, "
             f"aggregation {manifest.aggregation.value}, CV PRR {chosen['prr_mean']:.3f}"
         )
-    elif args.command == "rescore":
-        from training.commands.rescore import rescore_run
-        from training.runs import RUN_FILE
-
-        for run in args.runs:
-            if not (run / RUN_FILE).is_file():
-                parser.error(f"{run} is not a generation run (no {RUN_FILE})")
-            answers, changed = rescore_run(run, args.data)
-            print(f"{run}: {answers} answers rescored, {changed} targets changed" if answers else f"{run}: up to date")
     elif args.command == "evaluate":
         from training.commands.evaluate import report_markdown, run_evaluate
 
@@ -588,8 +499,6 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             alpha_stage1=args.alpha_stage1,
             alpha=args.alpha,
             centring=None if args.centring is None else TargetCentring(args.centring),
-            extra_stats=args.extra_stats,
-            products=args.products,
             only_datasets=args.datasets,
             held_out=args.held_out,
         )

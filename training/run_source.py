@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.uncertainty.artifact import TadArtifact
-from app.uncertainty.features import statistics_text
 from training.commands.generate import GenerateOptions, run_generate
 from training.runs import check_run_folders, read_run_settings
 
@@ -42,29 +41,13 @@ def check_runs_match(runs: Sequence[Path], artifact: TadArtifact) -> None:
             raise SystemExit(f"run {run} stores {settings.get('n_lags')} lags; the artifact needs {artifact.n_lags}")
 
 
-def obtain_runs(source: RunSource, artifact: TadArtifact, *also_scoring: TadArtifact) -> list[Path]:
-    """The runs to score with `artifact` (and `also_scoring`, which must be of the same model)."""
+def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
+    """The runs to score with `artifact`: the given ones, checked against it, or one generated for it."""
     if source.runs:
         check_runs_match(source.runs, artifact)
         return list(source.runs)
     if not source.data:
         raise SystemExit("give --data files to generate from, or --run to reuse a run")
-    from app.engine.prompt_attention import is_prompt_statistic, wants_prompt_statistics
-    from app.engine.token_stats import TOKEN_STATISTICS
-
-    layers, heads = artifact.manifest.features.num_layers, artifact.manifest.features.num_heads
-    for scoring in (artifact, *also_scoring):
-        unrecorded = [
-            name
-            for name in scoring.manifest.features.extra_stats
-            if name not in TOKEN_STATISTICS and not is_prompt_statistic(name, layers, heads)
-        ]
-        if unrecorded:
-            # Refused before the minutes of generating: a new run holds only what generation records.
-            raise SystemExit(
-                f"{scoring.path} scores with per-token statistics generation does not record "
-                f"({len(unrecorded)}: {statistics_text(unrecorded)}): give --run with runs that hold them"
-            )
     options = GenerateOptions(
         data=source.data,
         out=source.default_run_dir,
@@ -76,8 +59,5 @@ def obtain_runs(source: RunSource, artifact: TadArtifact, *also_scoring: TadArti
         device=source.device,
         cache_dir=source.cache_dir,
         out_option=source.run_dir_option,
-        prompt_attention=any(
-            wants_prompt_statistics(scoring.manifest.features.extra_stats) for scoring in (artifact, *also_scoring)
-        ),
     )
     return [run_generate(options)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.uncertainty.features import statistics_text
 from app.uncertainty.trace import TokenTrace
 
 SHARDS = "shards"
@@ -148,19 +147,6 @@ def check_no_duplicates(keys: Iterable[tuple[str, str]]) -> None:
         )
 
 
-def check_statistics(answers_stats: Iterable[Mapping[str, np.ndarray]], names: Iterable[str], option: str) -> None:
-    """Refuse per-token statistics some answer lacks (its run was made before they were recorded, or they
-    are misspelt), before the minutes of fitting rather than as a KeyError after them."""
-    wanted = set(names)
-    for stats in answers_stats:
-        missing = sorted(wanted - set(stats))
-        if missing:
-            raise SystemExit(
-                f"{option}: the runs hold no per-token statistic {statistics_text(missing, 5)} "
-                f"(they hold {statistics_text(sorted(stats), 5)})"
-            )
-
-
 def read_run_settings(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
@@ -193,7 +179,7 @@ def check_run_folders(runs: Sequence[Path]) -> None:
     """Refuse paths that are not generation runs (missing, a file, no run.json or a damaged one): read as
     runs, they would hold no texts and a command would report on nothing. Refuse runs scored with other
     targets than the code's: fitted or evaluated together, answers would be judged by two rules."""
-    from training.targets import TARGETS_VERSION
+    from training.targets import RESCORE_HINT, TARGETS_VERSION
 
     for run in runs:
         if not Path(run).is_dir():
@@ -204,7 +190,7 @@ def check_run_folders(runs: Sequence[Path]) -> None:
         if version != TARGETS_VERSION:
             raise SystemExit(
                 f"{run}'s answers were scored with targets version {version}, this code's are version "
-                f"{TARGETS_VERSION}: rescore them first (python -m training rescore {run}; no generation)"
+                f"{TARGETS_VERSION}: {RESCORE_HINT}"
             )
 
 

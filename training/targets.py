@@ -24,8 +24,10 @@ from training.data import LETTERS, QARecord
 # Runs record the version their answers were scored with (run.json "targets"; none: 1). 2: Unicode,
 # symbols, number words and signs in numbers; no credit for repeating the question or for empty
 # references; letters as small chat models write them, and none for listing the options or naming two;
-# the last "answer is" of a math answer. `python -m training rescore` brings a run up to date.
+# the last "answer is" of a math answer.
 TARGETS_VERSION = 2
+# What to do with a run scored with older targets (the one-time `rescore` migration left with commit a14ddbe).
+RESCORE_HINT = "rescore its answers with `python -m training rescore` of commit a14ddbe (no generation)"
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)

@@ -14,9 +14,8 @@ confidence c and attention row; where c comes from is what the variants differ i
 Each stage has its own ridge alpha.
 
 Stage-2 vectors are split into a static part (probabilities and attention, which never
-change) and the dynamic columns (the confidences, and with `products` p_i times them, which
-change with the stage-1 model), so the large static Gram matrix is accumulated once and only
-thin cross terms are recomputed.
+change) and the confidence columns (which change with the stage-1 model), so the large
+static Gram matrix is accumulated once and only thin cross terms are recomputed.
 """
 
 from __future__ import annotations
@@ -27,13 +26,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from app.uncertainty.features import (
-    FeatureSpec,
-    lag_products,
-    stage1_features,
-    stage2_features,
-    token_probabilities,
-)
+from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features, token_probabilities
 from app.uncertainty.tad import Regressor
 from app.uncertainty.trace import TokenTrace
 from training.ridge import GramStats
@@ -112,9 +105,7 @@ def _chunk_weights(chunk: Sequence[FitText]) -> np.ndarray | None:
 def stage1_stats(texts: Iterable[FitText], spec: FeatureSpec) -> GramStats:
     stats = GramStats.zeros(spec.stage1_size)
     for text in texts:
-        stats.add(
-            stage1_features(text.probs, spec.n_lags, spec.extras(text.stats)), text.rows_target(), text.rows_weight()
-        )
+        stats.add(stage1_features(text.probs, spec.n_lags), text.rows_target(), text.rows_weight())
     return stats
 
 
@@ -127,30 +118,25 @@ def stage1_confidences(
         return confidences
     confidences[0] = text.training_target if variant is Variant.ALGORITHM1_LITERAL else float(text.probs[0])
     if len(text) > 1:
-        features = stage1_features(text.probs, spec.n_lags, spec.extras(text.stats))
+        features = stage1_features(text.probs, spec.n_lags)
         predicted = np.asarray(model.predict(features), dtype=np.float64)
         confidences[1:] = np.clip(predicted, epsilon, 1.0)
     return confidences
 
 
-def dynamic_values(probs: np.ndarray, confidences: np.ndarray, spec: FeatureSpec) -> np.ndarray:
-    """The stage-2 columns that depend on confidences (`spec.dynamic_columns()`), `[n - 1, D]` float32:
-    c_{i-l} for l = 1..N, zero-padded, then p_i * c_{i-l} with `spec.products`; the same bits as
-    `stage2_features` puts there."""
+def confidence_lags(confidences: np.ndarray, n_lags: int) -> np.ndarray:
+    """The confidence columns `[n - 1, N]` of stage-2 vectors: c_{i-l} for l = 1..N, zero-padded."""
     n = len(confidences)
-    lags = np.zeros((max(n - 1, 0), spec.n_lags), dtype=np.float32)
-    products = np.zeros_like(lags) if spec.products else None
-    for lag in range(1, spec.n_lags + 1):
+    lags = np.zeros((max(n - 1, 0), n_lags))
+    for lag in range(1, n_lags + 1):
         rows = np.arange(lag - 1, n - 1)
         lags[rows, lag - 1] = confidences[rows + 1 - lag]
-        if products is not None:
-            products[rows, lag - 1] = lag_products(probs[rows + 1], confidences[rows + 1 - lag])
-    return lags if products is None else np.concatenate([lags, products], axis=1)
+    return lags.astype(np.float32)
 
 
 def static_features(text: FitText, spec: FeatureSpec) -> np.ndarray:
     """Stage-2 vectors with the confidence columns left at zero."""
-    return stage2_features(text.probs, np.zeros(len(text)), np.asarray(text.attention), spec, spec.extras(text.stats))
+    return stage2_features(text.probs, np.zeros(len(text)), np.asarray(text.attention), spec)
 
 
 def _chunks(texts: Sequence[FitText]) -> Iterable[list[FitText]]:
@@ -189,23 +175,22 @@ def teacher_forced_stats(texts: Sequence[FitText], static: GramStats, spec: Feat
 
 @dataclass
 class CrossStats:
-    """Dynamic-column terms (`FeatureSpec.dynamic_columns`) of the stage-2 Gram for several candidate stage-1
-    models at once."""
+    """Confidence-column terms of the stage-2 Gram for several candidate stage-1 models at once."""
 
-    static_x_conf: np.ndarray  # [F, K * D], D = len(spec.dynamic_columns())
-    conf_x_conf: np.ndarray  # [K, D, D]
-    conf_x_y: np.ndarray  # [K, D]
-    conf_sum: np.ndarray  # [K, D]
+    static_x_conf: np.ndarray  # [F, K * N]
+    conf_x_conf: np.ndarray  # [K, N, N]
+    conf_x_y: np.ndarray  # [K, N]
+    conf_sum: np.ndarray  # [K, N]
 
 
 def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndarray]], spec: FeatureSpec) -> CrossStats:
     """`confidences[k][j]` are candidate k's c values for `texts[j]`."""
-    n_candidates, width = len(confidences), len(spec.dynamic_columns())
+    n_candidates, n_lags = len(confidences), spec.n_lags
     result = CrossStats(
-        static_x_conf=np.zeros((spec.stage2_size, n_candidates * width)),
-        conf_x_conf=np.zeros((n_candidates, width, width)),
-        conf_x_y=np.zeros((n_candidates, width)),
-        conf_sum=np.zeros((n_candidates, width)),
+        static_x_conf=np.zeros((spec.stage2_size, n_candidates * n_lags)),
+        conf_x_conf=np.zeros((n_candidates, n_lags, n_lags)),
+        conf_x_y=np.zeros((n_candidates, n_lags)),
+        conf_sum=np.zeros((n_candidates, n_lags)),
     )
     position = 0
     for chunk in _chunks(texts):
@@ -217,7 +202,7 @@ def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndar
         columns = []
         for k in range(n_candidates):
             lags = np.concatenate(
-                [dynamic_values(t.probs, confidences[k][position + j], spec) for j, t in enumerate(chunk)]
+                [confidence_lags(confidences[k][position + j], n_lags) for j in range(len(chunk))]
             ).astype(np.float64)
             columns.append(lags)
             weighted = lags if weights is None else lags * weights[:, None]
@@ -231,9 +216,9 @@ def cross_stats(texts: Sequence[FitText], confidences: Sequence[Sequence[np.ndar
 
 def stage2_stats(static: GramStats, cross: CrossStats, candidate: int, spec: FeatureSpec) -> GramStats:
     """Full stage-2 statistics: the static Gram with candidate k's confidence columns filled in."""
-    columns = spec.dynamic_columns()
-    width = len(columns)
-    block = cross.static_x_conf[:, candidate * width : (candidate + 1) * width]  # [F, D]
+    n_lags = spec.n_lags
+    columns = spec.confidence_columns()
+    block = cross.static_x_conf[:, candidate * n_lags : (candidate + 1) * n_lags]  # [F, N]
     xtx = static.xtx.copy()
     xtx[:, columns] += block
     xtx[columns, :] += block.T
@@ -250,8 +235,7 @@ def stage2_matrix(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The full stage-2 design matrix, targets and row weights (None: all 1) in memory (for the optional MLP)."""
     features = [
-        stage2_features(t.probs, c, np.asarray(t.attention), spec, spec.extras(t.stats))
-        for t, c in zip(texts, confidences, strict=True)
+        stage2_features(t.probs, c, np.asarray(t.attention), spec) for t, c in zip(texts, confidences, strict=True)
     ]
     targets = [t.rows_target() for t in texts]
     return np.concatenate(features), np.concatenate(targets), _chunk_weights(texts)

@@ -31,8 +31,6 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from app.engine.prompt_attention import PromptColumns
-
 logger = logging.getLogger(__name__)
 
 CAPTURE_ATTENTION = "tad_capture"
@@ -134,19 +132,14 @@ class AttentionCapture:
     keys and the softmax log-sum-exp the fused kernel returned); the weights of all layers
     are then computed together in a handful of batched operations, so the per-layer cost
     inside the forward is a few attribute stores rather than a dozen small kernels.
-
-    `prompt`: also each wanted query's attention to the prompt (`app.engine.prompt_attention`),
-    from that layer's score rows; `prompt_statistics()` returns them.
     """
 
     n_lags: int
     num_layers: int
     query_start: int = 0
     allow_fused_kernel: bool = True
-    prompt: PromptColumns | None = None
     rows: list[torch.Tensor | None] = field(default_factory=list)
     decode_steps: list[_DecodeStep | None] = field(default_factory=list)
-    prompt_shares: list[torch.Tensor | None] = field(default_factory=list)  # per layer [batch, queries, heads, 2]
     # Per mask object: (the mask, kept alive so its id stays its own; its additive form).
     _additive_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # Per key length: (the attention mask it was cut from, its window), reused by the layers of a step.
@@ -155,33 +148,6 @@ class AttentionCapture:
     def __post_init__(self) -> None:
         self.rows = [None] * self.num_layers
         self.decode_steps = [None] * self.num_layers
-        self.prompt_shares = [None] * self.num_layers
-
-    def prompt_statistics(self) -> torch.Tensor:
-        """`[batch, queries, families x layers x heads]` float32 on CPU: each wanted query's attention to the
-        prompt, in `prompt_statistic_names` order (family, then layer, then head)."""
-        missing = [i for i, shares in enumerate(self.prompt_shares) if shares is None]
-        if self.prompt is None or missing:
-            raise RuntimeError(f"prompt attention missing for layers {missing}")
-        device = self.prompt_shares[0].device  # type: ignore[union-attr]
-        layers = torch.stack([shares.to(device) for shares in self.prompt_shares], dim=2)  # type: ignore[union-attr]
-        batch, queries = layers.shape[:2]
-        # [batch, queries, layers, heads, families] -> [batch, queries, families, layers, heads]
-        return layers.permute(0, 1, 4, 2, 3).reshape(batch, queries, -1).cpu()
-
-    def record_prompt_shares(
-        self, module: torch.nn.Module, scores: torch.Tensor, log_sum_exp: torch.Tensor, decode: bool
-    ) -> None:
-        """The layer's attention to the prompt from its masked float32 scores and their normaliser: a decode
-        step's GQA-packed `[batch, kv_heads, groups, keys]`, or `[batch, heads, queries, keys]`."""
-        if self.prompt is None:
-            return
-        shares = self.prompt.shares(scores, log_sum_exp)
-        if decode:
-            shares = shares.reshape(shares.shape[0], 1, -1, 2)  # [batch, 1, heads, 2]
-        else:
-            shares = shares.transpose(1, 2)  # [batch, queries, heads, 2]
-        self.prompt_shares[_layer(module)] = shares
 
     def stacked(self) -> torch.Tensor:
         """All layers as one `[batch, queries, layers, heads, n_lags + 1]` float32 tensor on CPU."""
@@ -308,10 +274,6 @@ def _decode_rows(
     output, log_sum_exp = result
     keys, window_mask = _last_keys(key, attention_mask, capture)
     capture.decode_steps[_layer(module)] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scaling)
-    if capture.prompt is not None:
-        scores = _packed_scores(packed, key, attention_mask, scaling)
-        # The scores' own normaliser: the kernel's comes from the model's dtype (bf16 would skew the shares).
-        capture.record_prompt_shares(module, scores, torch.logsumexp(scores, dim=-1), decode=True)
     return output.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous()
 
 
@@ -366,17 +328,6 @@ def _record_decode_row(
     batch, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     packed = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    scores = _packed_scores(packed, key, attention_mask, scale)
-    log_sum_exp = torch.logsumexp(scores, dim=-1)
-    keys, window_mask = _last_keys(key, attention_mask, capture)
-    capture.decode_steps[_layer(module)] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scale)
-    capture.record_prompt_shares(module, scores, log_sum_exp, decode=True)
-
-
-def _packed_scores(
-    packed: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """A decode step's masked float32 scores `[batch, kv_heads, groups, keys]` from GQA-packed queries."""
     # float32 scores, as for the window weights (bf16 scores would skew the normaliser by ~5%).
     scores = torch.matmul(packed.float(), key.float().transpose(-1, -2)) * scale  # [b, kvh, g, kv]
     if attention_mask is not None:
@@ -384,11 +335,13 @@ def _packed_scores(
             scores = scores.masked_fill(~attention_mask, float("-inf"))
         else:
             scores = scores + attention_mask.float()
-    return scores
+    keys, window_mask = _last_keys(key, attention_mask, capture)
+    capture.decode_steps[_layer(module)] = _DecodeStep(
+        packed, keys, window_mask, torch.logsumexp(scores, dim=-1), scale
+    )
 
 
 def _scored_rows(
-    module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     attention_mask: torch.Tensor | None,
@@ -412,7 +365,6 @@ def _scored_rows(
         causal = torch.arange(kv_length, device=query.device)[None, :] <= query_positions[:, None]
         scores = scores.masked_fill(~causal, float("-inf"))
     log_sum_exp = torch.logsumexp(scores, dim=-1, keepdim=True)
-    capture.record_prompt_shares(module, scores, log_sum_exp[..., 0], decode=False)
     return torch.exp(_lag_window(scores, query_positions, capture.n_lags) - log_sum_exp)
 
 
@@ -464,12 +416,9 @@ def _explicit_attention(
             log_sum_exp = torch.logsumexp(scores, dim=-1).reshape(batch, key.shape[1], groups)
             keys, window_mask = _last_keys(key, attention_mask, capture)
             capture.decode_steps[_layer(module)] = _DecodeStep(packed, keys, window_mask, log_sum_exp, scale, softcap)
-            batch_scores = scores.reshape(batch, key.shape[1], groups, kv_length)
-            capture.record_prompt_shares(module, batch_scores, log_sum_exp, decode=True)
         else:
             wanted = scores[:, :, capture.query_start :, :]
             log_sum_exp = torch.logsumexp(wanted, dim=-1, keepdim=True)
-            capture.record_prompt_shares(module, wanted, log_sum_exp[..., 0], decode=False)
             window = _lag_window(wanted, query_positions[capture.query_start :], capture.n_lags)
             capture.rows[_layer(module)] = torch.exp(window - log_sum_exp)
     return output.transpose(1, 2).contiguous()
@@ -509,7 +458,7 @@ def capture_attention_forward(
     output, _ = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )
-    tad_capture.rows[_layer(module)] = _scored_rows(module, query, key, attention_mask, scale, tad_capture)
+    tad_capture.rows[_layer(module)] = _scored_rows(query, key, attention_mask, scale, tad_capture)
     return output, None
 
 

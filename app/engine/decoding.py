@@ -17,19 +17,15 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from app.engine.attention_capture import AttentionCapture
 from app.engine.detokenizer import final_text, find_stop_string
-from app.engine.prompt_attention import PromptColumns, prompt_statistic_names
 from app.engine.sampling import RawDistribution, choose_token, make_generator, top_alternatives
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState, TokenRecord
-from app.engine.token_stats import TOKEN_STATISTICS
 
 logger = logging.getLogger(__name__)
 
@@ -47,30 +43,10 @@ class DecodeContext:
     num_layers: int
     allow_fused_kernel: bool = True
     last_row: bool = True  # compute the last token's own step row (the consuming convention needs it)
-    # Each token's attention to the prompt per layer and head (app/engine/prompt_attention.py), which an
-    # artifact fitted with those statistics reads; needs capture.
-    prompt_statistics: bool = False
-    num_heads: int = 0
-
-    def __post_init__(self) -> None:
-        if self.prompt_statistics and not self.capturing:
-            raise ValueError("the prompt-attention statistics need attention capture (n_lags > 0)")
-        if self.prompt_statistics and self.num_heads < 1:
-            raise ValueError("the prompt-attention statistics need the model's head count (num_heads)")
 
     @property
     def capturing(self) -> bool:
         return self.n_lags > 0
-
-    @cached_property
-    def prompt_statistic_names(self) -> tuple[str, ...]:
-        """The prompt-attention statistics every token gets (none unless `prompt_statistics`)."""
-        return prompt_statistic_names(self.num_layers, self.num_heads) if self.prompt_statistics else ()
-
-    @property
-    def statistic_names(self) -> tuple[str, ...]:
-        """Every per-token statistic a token's record holds."""
-        return (*TOKEN_STATISTICS, *self.prompt_statistic_names)
 
     @property
     def decoder(self) -> torch.nn.Module:
@@ -79,8 +55,7 @@ class DecodeContext:
         decoder = get_decoder() if callable(get_decoder) else None
         return decoder if isinstance(decoder, torch.nn.Module) else self.model
 
-    def new_capture(self, query_start: int = 0, prompt: PromptColumns | None = None) -> AttentionCapture | None:
-        """`prompt`: where each row's prompt lies, when its attention statistics are wanted too."""
+    def new_capture(self, query_start: int = 0) -> AttentionCapture | None:
         if not self.capturing:
             return None
         return AttentionCapture(
@@ -88,14 +63,7 @@ class DecodeContext:
             num_layers=self.num_layers,
             query_start=query_start,
             allow_fused_kernel=self.allow_fused_kernel,
-            prompt=prompt if self.prompt_statistics else None,
         )
-
-    def prompt_columns(self, starts: Sequence[int], lengths: Sequence[int], width: int) -> PromptColumns | None:
-        """Where each row's prompt lies among `width` key columns, or None when its statistics are not wanted."""
-        if not self.prompt_statistics:
-            return None
-        return PromptColumns.build(starts, lengths, width, self.device)
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,12 +191,8 @@ class PromptPrefill:
         if end < columns.width:
             columns.fill(end)
             return None
-        lengths = [len(request.prompt_ids) for request in self.requests]
-        prompt = context.prompt_columns([end - length for length in lengths], lengths, end)
-        # Only the first answer token's attention to the prompt is read here (the last query's).
-        capture = context.new_capture(query_start=end - columns.done - 1, prompt=prompt) if prompt else None
         with torch.inference_mode():
-            logits = context.model(**columns.inputs(end), logits_to_keep=1, tad_capture=capture).logits[:, -1, :]
+            logits = context.model(**columns.inputs(end), logits_to_keep=1).logits[:, -1, :]
         columns.done = end
         sequences = [
             SequenceState(
@@ -237,8 +201,7 @@ class PromptPrefill:
             for r in self.requests
         ]
         batch = DecodeBatch(context, sequences, columns.cache, columns.mask, columns.mask.long().sum(-1))
-        prompt_values = None if capture is None else capture.prompt_statistics()[:, -1].numpy()
-        batch._choose_next(logits, active=list(range(len(sequences))), prompt_values=prompt_values)
+        batch._choose_next(logits, active=list(range(len(sequences))))
         return batch
 
 
@@ -278,7 +241,7 @@ class DecodeBatch:
         ).view(size, 1)
         ones = torch.ones((size, 1), dtype=self.attention_mask.dtype, device=self.attention_mask.device)
         self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
-        capture = self.context.new_capture(prompt=self._prompt_columns())
+        capture = self.context.new_capture()
         active = [index for index, seq in enumerate(self.sequences) if not seq.finished]
         inputs_kwargs = {
             "input_ids": inputs,
@@ -305,28 +268,11 @@ class DecodeBatch:
             for index, seq in enumerate(self.sequences):
                 if len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
                     seq.attention_rows.append(rows[index])
-        prompt_values = capture.prompt_statistics()[:, 0].numpy() if capture and capture.prompt else None
         if active:
-            self._choose_next(logits, active, greedy, prompt_values)
+            self._choose_next(logits, active, greedy)
 
-    def _prompt_columns(self) -> PromptColumns | None:
-        """Where each row's prompt lies in this step's key columns: from its first unmasked column (rows are
-        left-padded and contiguous, merges and trims keep them so) for its prompt's length."""
-        if not self.context.prompt_statistics:
-            return None
-        starts = (self.attention_mask != 0).int().argmax(dim=1).tolist()
-        lengths = [len(seq.request.prompt_ids) for seq in self.sequences]
-        return self.context.prompt_columns(starts, lengths, int(self.attention_mask.shape[1]))
-
-    def _choose_next(
-        self,
-        logits: torch.Tensor,
-        active: list[int],
-        greedy: list[int] | None = None,
-        prompt_values: np.ndarray | None = None,
-    ) -> None:
-        """`greedy`: each row's argmax when the caller has read it already; `prompt_values` `[rows,
-        statistics]`: each row's attention to its prompt at this step (`DecodeContext.prompt_statistic_names`)."""
+    def _choose_next(self, logits: torch.Tensor, active: list[int], greedy: list[int] | None = None) -> None:
+        """`greedy`: each row's argmax when the caller has read it already."""
         distribution = RawDistribution.from_logits(logits)
         if greedy is None:
             greedy = torch.argmax(logits, dim=-1).tolist()
@@ -351,10 +297,13 @@ class DecodeBatch:
                 seq.finish(FinishReason.STOP)
                 continue
             alternatives = top_alternatives(distribution.log_probs[index], seq.params.top_logprobs)
-            token_stats = {name: values[position] for name, values in stats.items()}
-            if prompt_values is not None:
-                token_stats.update(zip(self.context.prompt_statistic_names, prompt_values[index].tolist(), strict=True))
-            seq.tokens.append(TokenRecord(token_id=token, stats=token_stats, top_logprobs=tuple(alternatives)))
+            seq.tokens.append(
+                TokenRecord(
+                    token_id=token,
+                    stats={name: values[position] for name, values in stats.items()},
+                    top_logprobs=tuple(alternatives),
+                )
+            )
             if seq.params.stop and self._hit_stop_string(seq):
                 continue
             if len(seq.tokens) >= seq.params.max_new_tokens:

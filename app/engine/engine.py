@@ -23,16 +23,10 @@ class Engine:
     """Tokenisation, chat templates, batched generation with capture, teacher-forced scoring."""
 
     def __init__(
-        self,
-        loaded: LoadedModel,
-        n_lags: int,
-        allow_fused_kernel: bool = True,
-        last_row: bool = True,
-        prompt_statistics: bool = False,
+        self, loaded: LoadedModel, n_lags: int, allow_fused_kernel: bool = True, last_row: bool = True
     ) -> None:
         """`n_lags`: capture keys 0..n_lags back at every step (0 = no capture); `last_row`: also the last
-        token's own step row, which only the consuming convention reads (docs/method.md §2);
-        `prompt_statistics`: each token's attention to the prompt too (app/engine/prompt_attention.py)."""
+        token's own step row, which only the consuming convention reads (docs/method.md §2)."""
         self.loaded = loaded
         tokenizer = loaded.tokenizer
         stop_ids = set(tokenizer.all_special_ids)
@@ -54,8 +48,6 @@ class Engine:
             num_layers=loaded.identity.num_layers,
             allow_fused_kernel=allow_fused_kernel,
             last_row=last_row,
-            prompt_statistics=prompt_statistics,
-            num_heads=loaded.identity.num_heads,
         )
 
     # ------------------------------------------------------------------ facts
@@ -80,28 +72,15 @@ class Engine:
         return self.context.capturing
 
     @property
-    def prompt_statistics(self) -> bool:
-        """Whether every token gets its attention to the prompt (app/engine/prompt_attention.py)."""
-        return self.context.prompt_statistics
-
-    @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.loaded.tokenizer, "chat_template", None))
 
     def with_lags(self, n_lags: int) -> Engine:
         """The same loaded model capturing a different number of lags (no reload)."""
-        prompt_statistics = self.context.prompt_statistics and n_lags > 0  # they need capture
-        return self._clone(replace(self.context, n_lags=n_lags, prompt_statistics=prompt_statistics))
-
-    def with_prompt_statistics(self) -> Engine:
-        """The same loaded model also computing each token's attention to the prompt (no reload)."""
-        return self._clone(replace(self.context, prompt_statistics=True))
-
-    def _clone(self, context: DecodeContext) -> Engine:
         clone = object.__new__(Engine)
         clone.loaded = self.loaded
         clone._token_bytes = self._token_bytes
-        clone.context = context
+        clone.context = replace(self.context, n_lags=n_lags)
         return clone
 
     # ------------------------------------------------------------------ text
@@ -159,7 +138,7 @@ class Engine:
         return run_continuously(self.context, requests, max_batch)
 
     def trace(self, sequence: SequenceState) -> TokenTrace:
-        return trace_of(sequence, self.context.statistic_names)
+        return trace_of(sequence)
 
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
         """Teacher-forced traces of given (prompt ids, response ids) pairs."""

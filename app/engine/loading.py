@@ -1,4 +1,4 @@
-"""Finding and loading the LLM: hub id, local folder, GGUF file, or a file inside a package.
+"""Finding and loading the LLM: a catalog name, hub id, local folder, GGUF file, or a file inside a package.
 
 A GGUF file takes 15-25 s to parse and dequantise; the first load writes a dequantised
 safetensors copy keyed by the file's sha256, which later starts reload in under a second
@@ -23,6 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from app.engine.architectures import ArchitectureSupport, UnsupportedArchitecture, check_architecture
 from app.engine.attention_capture import register_capture_attention
+from app.engine.catalog import known_model, known_names
+from app.engine.split_gguf import SplitGGUFError
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.settings import DEFAULT_CACHE_DIR
@@ -97,10 +99,20 @@ def _package_file(package: str, relative: str, cache_dir: Path | None) -> str:
 def resolve_source(spec: str, cache_dir: Path | None = None) -> ModelSource:
     """Turn the `model` setting into a source.
 
-    `pkg:<package>/<file>` names a file shipped inside an installed package, found with
-    `importlib.util.find_spec` without importing the package; `pkg:<package>` alone, the
-    package's one GGUF file or the file its `assemble()` builds (chunked packages).
+    A catalog name (`qwen2.5-coder-1.5b`, app/engine/catalog.py) stands for its spec, or for its
+    file joined from parts into the cache. `pkg:<package>/<file>` names a file shipped inside an
+    installed package, found with `importlib.util.find_spec` without importing the package;
+    `pkg:<package>` alone, the package's one GGUF file or the file its `assemble()` builds
+    (chunked packages).
     """
+    known = known_model(spec)
+    if known is not None and known.split is not None:
+        try:
+            spec = str(known.split.assembled((cache_dir or DEFAULT_CACHE_DIR) / "assembled" / known.name))
+        except (OSError, SplitGGUFError) as error:
+            raise ModelLoadError(f"model {known.name!r}: {error}") from error
+    elif known is not None and known.spec is not None:
+        spec = known.spec
     if spec.startswith(PACKAGE_SCHEME):
         package, _, relative = spec[len(PACKAGE_SCHEME) :].partition("/")
         spec = _package_file(package, relative, cache_dir)
@@ -113,6 +125,12 @@ def resolve_source(spec: str, cache_dir: Path | None = None) -> ModelSource:
         return ModelSource(kind="dir", location=str(path))
     if path.is_absolute() or spec.startswith("."):
         raise ModelLoadError(f"model path not found: {path}")
+    if "/" not in spec:
+        # A hub id is always <org>/<name>; a bare word is a mistyped name or a missing file.
+        raise ModelLoadError(
+            f"unknown model {spec!r}: not a model name ({known_names()}), an existing file or folder, "
+            "or a hub id <org>/<name>"
+        )
     return ModelSource(kind="hub", location=spec)
 
 
@@ -137,11 +155,32 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+_NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (AVX-512 BF16, AMX); Arm (FEAT_BF16)
+
+
+def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has bf16 arithmetic instructions: there bf16 decodes about 3x faster than float32
+    at batch 8 (docs/performance.md); elsewhere it is emulated and slower."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return bool(_NATIVE_BF16_FLAGS & set(value.split()))
+    return False
+
+
+def resolve_dtype(dtype: str, device: str, artifact_dtype: str | None = None) -> torch.dtype:
+    """`auto`: the dtype the artifact's training answers were generated in (its scores were fitted on
+    that model's numbers), else bfloat16 where the device computes it natively, else float32."""
     if dtype == "auto":
-        if device.startswith("cuda") and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
+        if artifact_dtype is not None:
+            return resolve_dtype(artifact_dtype, device)
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if device == "cpu" and cpu_computes_bf16() else torch.float32
     try:
         resolved = getattr(torch, dtype)
     except AttributeError as error:
@@ -190,12 +229,14 @@ def load_model(
     dtype: str = "auto",
     cache_dir: Path | None = None,
     verify_sha256: bool = True,
+    artifact_dtype: str | None = None,
 ) -> LoadedModel:
-    """Load tokenizer and model with the capturing attention, in eval mode."""
+    """Load tokenizer and model with the capturing attention, in eval mode (`artifact_dtype`: see
+    `resolve_dtype`)."""
     source = resolve_source(spec, cache_dir)
     sha256 = weights_sha256(source) if verify_sha256 else "unverified"
     resolved_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, resolved_device)
+    torch_dtype = resolve_dtype(dtype, resolved_device, artifact_dtype)
     attention = register_capture_attention()
     load_from: str = source.location
     extra: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -120,11 +120,10 @@ class SequenceState:
         return np.stack(rows)
 
 
-def trace_of(sequence: SequenceState, names_if_empty: Iterable[str] = TOKEN_STATISTICS) -> TokenTrace:
-    """The trace of a sequence's kept tokens, as the uncertainty methods read it; `names_if_empty`: the
-    statistics an answer without tokens has (empty arrays), which its tokens would have had."""
+def trace_of(sequence: SequenceState) -> TokenTrace:
+    """The trace of a sequence's kept tokens, as the uncertainty methods read it."""
     kept = sequence.kept_tokens
-    names = kept[0].stats.keys() if kept else names_if_empty
+    names = kept[0].stats.keys() if kept else TOKEN_STATISTICS.keys()
     return TokenTrace(
         token_ids=tuple(token.token_id for token in kept),
         stats={name: np.array([token.stats[name] for token in kept], dtype=np.float64) for name in names},

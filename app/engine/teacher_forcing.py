@@ -1,9 +1,8 @@
 """Scoring a given answer with a teacher-forced forward pass (its prompt part in chunks if wanted).
 
 For an answer the service generated itself, this reproduces the probabilities,
-entropies, attention rows and attention to the prompt of generation (to float rounding):
-the prompt and answer token ids are the same, and so are the positions and the capture
-convention.
+entropies and attention rows of generation (to float rounding): the prompt and answer
+token ids are the same, and so are the positions and the capture convention.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import torch
 
 from app.engine.decoding import ChunkedColumns, DecodeContext
 from app.engine.sampling import RawDistribution
+from app.engine.token_stats import TOKEN_STATISTICS
 from app.uncertainty.trace import TokenTrace
 
 
@@ -46,7 +46,6 @@ class ScoringPass:
             return
         self.columns = ChunkedColumns(context, [list(prompt) + list(response) for prompt, response in pairs])
         self.tail_start = self.columns.width - self.longest - 1  # >= 0: every prompt has a token
-        self.prompt_lengths = [len(prompt) for prompt, _ in pairs]
 
     def advance(self, max_tokens: int | None = None) -> list[TokenTrace] | None:
         """Run the prompts' next chunk of at most `max_tokens` tokens (at least one column), or, once
@@ -62,28 +61,15 @@ class ScoringPass:
         return None
 
     def _last_forward(self) -> list[TokenTrace]:
-        """The columns left, rows captured for the answer columns only (and the column before them, whose
-        query produces the first answer token, for the attention to the prompt)."""
+        """The columns left, rows captured for the answer columns only."""
         context, longest, columns = self.context, self.longest, self.columns
-        width = columns.width
-        prompt = context.prompt_columns(
-            [width - length - self.lengths[row] for row, length in enumerate(self.prompt_lengths)],
-            self.prompt_lengths,
-            width,
-        )
-        # With the prompt's statistics, query row j produces answer token j (the row's step row is j + 1).
-        first_query = self.tail_start if prompt is not None else self.tail_start + 1
-        capture = context.new_capture(query_start=first_query - columns.done, prompt=prompt)
+        capture = context.new_capture(query_start=self.tail_start + 1 - columns.done)
         with torch.inference_mode():
-            output = context.model(**columns.inputs(width), logits_to_keep=longest + 1, tad_capture=capture)
+            output = context.model(**columns.inputs(columns.width), logits_to_keep=longest + 1, tad_capture=capture)
         self.done = True
         # logits[:, j] predicts the answer token at column tail_start + 1 + j.
         logits = output.logits[:, :-1, :]
-        rows = capture.stacked().numpy() if capture is not None else None  # [b, longest (+ 1), L, H, N + 1]
-        prompt_values = None
-        if capture is not None and prompt is not None:
-            rows = rows[:, 1:]  # type: ignore[index]
-            prompt_values = capture.prompt_statistics().numpy()[:, :longest]  # [b, longest, statistics]
+        rows = capture.stacked().numpy() if capture is not None else None  # [b, longest, L, H, N + 1]
         traces = []
         for index, response in enumerate(self.responses):
             count = self.lengths[index]
@@ -93,15 +79,11 @@ class ScoringPass:
             start = longest - count
             distribution = RawDistribution.from_logits(logits[index, start:longest])
             targets = torch.tensor(list(response), dtype=torch.long, device=distribution.log_probs.device)
-            token_stats = distribution.token_stats(targets)
-            stats = {name: np.array(values, dtype=np.float64) for name, values in token_stats.items()}
-            if prompt_values is not None:
-                shares = prompt_values[index, start:longest].astype(np.float64)
-                stats.update(zip(context.prompt_statistic_names, shares.T, strict=True))
+            stats = distribution.token_stats(targets)
             traces.append(
                 TokenTrace(
                     token_ids=response,
-                    stats=stats,
+                    stats={name: np.array(values, dtype=np.float64) for name, values in stats.items()},
                     attention=None if rows is None else np.ascontiguousarray(rows[index, start:longest]),
                 )
             )
@@ -111,6 +93,6 @@ class ScoringPass:
 def _empty_trace(context: DecodeContext) -> TokenTrace:
     return TokenTrace(
         token_ids=(),
-        stats={name: np.zeros(0) for name in context.statistic_names},
+        stats={name: np.zeros(0) for name in TOKEN_STATISTICS},
         attention=None if not context.capturing else np.zeros((0, 0, 0, context.n_lags + 1), dtype=np.float32),
     )

@@ -39,9 +39,6 @@ class AnswerProgress:
         wants_confidences = stream_tokens or (self.early_stop and policy.needs_artifact)
         self.tad_stream = scorer.stream() if wants_confidences else None
         self.detokenizer = engine.stream_detokenizer() if stream_tokens else None
-        # Each token's extra statistics as the stream reads them, gathered once per token: an artifact
-        # may read hundreds (the attention to the prompt), which every step would otherwise gather again.
-        self._extras: list[np.ndarray] = []
 
     def tad_pending(self, sequence: SequenceState) -> tuple[TadStream, int, list[np.ndarray]] | None:
         """What the next `on_step` will hand TAD's stream (the stream, the number of log-probs, the step
@@ -56,14 +53,7 @@ class AnswerProgress:
         confidences: list[float] | None = None
         if self.tad_stream is not None:
             tokens = sequence.tokens
-            spec = self.tad_stream.scorer.spec
-            extras = None
-            if spec.extra_stats:
-                for token in tokens[len(self._extras) :]:
-                    row = spec.extras({name: [token.stats[name]] for name in spec.extra_stats})
-                    self._extras.append(row[0])  # type: ignore[index]
-                extras = self._extras
-            self.tad_stream.advance([token.logprob for token in tokens], sequence.attention_rows, extras)
+            self.tad_stream.advance([token.logprob for token in tokens], sequence.attention_rows)
             confidences = self.tad_stream.confidences
         events: list[Event] = []
         if self.detokenizer is not None and not sequence.abandoned:

@@ -19,9 +19,7 @@ from enum import StrEnum
 import torch
 
 from app.engine.engine import Engine
-from app.engine.loading import ModelIdentity, ModelLoadError, load_model
-from app.engine.prompt_attention import is_prompt_statistic, wants_prompt_statistics
-from app.engine.token_stats import TOKEN_STATISTICS
+from app.engine.loading import ModelLoadError, load_model
 from app.errors import NotReady
 from app.hashing import file_sha256
 from app.serving.policy import Policy, default_method, method_problem, resolve_policy
@@ -30,7 +28,7 @@ from app.settings import Settings
 from app.telemetry import ServiceMetrics
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
-from app.uncertainty.features import Convention, statistics_text
+from app.uncertainty.features import Convention
 from app.uncertainty.methods import Method
 
 logger = logging.getLogger(__name__)
@@ -124,14 +122,9 @@ class Runtime:
         )
         if artifact is not None:
             artifact.check_model(loaded.identity)
-            uncomputed = _uncomputed_statistics(artifact, loaded.identity)
-            if uncomputed:
-                raise StartupError(uncomputed)
         # The generating convention never reads the last token's own step row: no extra step for it.
         last_row = artifact is None or artifact.convention is Convention.CONSUMING
-        # The attention to the prompt costs one more score product per layer and step: only when read.
-        prompt_statistics = artifact is not None and wants_prompt_statistics(artifact.manifest.features.extra_stats)
-        self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row, prompt_statistics=prompt_statistics)
+        self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row)
         self.serving = self._serving(artifact)
         self._check_policy()
         self.scheduler = Scheduler(
@@ -274,14 +267,6 @@ class Runtime:
 
     def _check_capture(self, artifact: TadArtifact, engine: Engine) -> None:
         """The running engine must capture what the new artifact reads; otherwise it needs a restart."""
-        uncomputed = _uncomputed_statistics(artifact, engine.identity)
-        if uncomputed:
-            raise ArtifactReloadError(uncomputed)
-        if wants_prompt_statistics(artifact.manifest.features.extra_stats) and not engine.prompt_statistics:
-            raise ArtifactReloadError(
-                f"artifact {artifact.path} reads the attention to the prompt, which the running engine does not "
-                "compute: restart the service to compute it"
-            )
         if artifact.n_lags != engine.n_lags:
             raise ArtifactReloadError(
                 f"artifact {artifact.path} reads {artifact.n_lags} lags, the running engine captures "
@@ -367,19 +352,3 @@ class Runtime:
     def shutdown(self) -> None:
         if self.scheduler is not None:
             self.scheduler.stop()
-
-
-def _uncomputed_statistics(artifact: TadArtifact, identity: ModelIdentity) -> str | None:
-    """Why the engine cannot feed the artifact's per-token statistics (None when it can): an artifact from a
-    study (`fit --extra-stats` on annotated runs) may read hundreds that generation does not compute."""
-    missing = [
-        name
-        for name in artifact.manifest.features.extra_stats
-        if name not in TOKEN_STATISTICS and not is_prompt_statistic(name, identity.num_layers, identity.num_heads)
-    ]
-    if not missing:
-        return None
-    return (
-        f"artifact {artifact.path} scores with {len(missing)} per-token statistics the server does not "
-        f"compute ({statistics_text(missing)})"
-    )

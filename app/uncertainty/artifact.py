@@ -44,10 +44,34 @@ class FeatureInfo(BaseModel):
     num_heads: int = Field(ge=1)
     # Artifacts from before the field existed were all trained with the consuming convention.
     convention: Convention = Convention.CONSUMING
+    # Features that studies added and that were not adopted: per-token statistics after p_i, and the authors'
+    # p_i * c_{i-l} terms. Manifests still carry them, empty and false; an artifact fitted with either is
+    # refused, since this code would score it on other features than it was fitted on.
     extra_stats: list[str] = Field(default_factory=list)
-    products: bool = False  # artifacts from before the field existed have none
+    products: bool = False
     stage1_size: int
     stage2_size: int
+
+    @field_validator("extra_stats")
+    @classmethod
+    def _no_extra_statistics(cls, names: list[str]) -> list[str]:
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise ValueError(
+                f"the artifact reads per-token statistics as features ({shown}), which this version does not "
+                "support: refit it without them"
+            )
+        return names
+
+    @field_validator("products")
+    @classmethod
+    def _no_products(cls, products: bool) -> bool:
+        if products:
+            raise ValueError(
+                "the artifact reads the product terms p_i * c_{i-l} as features, which this version does not "
+                "support: refit it without them"
+            )
+        return products
 
     def spec(self) -> FeatureSpec:
         return FeatureSpec(
@@ -56,8 +80,6 @@ class FeatureInfo(BaseModel):
             num_heads=self.num_heads,
             order=self.order,
             convention=self.convention,
-            extra_stats=tuple(self.extra_stats),
-            products=self.products,
         )
 
 
@@ -125,6 +147,9 @@ class Manifest(BaseModel):
     format_version: Literal[1] = FORMAT_VERSION
     created_at: str
     llm: ModelIdentity
+    # The dtype the training answers were generated in: `dtype=auto` serves the model in it, so that the
+    # regressor sees the numbers it was fitted on. Artifacts from before the field were all float32.
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     features: FeatureInfo
     epsilon: float = Field(gt=0.0, lt=1.0)
     aggregation: Aggregation
@@ -133,8 +158,10 @@ class Manifest(BaseModel):
     regressor: RegressorInfo
     thresholds: dict[Method, dict[str, Threshold]] = Field(default_factory=dict)
     default_target: str | None = None
-    # The score the service decides with by default: TAD's, or TAD blended with baselines.
     blend: BlendInfo | None = None
+    # The score the service decides with by default. `fit` writes TAD unless a free score beat it in
+    # cross-validation with an interval excluding 0; absent in older artifacts (then: the blend if any, else TAD).
+    decision_method: Method | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
@@ -164,7 +191,10 @@ class TadArtifact:
 
     @property
     def decision_method(self) -> Method:
-        """What the service decides with unless told otherwise: the blend where the artifact has one."""
+        """What the service decides with unless told otherwise: the manifest's choice; for artifacts from
+        before it was recorded, the blend where the artifact has one, else TAD."""
+        if self.manifest.decision_method is not None:
+            return self.manifest.decision_method
         return Method("tad_blend") if self.manifest.blend is not None else Method("tad")
 
     def check_model(self, identity: ModelIdentity) -> None:

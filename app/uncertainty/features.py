@@ -4,10 +4,8 @@ Ordering `tad-v1` for token i >= 2 (1-based), with N lags:
 
     for l = 1..N:  [ p_{i-l}, c_{i-l}, a_{i,i-l}[layer 0 head 0], ..., a_{i,i-l}[layer L-1 head H-1] ]
     then           [ p_i ]
-    then           [ extra statistics of token i ]   (only when the spec names some, e.g. entropy)
-    then           [ p_i * c_{i-1}, ..., p_i * c_{i-N} ]   (only with `products`: the authors' code's terms)
 
-and zeros wherever i - l < 1. Stage 1 uses only `[p_{i-1}, ..., p_{i-N}, p_i]` (then the extras).
+and zeros wherever i - l < 1. Stage 1 uses only `[p_{i-1}, ..., p_{i-N}, p_i]`.
 
 Attention comes as *step rows*: `rows[j]` is `[layers, heads, N + 1]` from the forward step
 that consumes token j + 1 (1-based), slot k = the weight to the key k positions back from
@@ -22,7 +20,7 @@ one value at a time, so every caller gets the same bits for the same token.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -40,13 +38,6 @@ class Convention(StrEnum):
     GENERATING = "generating"  # the step that produces y_i (query: y_{i-1}'s position); the authors' code
 
 
-def statistics_text(names: Sequence[str], shown: int = 3) -> str:
-    """Statistic names for a message: a study's come by the hundred (one per layer and head)."""
-    if len(names) <= shown:
-        return ", ".join(names)
-    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
-
-
 @dataclass(frozen=True)
 class FeatureSpec:
     """The shape of TAD's features for one LLM."""
@@ -56,18 +47,6 @@ class FeatureSpec:
     num_heads: int
     order: str = FEATURE_ORDER
     convention: Convention = Convention.CONSUMING
-    # Per-token statistics of token i appended after p_i (app/engine/token_stats.py), e.g. ("entropy",).
-    extra_stats: tuple[str, ...] = ()
-    # The authors' code also feeds p_i * c_{i-l} per lag: an interaction a linear stage 2 cannot form itself.
-    products: bool = False
-
-    def extras(self, stats: Mapping[str, Sequence[float] | np.ndarray]) -> np.ndarray | None:
-        """The extra columns of each token `[n, E]` float32, or None without extras."""
-        if not self.extra_stats:
-            return None
-        return np.stack([np.asarray(stats[name], dtype=np.float64) for name in self.extra_stats], axis=1).astype(
-            FEATURE_DTYPE
-        )
 
     @property
     def row_shift(self) -> int:
@@ -93,27 +72,15 @@ class FeatureSpec:
 
     @property
     def stage1_size(self) -> int:
-        return self.n_lags + 1 + len(self.extra_stats)
+        return self.n_lags + 1
 
     @property
     def stage2_size(self) -> int:
-        return self.n_lags * self.lag_block + 1 + len(self.extra_stats) + (self.n_lags if self.products else 0)
-
-    @property
-    def product_offset(self) -> int:
-        """Column of p_i * c_{i-1} in a stage-2 vector (the N product columns follow it)."""
-        return self.n_lags * self.lag_block + 1 + len(self.extra_stats)
+        return self.n_lags * self.lag_block + 1
 
     def confidence_columns(self) -> np.ndarray:
         """Column index of c_{i-l} for l = 1..N in a stage-2 vector."""
         return np.arange(self.n_lags) * self.lag_block + 1
-
-    def dynamic_columns(self) -> np.ndarray:
-        """The columns that depend on earlier confidences: c_{i-l}, then p_i * c_{i-l} with `products`."""
-        columns = self.confidence_columns()
-        if self.products:
-            columns = np.concatenate([columns, self.product_offset + np.arange(self.n_lags)])
-        return columns
 
     def lag_attention(self, rows: Sequence[np.ndarray] | np.ndarray, index: int) -> list[float | None] | None:
         """What TAD reads of the attention of the token at 0-based `index`, averaged over layers and heads.
@@ -137,8 +104,6 @@ class FeatureSpec:
             "num_layers": self.num_layers,
             "num_heads": self.num_heads,
             "convention": self.convention.value,
-            "extra_stats": list(self.extra_stats),
-            "products": self.products,
             "stage1_size": self.stage1_size,
             "stage2_size": self.stage2_size,
         }
@@ -149,27 +114,18 @@ def token_probabilities(logprobs: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.array([math.exp(float(value)) for value in logprobs], dtype=FEATURE_DTYPE)
 
 
-def stage1_features(probs: np.ndarray, n_lags: int, extras: np.ndarray | None = None) -> np.ndarray:
-    """Stage-1 vectors of tokens 2..n: `[p_{i-1}, ..., p_{i-N}, p_i]`, then token i's extras if any."""
+def stage1_features(probs: np.ndarray, n_lags: int) -> np.ndarray:
+    """Stage-1 vectors `[n - 1, N + 1]` of tokens 2..n: `[p_{i-1}, ..., p_{i-N}, p_i]`."""
     n = len(probs)
-    n_extra = 0 if extras is None else extras.shape[1]
-    features = np.zeros((max(n - 1, 0), n_lags + 1 + n_extra), dtype=FEATURE_DTYPE)
+    features = np.zeros((max(n - 1, 0), n_lags + 1), dtype=FEATURE_DTYPE)
     for lag in range(1, n_lags + 1):
         rows = np.arange(max(lag - 1, 0), n - 1)  # row r is token r + 2 (1-based); needs r + 1 - lag >= 0
         features[rows, lag - 1] = probs[rows + 1 - lag]
-    features[:, n_lags] = probs[1:]
-    if extras is not None:
-        features[:, n_lags + 1 :] = extras[1:]
+    features[:, -1] = probs[1:]
     return features
 
 
-def stage2_features(
-    probs: np.ndarray,
-    confidences: np.ndarray,
-    rows: np.ndarray,
-    spec: FeatureSpec,
-    extras: np.ndarray | None = None,
-) -> np.ndarray:
+def stage2_features(probs: np.ndarray, confidences: np.ndarray, rows: np.ndarray, spec: FeatureSpec) -> np.ndarray:
     """Stage-2 vectors `[n - 1, spec.stage2_size]` of tokens 2..n from step rows (see the module docstring)."""
     n = len(probs)
     features = np.zeros((max(n - 1, 0), spec.stage2_size), dtype=FEATURE_DTYPE)
@@ -186,25 +142,8 @@ def stage2_features(
         features[targets, offset + 1] = confidences[earlier]
         block = rows[targets + 1 - spec.row_shift, :, :, lag - 1 + spec.slot_shift]
         features[targets, offset + 2 : offset + spec.lag_block] = block.reshape(len(targets), spec.attention_size)
-    base = spec.n_lags * spec.lag_block
-    features[:, base] = probs[1:]
-    if spec.extra_stats:
-        assert extras is not None, "the spec has extra statistics: pass them"
-        features[:, base + 1 : spec.product_offset] = extras[1:]
-    if spec.products:
-        for lag in range(1, spec.n_lags + 1):
-            targets = np.arange(lag - 1, n - 1)
-            features[targets, spec.product_offset + lag - 1] = lag_products(
-                probs[targets + 1], confidences[targets + 1 - lag]
-            )
+    features[:, -1] = probs[1:]
     return features
-
-
-def lag_products(current: np.ndarray | float | np.floating[Any], earlier: np.ndarray | float) -> np.ndarray:
-    """p_i * c_{i-l} from the float32 values the vector holds, multiplied in float64 (one rounding, to float32)."""
-    return (
-        np.asarray(current, dtype=FEATURE_DTYPE).astype(np.float64) * np.asarray(earlier, dtype=FEATURE_DTYPE)
-    ).astype(FEATURE_DTYPE)
 
 
 def stage2_feature_row(
@@ -213,7 +152,6 @@ def stage2_feature_row(
     confidences: Sequence[float] | np.ndarray,
     rows: Sequence[np.ndarray] | np.ndarray,
     spec: FeatureSpec,
-    extras_row: np.ndarray | None = None,
 ) -> np.ndarray:
     """The stage-2 vector of the token at 0-based `index >= 1`, same bits as `stage2_features`."""
     vector = np.zeros(spec.stage2_size, dtype=FEATURE_DTYPE)
@@ -223,14 +161,7 @@ def stage2_feature_row(
         vector[offset] = probs[index - lag]
         vector[offset + 1] = confidences[index - lag]
         vector[offset + 2 : offset + spec.lag_block] = row[:, :, lag - 1 + spec.slot_shift].reshape(spec.attention_size)
-    base = spec.n_lags * spec.lag_block
-    vector[base] = probs[index]
-    if spec.extra_stats:
-        assert extras_row is not None, "the spec has extra statistics: pass them"
-        vector[base + 1 : spec.product_offset] = extras_row
-    if spec.products:
-        for lag in range(1, min(spec.n_lags, index) + 1):
-            vector[spec.product_offset + lag - 1] = lag_products(probs[index], confidences[index - lag])
+    vector[-1] = probs[index]
     return vector
 
 

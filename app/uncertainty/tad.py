@@ -8,8 +8,7 @@ the tokens that arrive together).
 
 A linear C2 (ridge) is applied without building z_i: its weights are split by what they
 multiply (`LinearStage2`), so each token costs one dot product over its step row as captured
-plus dot products with the earlier p's and c's (and, with the spec's `products`, the p_i * c_{i-l}
-terms). Building the 2,700-10,000-value vector and
+plus dot products with the earlier p's and c's. Building the 2,700-10,000-value vector and
 casting it was most of the scorer's time. An MLP C2 (`MLPStage2`) runs its first layer the
 same way, with a weight matrix in place of the vector, and skips scikit-learn's per-call
 input checks.
@@ -24,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from app.uncertainty.features import FEATURE_DTYPE, FeatureSpec, lag_products, stage2_feature_row, token_probabilities
+from app.uncertainty.features import FEATURE_DTYPE, FeatureSpec, stage2_feature_row, token_probabilities
 from app.uncertainty.trace import TokenTrace
 
 
@@ -78,8 +77,6 @@ class LinearStage2:
     probability: np.ndarray  # [N] (or [N, H]) weights of p_{i-l}, l = 1..N
     confidence: np.ndarray  # [N] (or [N, H]) weights of c_{i-l}
     current: float | np.ndarray  # weight of p_i
-    extras: np.ndarray  # [E] (or [E, H]) weights of token i's extra statistics
-    products: np.ndarray  # [N] (or [N, H]) weights of p_i * c_{i-l}; empty without the spec's products
     attention: tuple[np.ndarray, ...]
     slots_read: int  # slots a row must have: N (generating) or N + 1 (consuming)
 
@@ -117,8 +114,6 @@ class LinearStage2:
             probability=blocks[:, 0].copy(),
             confidence=blocks[:, 1].copy(),
             current=weights[base].copy() if outputs else float(weights[base]),
-            extras=weights[base + 1 : spec.product_offset].copy(),
-            products=weights[spec.product_offset :].copy(),
             attention=tuple(attention),
             slots_read=n_lags + spec.slot_shift,
         )
@@ -129,11 +124,10 @@ class LinearStage2:
         probs: Sequence[np.float32] | np.ndarray,
         confidences: Sequence[float],
         row: np.ndarray,
-        extras_row: np.ndarray | None,
         attention_term: np.ndarray | None = None,
     ) -> float:
         """C2 of the token at 0-based `index >= 1`, whose step row is `row`."""
-        return float(self.outputs(index, probs, confidences, row, extras_row, attention_term))
+        return float(self.outputs(index, probs, confidences, row, attention_term))
 
     def outputs(
         self,
@@ -141,7 +135,6 @@ class LinearStage2:
         probs: Sequence[np.float32] | np.ndarray,
         confidences: Sequence[float],
         row: np.ndarray,
-        extras_row: np.ndarray | None,
         attention_term: np.ndarray | None = None,
     ) -> float | np.ndarray:
         """The layer's outputs (a float for a vector of weights, `[H]` for a matrix) at token `index >= 1`.
@@ -154,21 +147,13 @@ class LinearStage2:
         earlier_probs = np.asarray(probs[window], dtype=FEATURE_DTYPE)[::-1].astype(np.float64)
         earlier_confidences = np.asarray(confidences[window], dtype=FEATURE_DTYPE)[::-1].astype(np.float64)
         current = float(np.float32(probs[index]))
-        value = (
+        return (
             self.intercept
             + (self._attention_term(row, lags) if attention_term is None else attention_term)
             + np.dot(earlier_probs, self.probability[:lags])
             + np.dot(earlier_confidences, self.confidence[:lags])
             + self.current * current
         )
-        if len(self.products):
-            # Rounded to float32 as the feature vector holds them.
-            products = lag_products(current, earlier_confidences).astype(np.float64)
-            value = value + np.dot(products, self.products[:lags])
-        if len(self.extras):
-            assert extras_row is not None, "the spec has extra statistics: pass them"
-            value = value + np.dot(np.asarray(extras_row, dtype=FEATURE_DTYPE).astype(np.float64), self.extras)
-        return value
 
     def _attention_term(self, row: np.ndarray, lags: int) -> float | np.ndarray:
         weights = self.attention[lags - 1]
@@ -192,59 +177,45 @@ class MLPStage2:
     work (a 2,970 x 256 product per token for the default model), needs no confidence, so the
     tokens that arrive together get theirs in one matrix product (`attention_terms`): about six
     times cheaper per token than one product each. Only the rest runs token by token.
-
-    Several networks averaged (the MLPs of several seeds, `fit --mlp-seeds`) share that product:
-    their first layers sit side by side in `first`, and the stage 2 predicts their outputs' mean.
     """
 
     first: LinearStage2
-    # Per network, its (weights, biases) after the first layer, and how many of `first`'s outputs are its.
-    networks: tuple[tuple[tuple[np.ndarray, np.ndarray], ...], ...]
-    widths: tuple[int, ...]
-    # Averaged with a linear model (`AveragedRegressor` of a ridge and an MLP, or of a ridge and an average
-    # of MLPs): the linear model's weights are the first layer's last output column, so its prediction
-    # costs one column more, and `predict` halves the sum of its output and the networks' mean.
+    layers: tuple[tuple[np.ndarray, np.ndarray], ...]  # (weights, biases) after the first layer
+    # Averaged with a linear model (`AveragedRegressor` of a ridge and an MLP): the linear model's
+    # weights are the first layer's last output column, so its prediction costs one column more.
     with_linear: bool = False
 
     @classmethod
     def of(cls, regressor: Regressor, spec: FeatureSpec) -> MLPStage2 | None:
-        """The split network(s), or None when the regressor is not such an MLP of this spec's size
-        (alone, an average of such MLPs, or either averaged with one linear model)."""
+        """The split network, or None when the regressor is not such an MLP of this spec's size
+        (alone, or averaged with one linear model)."""
         if isinstance(regressor, AveragedRegressor):
             return cls._averaged(regressor, spec)
-        networks = _relu_networks((regressor,), spec)
-        return None if networks is None else cls._joined(networks, None, spec)
+        network = _relu_network(regressor, spec)
+        if network is None:
+            return None
+        weights, biases = network
+        first = LinearStage2.split(weights[0], biases[0], spec)
+        return cls(first=first, layers=tuple(zip(weights[1:], biases[1:], strict=True)))
 
     @classmethod
     def _averaged(cls, regressor: AveragedRegressor, spec: FeatureSpec) -> MLPStage2 | None:
-        """The split of an average of ReLU MLPs, or of exactly one linear model and one ReLU MLP or one
-        average of them (None otherwise: the feature-vector path scores any other average)."""
+        """The split of exactly one linear model and one ReLU MLP: the linear model rides as the first
+        layer's last output column and `predict` halves the sum of the two outputs (None otherwise: the
+        feature-vector path scores any other average)."""
         members = regressor.members
         linear_at = [i for i, member in enumerate(members) if LinearStage2.of(member, spec) is not None]
-        if not linear_at:
-            networks = _relu_networks(members, spec)
-            return None if networks is None else cls._joined(networks, None, spec)
         if len(members) != 2 or len(linear_at) != 1:
             return None
-        linear, other = members[linear_at[0]], members[1 - linear_at[0]]
-        networks = _relu_networks(other.members if isinstance(other, AveragedRegressor) else (other,), spec)
-        return None if networks is None else cls._joined(networks, linear, spec)
-
-    @classmethod
-    def _joined(
-        cls, networks: list[tuple[list[np.ndarray], list[np.ndarray]]], linear: Regressor | None, spec: FeatureSpec
-    ) -> MLPStage2:
-        first_weights = [weights[0] for weights, _ in networks]
-        first_biases = [biases[0] for _, biases in networks]
-        if linear is not None:
-            first_weights.append(np.asarray(linear.coef_, dtype=np.float64)[:, None])  # type: ignore[attr-defined]
-            first_biases.append(np.array([float(linear.intercept_)]))  # type: ignore[attr-defined]
-        return cls(
-            first=LinearStage2.split(np.hstack(first_weights), np.concatenate(first_biases), spec),
-            networks=tuple(tuple(zip(weights[1:], biases[1:], strict=True)) for weights, biases in networks),
-            widths=tuple(weights[0].shape[1] for weights, _ in networks),
-            with_linear=linear is not None,
-        )
+        linear, network = members[linear_at[0]], _relu_network(members[1 - linear_at[0]], spec)
+        if network is None:
+            return None
+        weights, biases = network
+        coef = np.asarray(linear.coef_, dtype=np.float64)  # type: ignore[attr-defined]
+        first_weights = np.hstack([weights[0], coef[:, None]])
+        first_biases = np.append(biases[0], float(linear.intercept_))  # type: ignore[attr-defined]
+        first = LinearStage2.split(first_weights, first_biases, spec)
+        return cls(first=first, layers=tuple(zip(weights[1:], biases[1:], strict=True)), with_linear=True)
 
     def attention_terms(self, rows: Sequence[np.ndarray], indices: range, row_shift: int) -> np.ndarray:
         """The first layer's attention terms `[len(indices), H]` of tokens `indices` (each >= 1)."""
@@ -284,19 +255,15 @@ class MLPStage2:
         probs: Sequence[np.float32] | np.ndarray,
         confidences: Sequence[float],
         row: np.ndarray,
-        extras_row: np.ndarray | None,
         attention_term: np.ndarray | None = None,
     ) -> float:
-        first = np.asarray(self.first.outputs(index, probs, confidences, row, extras_row, attention_term))
-        total, start = 0.0, 0
-        for width, layers in zip(self.widths, self.networks, strict=True):
-            hidden = first[start : start + width]
-            start += width
-            for weights, biases in layers:
-                hidden = np.dot(np.maximum(hidden, 0.0), weights) + biases
-            total += float(hidden[0])
-        mean = total / len(self.networks)
-        return (mean + float(first[-1])) / 2 if self.with_linear else mean
+        hidden = np.asarray(self.first.outputs(index, probs, confidences, row, attention_term))
+        linear = 0.0
+        if self.with_linear:
+            hidden, linear = hidden[:-1], float(hidden[-1])
+        for weights, biases in self.layers:
+            hidden = np.dot(np.maximum(hidden, 0.0), weights) + biases
+        return (float(hidden[0]) + linear) / 2 if self.with_linear else float(hidden[0])
 
 
 def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
@@ -311,16 +278,6 @@ def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndar
     if np.shape(coefs[0])[0] != spec.stage2_size or np.shape(coefs[-1])[1] != 1:
         return None
     return [np.asarray(c, dtype=np.float64) for c in coefs], [np.asarray(b, dtype=np.float64) for b in intercepts]
-
-
-def _relu_networks(
-    regressors: Sequence[Regressor], spec: FeatureSpec
-) -> list[tuple[list[np.ndarray], list[np.ndarray]]] | None:
-    """`_relu_network` of each regressor, or None when any one is not such a network (or there is none)."""
-    networks = [_relu_network(regressor, spec) for regressor in regressors]
-    if not networks or any(network is None for network in networks):
-        return None
-    return [network for network in networks if network is not None]
 
 
 @dataclass
@@ -342,14 +299,12 @@ class TadStream:
         self,
         logprobs: Sequence[float],
         attention_rows: Sequence[np.ndarray],
-        extras: Sequence[np.ndarray] | np.ndarray | None = None,
     ) -> list[float]:
         """Score every token that can be scored now; return the new confidences.
 
         Token 1 needs only its probability; token i >= 2 also needs its attention row: under
         the generating convention it exists as soon as the token is sampled, under the
-        consuming one a step later. `attention_rows` are step rows (docs/method.md §2);
-        `extras[i]` are token i's extra statistics when the spec names some.
+        consuming one a step later. `attention_rows` are step rows (docs/method.md §2).
         """
         fresh: list[float] = []
         if len(logprobs) > len(self._probs):
@@ -375,7 +330,7 @@ class TadStream:
                 confidence = float(probs[0])
             else:
                 term = None if terms is None else terms[index - start]
-                raw = self._predict(index, probs, attention_rows, None if extras is None else extras[index], term)
+                raw = self._predict(index, probs, attention_rows, term)
                 # A non-finite prediction would poison every later token: treat it as no confidence.
                 confidence = min(max(raw, self.scorer.epsilon), 1.0) if math.isfinite(raw) else self.scorer.epsilon
             self.confidences.append(confidence)
@@ -387,14 +342,13 @@ class TadStream:
         index: int,
         probs: list[np.float32],
         rows: Sequence[np.ndarray],
-        extras_row: np.ndarray | None,
         attention_term: np.ndarray | None,
     ) -> float:
         spec, split = self.scorer.spec, self.scorer.split
         if split is not None:
             row = rows[index - spec.row_shift]
-            return split.predict(index, probs, self.confidences, row, extras_row, attention_term)
-        row = stage2_feature_row(index, probs, self.confidences, rows, spec, extras_row)
+            return split.predict(index, probs, self.confidences, row, attention_term)
+        row = stage2_feature_row(index, probs, self.confidences, rows, spec)
         return predict_one(self.scorer.regressor, row)
 
 
@@ -438,9 +392,7 @@ class TadScorer:
     def stream(self) -> TadStream:
         return TadStream(scorer=self)
 
-    def confidences(
-        self, logprobs: np.ndarray, attention: np.ndarray | None, extras: np.ndarray | None = None
-    ) -> np.ndarray:
+    def confidences(self, logprobs: np.ndarray, attention: np.ndarray | None) -> np.ndarray:
         """Confidences of a whole sequence `[n]` (step rows `[>= rows_needed(n), layers, heads, slots]`)."""
         if len(logprobs) == 0:
             return np.zeros(0)
@@ -448,9 +400,9 @@ class TadScorer:
         if needed and (attention is None or len(attention) < needed):
             raise ValueError(f"TAD needs {needed} attention rows for {len(logprobs)} tokens")
         stream = self.stream()
-        stream.advance(list(logprobs), [] if attention is None else list(attention), extras)
+        stream.advance(list(logprobs), [] if attention is None else list(attention))
         return np.array(stream.confidences, dtype=np.float64)
 
     def confidences_of(self, trace: TokenTrace) -> np.ndarray:
-        """Confidences of a trace (its statistics supply any extra features the spec names)."""
-        return self.confidences(trace.logprobs, trace.attention, self.spec.extras(trace.stats))
+        """Confidences of a trace."""
+        return self.confidences(trace.logprobs, trace.attention)

@@ -159,7 +159,6 @@ def test_answers_given_twice_are_refused(
         ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "1.5"],
         ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "nan"],
         ["fit", "r", "--out", "o", "--epsilon", "0"],
-        ["fit", "r", "--out", "o", "--mlp", "--mlp-average", "--mlp-seeds", "0"],
         ["generate", "--data", "d", "--out", "o", "--max-prompt-tokens", "0"],
     ],
 )
@@ -177,8 +176,6 @@ def test_bad_numbers_are_refused_when_parsed(argv: list[str], capsys: pytest.Cap
     [
         (["--mlp-average"], "--mlp-average needs --mlp"),
         (["--mlp", "--force-average"], "--force-average needs --mlp-average"),
-        (["--mlp", "--mlp-seeds", "2"], "--mlp-seeds needs --mlp-average"),
-        (["--mlp-standardise"], "--mlp-standardise needs --mlp"),
     ],
 )
 def test_stage_2_options_without_what_they_build_on_are_refused(
@@ -203,28 +200,24 @@ def test_summary_and_evaluate_refuse_a_path_that_is_not_a_run(
     assert not (tmp_path / "report").exists()
 
 
-def test_fit_extra_stats_joined_with_plus_are_split_and_each_kept_once(
-    tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    import json
-
-    out = tmp_path / "a"
-    main(
-        [
-            "fit",
-            str(tiny_runs["train"]),
-            "--out",
-            str(out),
-            "--alphas",
-            "1",
-            "--variants",
-            "authors",
-            "--extra-stats",
-            "entropy+top2_margin",
-            "entropy",
-            "--extra-feature-sets",
-            "none",
-            "--no-combiner",
-        ]
-    )
-    assert json.loads((out / "manifest.json").read_text())["features"]["extra_stats"] == ["entropy", "top2_margin"]
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--data", "d", "--out", "o", "--prompt-attention"],
+        ["generate", "--data", "d", "--out", "o", "--shots-from", "s"],
+        ["fit", "r", "--out", "o", "--extra-stats", "entropy"],
+        ["fit", "r", "--out", "o", "--extra-feature-sets", "none"],
+        ["fit", "r", "--out", "o", "--products"],
+        ["fit", "r", "--out", "o", "--mlp", "--mlp-average", "--mlp-seeds", "2"],
+        ["fit", "r", "--out", "o", "--mlp", "--mlp-standardise"],
+        ["lodo", "r", "--test", "t", "--artifact", "a", "--out", "o", "--extra-stats", "entropy"],
+        ["lodo", "r", "--test", "t", "--artifact", "a", "--out", "o", "--products"],
+        ["rescore", "r"],
+    ],
+)
+def test_options_of_studies_not_adopted_are_gone(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err or "invalid choice: 'rescore'" in err

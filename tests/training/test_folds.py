@@ -80,6 +80,7 @@ def test_fit_keeps_a_records_task_and_bare_answers_in_one_fold(
             data=tiny_data["train"],
             out=tmp_path / "bare",
             model=str(tiny_model_dir),
+            dtype="float32",
             n_lags=N_LAGS,
             max_new_tokens=10,
             prompt_style=PromptStyle.BARE,

@@ -110,9 +110,7 @@ def test_fit_cross_validates_centring_and_records_its_choice(tiny_runs: dict[str
     from app.uncertainty.artifact import load_artifact
     from training.commands.fit import FitOptions, run_fit
 
-    manifest = run_fit(
-        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=(), combiner=False)
-    )
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), combiner=False))
     cv = manifest.metrics["cv"]
     assert list(cv["centrings"]) == [c.value for c in TargetCentring]
     kept_so_far = "none"

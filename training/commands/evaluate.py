@@ -24,7 +24,7 @@ from training.rejection import (
     roc_auc_wrong,
 )
 from training.run_source import RunSource, obtain_runs
-from training.runs import TextTrace, check_no_duplicates, check_statistics, iter_texts, read_run_settings
+from training.runs import TextTrace, check_no_duplicates, iter_texts, read_run_settings
 from training.scoring import uncertainty_table
 
 logger = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ def run_evaluate(
         compared = load_artifact(compare_dir)
         if compared.manifest.llm.sha256 != artifact.manifest.llm.sha256:
             raise SystemExit(f"--compare-artifact {compare_dir} was trained for a different model than {artifact_dir}")
-    runs = obtain_runs(source, artifact, *([compared] if compared is not None else []))
+    runs = obtain_runs(source, artifact)
     if compared is not None:
         for run in runs:
             if read_run_settings(run)["n_lags"] < compared.n_lags:
@@ -277,9 +277,6 @@ def run_evaluate(
     if not texts:
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to evaluate")
     check_no_duplicates(t.answer_key for t in texts)
-    for name, scored in (("--artifact", artifact), ("--compare-artifact", compared)):
-        if scored is not None:
-            check_statistics((t.stats for t in texts), scored.manifest.features.extra_stats, name)
     report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared)
     report["runs"] = [str(run) for run in runs]
     out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -50,17 +50,9 @@ from training.groups import (
     selection_metric,
     within_group_prr,
 )
-from training.mlp_inputs import ColumnScaling, fold_into_first_layer
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
-from training.runs import (
-    RUN_FILE,
-    check_no_duplicates,
-    check_run_folders,
-    check_statistics,
-    iter_texts,
-    read_run_settings,
-)
+from training.runs import RUN_FILE, check_no_duplicates, check_run_folders, iter_texts, read_run_settings
 from training.scoring import baseline_table, ranked
 from training.two_stage import (
     FitText,
@@ -88,11 +80,6 @@ MLP_GRIDS: dict[str, dict[str, Sequence[float]]] = {
 }
 
 
-# In an ablation's feature set: the authors' p_i * c_{i-l} terms (FeatureSpec.products), not a statistic.
-PRODUCTS = "products"
-PRODUCTS_ARE_NO_STATISTIC = "--extra-stats: the product terms are not a per-token statistic; use --products"
-
-
 @dataclass(frozen=True)
 class FitOptions:
     runs: Sequence[Path]
@@ -112,26 +99,8 @@ class FitOptions:
     # Install the average even when the trial rule does not keep it (the verdict is still recorded): how the
     # default artifact's was adopted, on the dev split (README, "Ridge and MLP averaged").
     mlp_average_force: bool = False
-    # Also cross-validate the average with the MLP member replaced by the mean of this many MLPs, seeds
-    # `seed`, `seed + 1`, ... (1: not measured); it replaces what would be installed (the average, the MLP or
-    # the ridge) under the trial rule (an ablation: seed averaging only lowers the MLP's variance).
-    mlp_seeds: int = 1
-    # Fit each MLP on unit-variance columns and fold the scaling into its first layer (training/mlp_inputs.py).
-    mlp_standardise: bool = False
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
-    products: bool = False  # the authors' p_i * c_{i-l} terms in every fit, not only as an ablation
-    # Per-token statistics in the features of every fit, not only as an ablation: a candidate statistic is
-    # judged on the dev split this way (an artifact with and without it, `evaluate --compare-artifact`).
-    extra_stats: Sequence[str] = ()
-    # Ablations: extra per-token statistics as features (PRODUCTS: the authors' product terms), tried with the
-    # chosen configuration; kept only when their fold-by-fold gain is significant (paired_gain).
-    extra_feature_sets: Sequence[tuple[str, ...]] = (
-        ("entropy",),
-        ("top2_margin",),
-        ("entropy", "top2_margin"),
-        (PRODUCTS,),
-    )
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
     combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) and blend's grid out of fold
     selection: Selection = Selection.WITHIN_GROUP
@@ -441,13 +410,11 @@ def fit_final(
 
 def mlp_search(
     texts: Sequence[FitText], spec: FeatureSpec, data: FoldData, choice: Choice, options: FitOptions
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
     """Optional stage-2 MLP (stage 1 stays ridge): the paper's grid, same folds and selection.
 
     Returns the best MLP row, the best row of an MLP averaged with the chosen ridge stage 2 (None unless
-    `options.mlp_average`), the best row of `options.mlp_seeds` MLPs averaged with it (None unless more than
-    one) and every row (its `seeds` says how many MLPs it averages). Unlike the ridge path this holds one
-    fold's training matrix in memory.
+    `options.mlp_average`) and every row. Unlike the ridge path this holds one fold's training matrix in memory.
     """
     from itertools import product
 
@@ -455,19 +422,9 @@ def mlp_search(
     configs = [
         dict(zip(MLP_CONFIG_KEYS, values, strict=True)) for values in product(*(grid[key] for key in MLP_CONFIG_KEYS))
     ]
-    seeds = options.mlp_seeds
-    if seeds < 1:
-        raise ValueError(f"mlp_seeds must be at least 1, not {seeds}")
-    if seeds > 1 and not options.mlp_average:
-        raise ValueError("averaging MLPs of several seeds is measured on their average with the ridge (mlp_average)")
-    # Stage-2 kinds: (name, number of MLPs averaged).
-    kinds = [("mlp", 1)]
-    if options.mlp_average:
-        kinds.append(("mlp+ridge", 1))
-    if seeds > 1:
-        kinds.append(("mlp+ridge", seeds))
+    kinds = ("mlp", "mlp+ridge") if options.mlp_average else ("mlp",)
     # Held-out PRR per fold by (stage-2 kind, configuration index), selection metric and aggregation.
-    scores: dict[tuple[tuple[str, int], int], dict[Selection, dict[Aggregation, list[float]]]] = {
+    scores: dict[tuple[str, int], dict[Selection, dict[Aggregation, list[float]]]] = {
         (kind, c): {s: {a: [] for a in Aggregation} for s in Selection} for kind in kinds for c in range(len(configs))
     }
     selection = effective_selection(options.selection, data)
@@ -482,12 +439,10 @@ def mlp_search(
             ridge = fit_ridge(stats, choice.alpha)
         features, targets, weights = stage2_matrix(train, confidences, spec)
         for c, config in enumerate(configs):
-            networks = _fit_mlps(config, options, seeds, features, targets, weights)
-            stage2: dict[tuple[str, int], Regressor] = {("mlp", 1): networks[0]}
+            network = _fit_mlp(config, options, features, targets, weights)
+            stage2: dict[str, Regressor] = {"mlp": network}
             if ridge is not None:
-                stage2["mlp+ridge", 1] = AveragedRegressor((ridge, networks[0]))
-                if seeds > 1:
-                    stage2["mlp+ridge", seeds] = AveragedRegressor((ridge, AveragedRegressor(tuple(networks))))
+                stage2["mlp+ridge"] = AveragedRegressor((ridge, network))
             for kind, regressor in stage2.items():
                 scored = held_out_prr(TadScorer(regressor, spec, options.epsilon), data.groups[f], data.informative)
                 for metric, by_aggregation in scored.items():
@@ -496,8 +451,7 @@ def mlp_search(
         del features, targets, weights
     table: list[dict[str, Any]] = [
         {
-            "stage2": kind[0],
-            "seeds": kind[1],
+            "stage2": kind,
             **config,
             "aggregation": aggregation.value,
             "prr_mean": _mean(scores[kind, c][selection][aggregation]),
@@ -509,41 +463,31 @@ def mlp_search(
         for aggregation in Aggregation
     ]
 
-    def best_of(kind: str, count: int) -> dict[str, Any] | None:
-        rows = [row for row in table if row["stage2"] == kind and row["seeds"] == count]
+    def best_of(kind: str) -> dict[str, Any] | None:
+        rows = [row for row in table if row["stage2"] == kind]
         return max(rows, key=lambda row: -math.inf if math.isnan(row["prr_mean"]) else row["prr_mean"], default=None)
 
-    return best_of("mlp", 1), best_of("mlp+ridge", 1), best_of("mlp+ridge", seeds) if seeds > 1 else None, table
+    return best_of("mlp"), best_of("mlp+ridge"), table
 
 
-def _fit_mlps(
-    config: dict[str, Any],
-    options: FitOptions,
-    count: int,
-    features: np.ndarray,
-    targets: np.ndarray,
-    weights: np.ndarray | None,
-) -> list[Any]:
-    """`count` MLPs of one configuration on the same rows, seeds `options.seed`, `options.seed + 1`, ..."""
+def _fit_mlp(
+    config: dict[str, Any], options: FitOptions, features: np.ndarray, targets: np.ndarray, weights: np.ndarray | None
+) -> Any:
+    """An MLP of one configuration fitted on these rows (random state `options.seed`)."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPRegressor
 
-    scaling = ColumnScaling.of(features) if options.mlp_standardise else None
-    inputs = features if scaling is None else scaling.apply(features)
-    networks = []
-    for k in range(count):
-        model = MLPRegressor(
-            hidden_layer_sizes=(options.mlp_width,) * int(config["layers"]),
-            learning_rate_init=float(config["learning_rate"]),
-            max_iter=int(config["epochs"]),
-            batch_size=int(config["batch_size"]),
-            random_state=options.seed + k,
-        )
-        with warnings.catch_warnings():  # the paper's epoch counts stop before scikit-learn's tolerance
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(inputs, targets, sample_weight=weights)
-        networks.append(model if scaling is None else fold_into_first_layer(model, scaling))
-    return networks
+    model = MLPRegressor(
+        hidden_layer_sizes=(options.mlp_width,) * int(config["layers"]),
+        learning_rate_init=float(config["learning_rate"]),
+        max_iter=int(config["epochs"]),
+        batch_size=int(config["batch_size"]),
+        random_state=options.seed,
+    )
+    with warnings.catch_warnings():  # the paper's epoch counts stop before scikit-learn's tolerance
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(features, targets, sample_weight=weights)
+    return model
 
 
 def fit_final_mlp(
@@ -559,9 +503,7 @@ def fit_final_mlp(
     available = list(range(data.count))
     confidences = stage1_for_stage2(texts, data.fold_of, data, available, alpha, variant, spec, options.epsilon)
     features, targets, weights = stage2_matrix(texts, confidences, spec)
-    # A config's `seeds`: the mean of that many MLPs.
-    networks = _fit_mlps(config, options, int(config.get("seeds", 1)), features, targets, weights)
-    return networks[0] if len(networks) == 1 else AveragedRegressor(tuple(networks))
+    return _fit_mlp(config, options, features, targets, weights)
 
 
 def out_of_fold_confidences(
@@ -672,16 +614,13 @@ def cross_validate_convention(
     texts: Sequence[FitText],
     spec: FeatureSpec,
     options: FitOptions,
-    only: Choice | None = None,
     centring: TargetCentring = TargetCentring.NONE,
     weighting: RowWeighting = RowWeighting.TOKEN,
 ) -> ConventionResult:
-    """Cross-validation under one feature spec, target centring and row weighting; `only`: just that
-    variant and stage-1 alpha (ablations)."""
+    """Cross-validation under one feature spec, target centring and row weighting."""
     texts = weighted(centred(texts, centring), weighting)
     data = prepare_folds(texts, spec, options)
-    grid = options if only is None else replace(options, variants=(only.variant,), stage1_alphas=(only.alpha_stage1,))
-    candidates, baselines = cross_validate(texts, spec, data, grid)
+    candidates, baselines = cross_validate(texts, spec, data, options)
     selection = effective_selection(options.selection, data)
     table = cv_table(candidates, selection)
     best = best_per_variant(table)
@@ -702,7 +641,7 @@ def paired_gain(trial: Sequence[float], base: Sequence[float]) -> dict[str, floa
 
 
 def trial_verdict(trial_row: dict[str, Any], base_row: dict[str, Any], selection: Selection) -> dict[str, Any]:
-    """Whether a trial (centring, weighting, extra features) replaces the base, from their CV rows on the
+    """Whether a trial (centring, weighting, an MLP average) replaces the base, from their CV rows on the
     same folds: on a significant gain in the selection metric, and only if the other metric does not lose
     significantly. The artifact serves both kinds of traffic (one kind of question per deployment, and the
     mixed traffic its thresholds are calibrated on), so a gain in one ranking must not be bought with the other.
@@ -753,11 +692,6 @@ def run_fit(options: FitOptions) -> Manifest:
     check_out(options.out, options.runs)
     loaded, settings, lags = load_runs(options.runs, options.n_lags)
     texts: Sequence[FitText] = loaded
-    extra_names = {name for names in options.extra_feature_sets for name in names} - {PRODUCTS}
-    check_statistics((t.stats for t in texts), extra_names, "--extra-feature-sets")
-    if PRODUCTS in options.extra_stats:
-        raise SystemExit(PRODUCTS_ARE_NO_STATISTIC)
-    check_statistics((t.stats for t in texts), options.extra_stats, "--extra-stats")
     identity = ModelIdentity.model_validate(settings["identity"])
     results = {}
     for convention in options.conventions:
@@ -766,8 +700,6 @@ def run_fit(options: FitOptions) -> Manifest:
             num_layers=identity.num_layers,
             num_heads=identity.num_heads,
             convention=convention,
-            extra_stats=tuple(options.extra_stats),
-            products=options.products,
         )
         logger.info(
             "fitting (%s convention) on %d texts, %d tokens, %d stage-2 features",
@@ -794,47 +726,6 @@ def run_fit(options: FitOptions) -> Manifest:
         lambda w: cross_validate_convention(texts, base.spec, options, centring=base.centring, weighting=w),
     )
     texts = result.texts
-    ablations: dict[str, Any] = {
-        "base": {
-            "extra_stats": list(result.spec.extra_stats),
-            "products": result.spec.products,
-            "prr_mean": result.prr,
-            "prr_std": result.chosen_row["prr_std"],
-        }
-    }
-    base_choice, winner = Choice.of(result.chosen_row), result
-    tried = {result.spec: "base"}
-    for extra in options.extra_feature_sets:
-        trial_spec = replace(
-            result.spec,
-            extra_stats=result.spec.extra_stats
-            + tuple(name for name in extra if name not in (PRODUCTS, *result.spec.extra_stats)),
-            products=result.spec.products or PRODUCTS in extra,
-        )
-        if trial_spec in tried:
-            # E.g. fitted with them from the start (--products, --extra-stats): the trial is the base again.
-            logger.info("ablation %s: the same features as %s, not fitted again", "+".join(extra), tried[trial_spec])
-            continue
-        tried[trial_spec] = "+".join(extra)
-        logger.info("ablation: extra features %s", ", ".join(extra))
-        trial = cross_validate_convention(
-            texts, trial_spec, options, only=base_choice, centring=result.centring, weighting=result.weighting
-        )
-        verdict = trial_verdict(trial.chosen_row, result.chosen_row, result.selection)
-        ablations["+".join(extra)] = {
-            "extra_stats": list(trial_spec.extra_stats),
-            "products": trial_spec.products,
-            "prr_mean": trial.prr,
-            "prr_std": trial.chosen_row["prr_std"],
-            **verdict,
-        }
-        if verdict["kept"] and trial.prr > winner.prr:
-            winner = trial
-    if winner is not result:
-        # The alternatives must share the artifact's feature spec: their CV rows come from the base run.
-        winner = replace(winner, best={**result.best, **winner.best})
-        result = winner
-        texts = result.texts  # the objects its folds hold (out_of_fold_confidences finds texts by identity)
     spec, data, table, best, chosen_row, baselines = (
         result.spec,
         result.data,
@@ -861,13 +752,8 @@ def run_fit(options: FitOptions) -> Manifest:
     }
     mlp_summary: dict[str, Any] | None = None
     if options.mlp:
-        best_mlp, best_average, best_seeded, mlp_table = mlp_search(texts, spec, data, chosen, options)
-        mlp_summary = {
-            "best": best_mlp,
-            "grid": mlp_table,
-            "width": options.mlp_width,
-            "standardised_inputs": options.mlp_standardise,
-        }
+        best_mlp, best_average, mlp_table = mlp_search(texts, spec, data, chosen, options)
+        mlp_summary = {"best": best_mlp, "grid": mlp_table, "width": options.mlp_width}
         # The paper's rule for its MLP: kept on a higher CV PRR than the ridge.
         mlp_kept = best_mlp is not None and best_mlp["prr_mean"] > chosen_row["prr_mean"]
         incumbent = best_mlp if mlp_kept and best_mlp is not None else chosen_row
@@ -882,15 +768,6 @@ def run_fit(options: FitOptions) -> Manifest:
             }
             if verdict["kept"] or forced:
                 best_mlp, mlp_kept = best_average, True
-        if best_seeded is not None and best_mlp is not None:
-            # Against what would be installed so far, which (forced or not) is usually the average.
-            verdict = trial_verdict(best_seeded, best_mlp if mlp_kept else chosen_row, result.selection)
-            against = best_mlp["stage2"] if mlp_kept else "ridge"
-            mlp_summary["seeds"] = {"best": best_seeded, "against": against, **verdict}
-            if verdict["kept"]:
-                if "average" in mlp_summary and best_mlp is best_average:
-                    mlp_summary["average"]["replaced_by_seeds"] = True  # kept or forced, it is not what is installed
-                best_mlp, mlp_kept = best_seeded, True
         if mlp_kept and best_mlp is not None:
             network = fit_final_mlp(texts, spec, data, chosen.variant, chosen.alpha_stage1, best_mlp, options)
             averaged = best_mlp.get("stage2") == "mlp+ridge"
@@ -898,10 +775,6 @@ def run_fit(options: FitOptions) -> Manifest:
             aggregation = Aggregation(best_mlp["aggregation"])
             regressor_kind = "mlp+ridge" if averaged else "mlp"
             regressor_params = {k: best_mlp[k] for k in MLP_CONFIG_KEYS}
-            if best_mlp.get("seeds", 1) > 1:
-                regressor_params["seeds"] = best_mlp["seeds"]
-            if options.mlp_standardise:
-                regressor_params["standardised_inputs"] = True
             regressor_params.update(
                 width=options.mlp_width,
                 alpha_stage1=chosen.alpha_stage1,
@@ -935,8 +808,6 @@ def run_fit(options: FitOptions) -> Manifest:
             num_layers=spec.num_layers,
             num_heads=spec.num_heads,
             convention=spec.convention,
-            extra_stats=list(spec.extra_stats),
-            products=spec.products,
             stage1_size=spec.stage1_size,
             stage2_size=spec.stage2_size,
         ),
@@ -960,7 +831,6 @@ def run_fit(options: FitOptions) -> Manifest:
                 "best_per_variant": best,
                 "convention": spec.convention.value,
                 "conventions": {c.value: r.summary() for c, r in results.items()},
-                "feature_ablations": ablations,
                 "combiner": combiner,
                 "convention_rule": "generating unless consuming's CV PRR exceeds it by more than consuming's CV std",
                 "baselines": {

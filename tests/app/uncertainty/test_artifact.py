@@ -76,6 +76,27 @@ def test_feature_spec_mismatch_is_refused(artifact_copy: Path) -> None:
         load_artifact(artifact_copy)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("extra_stats", ["entropy"], r"reads per-token statistics as features \(entropy\)"),
+        ("products", True, r"reads the product terms p_i \* c_\{i-l\} as features"),
+    ],
+)
+def test_features_of_studies_not_adopted_are_refused(
+    artifact_copy: Path, field: str, value: object, message: str
+) -> None:
+    """An artifact fitted with them (`fit --extra-stats`, `--products` of earlier versions) would be scored on other
+    features than it was fitted on; empty and false, as every manifest writes them, they load."""
+    manifest = _manifest(artifact_copy)
+    assert manifest["features"][field] in ([], False)
+    load_artifact(artifact_copy)
+    manifest["features"][field] = value
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError, match=message):
+        load_artifact(artifact_copy)
+
+
 def test_a_nan_threshold_is_refused(artifact_copy: Path) -> None:
     manifest = _manifest(artifact_copy)
     method = next(iter(manifest["thresholds"]))

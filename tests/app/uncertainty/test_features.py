@@ -16,7 +16,6 @@ from app.uncertainty.features import (
 
 SPEC = FeatureSpec(n_lags=2, num_layers=2, num_heads=3)
 GENERATING = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=Convention.GENERATING)
-PRODUCTS = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, convention=Convention.GENERATING, products=True)
 
 
 def _example(n: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -69,7 +68,7 @@ def test_stage1_vector_layout() -> None:
     np.testing.assert_array_equal(features[0], [probs[0], 0, 0, probs[1]])
 
 
-@pytest.mark.parametrize("spec", [SPEC, GENERATING, PRODUCTS], ids=["consuming", "generating", "products"])
+@pytest.mark.parametrize("spec", [SPEC, GENERATING], ids=["consuming", "generating"])
 @pytest.mark.parametrize("n", [1, 2, 3, 7])
 def test_row_builder_is_bit_identical_to_matrix_builder(n: int, spec: FeatureSpec) -> None:
     probs, conf, attention = _example(n, seed=n)
@@ -84,39 +83,3 @@ def test_attention_shape_is_checked() -> None:
     probs, conf, attention = _example()
     with pytest.raises(ValueError, match="shape"):
         stage2_features(probs, conf, attention[:, :1], SPEC)
-
-
-def test_extra_statistics_follow_p_i_in_both_stages_and_builders_agree() -> None:
-    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, extra_stats=("entropy", "top2_margin"))
-    probs, conf, attention = _example(5, seed=9)
-    stats = {"entropy": np.linspace(0.1, 0.5, 5), "top2_margin": np.linspace(0.9, 0.5, 5)}
-    extras = spec.extras(stats)
-    matrix = stage2_features(probs, conf, attention, spec, extras)
-    assert matrix.shape == (4, SPEC.stage2_size + 2) == (4, spec.stage2_size)
-    np.testing.assert_array_equal(matrix[:, -2:], extras[1:])
-    assert np.array_equal(matrix[:, -3], probs[1:])
-    for i in range(1, 5):
-        assert stage2_feature_row(i, probs, conf, attention, spec, extras[i]).tobytes() == matrix[i - 1].tobytes()
-    stage1 = stage1_features(probs, 2, extras)
-    assert stage1.shape == (4, spec.stage1_size) and np.array_equal(stage1[:, -2:], extras[1:])
-
-
-def test_product_terms_come_last_and_pair_p_i_with_each_earlier_confidence() -> None:
-    spec = FeatureSpec(n_lags=2, num_layers=2, num_heads=3, extra_stats=("entropy",), products=True)
-    probs, conf, attention = _example(5, seed=3)
-    extras = spec.extras({"entropy": np.linspace(0.1, 0.5, 5)})
-    matrix = stage2_features(probs, conf, attention, spec, extras)
-    assert spec.stage2_size == SPEC.stage2_size + 1 + 2 and matrix.shape == (4, spec.stage2_size)
-    assert spec.product_offset == spec.stage2_size - 2
-    np.testing.assert_array_equal(matrix[:, -3], extras[1:, 0])  # the extras still follow p_i
-    c32 = conf.astype(np.float32)
-    for row, i in enumerate(range(1, 5)):  # token i (0-based) at feature row i - 1
-        for lag in (1, 2):
-            expected = np.float32(np.float64(probs[i]) * np.float64(c32[i - lag])) if lag <= i else 0.0
-            assert matrix[row, spec.product_offset + lag - 1] == expected
-    # The confidence-dependent columns: each c_{i-l}, then each product.
-    assert spec.dynamic_columns().tolist() == [1, 1 + spec.lag_block, spec.product_offset, spec.product_offset + 1]
-    without = stage2_features(probs, conf, attention, FeatureSpec(2, 2, 3, extra_stats=("entropy",)), extras)
-    np.testing.assert_array_equal(matrix[:, :-2], without)
-    for i in range(1, 5):
-        assert stage2_feature_row(i, probs, conf, attention, spec, extras[i]).tobytes() == matrix[i - 1].tobytes()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,23 +25,20 @@ from training.groups import Selection, TargetCentring
 from training.ridge import GramStats, fit_ridge
 from training.two_stage import (
     Variant,
+    confidence_lags,
     cross_stats,
-    dynamic_values,
     stage1_confidences,
     stage2_stats,
     static_stats,
 )
 
 
-@pytest.mark.parametrize(("extra_stats", "products"), [((), False), ((), True), (("entropy",), True)])
-def test_stage2_gram_from_blocks_equals_the_direct_gram(
-    tiny_runs: dict[str, Path], extra_stats: tuple[str, ...], products: bool
-) -> None:
+def test_stage2_gram_from_blocks_equals_the_direct_gram(tiny_runs: dict[str, Path]) -> None:
     texts, _, lags = load_runs([tiny_runs["train"]], None)
-    spec = FeatureSpec(lags, 3, 4, extra_stats=extra_stats, products=products)
+    spec = FeatureSpec(lags, 3, 4)
     stats1 = GramStats.zeros(spec.stage1_size)
     for text in texts:
-        stats1.add(stage1_features(text.probs, lags, spec.extras(text.stats)), text.rows_target())
+        stats1.add(stage1_features(text.probs, lags), text.rows_target())
     model = fit_ridge(stats1, 0.1)
     probability_only = (Variant.LEAK_FREE, Variant.ALGORITHM1_LITERAL)
     candidates = [[stage1_confidences(t, model, variant, spec, 1e-4) for t in texts] for variant in probability_only]
@@ -49,8 +46,7 @@ def test_stage2_gram_from_blocks_equals_the_direct_gram(
     for k, confidences in enumerate(candidates):
         direct = GramStats.zeros(spec.stage2_size)
         for text, conf in zip(texts, confidences, strict=True):
-            extras = spec.extras(text.stats)
-            direct.add(stage2_features(text.probs, conf, np.asarray(text.attention), spec, extras), text.rows_target())
+            direct.add(stage2_features(text.probs, conf, np.asarray(text.attention), spec), text.rows_target())
         combined = stage2_stats(static, cross, k, spec)
         np.testing.assert_allclose(combined.xtx, direct.xtx, rtol=1e-9, atol=1e-6)
         np.testing.assert_allclose(combined.xty, direct.xty, rtol=1e-9, atol=1e-6)
@@ -67,19 +63,18 @@ def test_variants_set_the_first_confidence_as_method_md_says(tiny_runs: dict[str
     free = stage1_confidences(text, model, Variant.LEAK_FREE, FeatureSpec(lags, 3, 4), 1e-4)
     assert exact[0] == text.target and free[0] == np.float32(text.probs[0])
     np.testing.assert_array_equal(exact[1:], free[1:])
-    lagged = dynamic_values(text.probs, exact, FeatureSpec(lags, 3, 4))
+    lagged = confidence_lags(exact, lags)
     assert lagged[0, 0] == np.float32(exact[0]) and lagged[0, 1:].sum() == 0
 
 
-@pytest.mark.parametrize("products", [False, True])
 def test_authors_stage1_is_teacher_forced_and_stage2_gets_the_servers_recurrent_confidences(
-    tiny_runs: dict[str, Path], products: bool
+    tiny_runs: dict[str, Path],
 ) -> None:
     from app.uncertainty.tad import TadScorer
     from training.commands.fit import prepare_folds, stage1_for_stage2
 
     texts, _, lags = load_runs([tiny_runs["train"]], None)
-    spec = FeatureSpec(lags, 3, 4, products=products)
+    spec = FeatureSpec(lags, 3, 4)
     direct = GramStats.zeros(spec.stage2_size)
     for text in texts:
         forced = np.full(len(text), text.target)
@@ -100,120 +95,6 @@ def test_authors_stage1_is_teacher_forced_and_stage2_gets_the_servers_recurrent_
     assert confidences[index][0] == np.float32(texts[index].probs[0])  # c_1 = p_1, as at inference
 
 
-def test_extra_feature_ablations_are_recorded_and_a_kept_one_is_served(
-    tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    from app.uncertainty.artifact import load_artifact
-    from training.runs import iter_texts
-
-    options = FitOptions(
-        runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=(("entropy",),)
-    )
-    manifest = run_fit(options)
-    ablations = manifest.metrics["cv"]["feature_ablations"]
-    assert set(ablations) == {"base", "entropy"}
-    kept = ablations["entropy"]["kept"]
-    assert manifest.features.extra_stats == (["entropy"] if kept else [])
-    artifact = load_artifact(tmp_path / "a")
-    assert artifact.scorer.spec.extra_stats == tuple(manifest.features.extra_stats)
-    text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
-    assert len(artifact.scorer.confidences_of(text.token_trace(artifact.n_lags))) == len(text)
-
-
-def test_the_authors_product_terms_are_an_ablation_or_fitted_from_the_start(
-    tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    from app.uncertainty.artifact import load_artifact
-    from training.commands.fit import PRODUCTS
-    from training.runs import iter_texts
-
-    manifest = run_fit(
-        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=((PRODUCTS,),))
-    )
-    trial = manifest.metrics["cv"]["feature_ablations"][PRODUCTS]
-    assert trial["products"] is True and trial["extra_stats"] == [] and "gain" in trial
-    assert manifest.features.products is trial["kept"]
-    # --products: in the features from the start, recorded in the manifest and served from it; the products
-    # ablation is then not run again (it would be the base itself).
-    forced = run_fit(
-        FitOptions(
-            runs=[tiny_runs["train"]],
-            out=tmp_path / "b",
-            alphas=(1.0,),
-            products=True,
-            extra_feature_sets=((PRODUCTS,),),
-        )
-    )
-    assert forced.features.products is True
-    assert forced.metrics["cv"]["feature_ablations"].keys() == {"base"}
-    assert forced.metrics["cv"]["feature_ablations"]["base"]["products"] is True
-    artifact = load_artifact(tmp_path / "b")
-    spec = artifact.scorer.spec
-    assert (
-        spec.products
-        and spec.stage2_size
-        == forced.features.stage2_size
-        == FeatureSpec(spec.n_lags, spec.num_layers, spec.num_heads).stage2_size + spec.n_lags
-    )
-    text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
-    confidences = artifact.scorer.confidences_of(text.token_trace(artifact.n_lags))
-    assert len(confidences) == len(text) and np.all(np.isfinite(confidences))
-
-
-def test_statistics_fitted_from_the_start_are_served_and_the_ablations_add_to_them(
-    tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    from app.uncertainty.artifact import load_artifact
-    from training.runs import iter_texts
-
-    manifest = run_fit(
-        FitOptions(
-            runs=[tiny_runs["train"]],
-            out=tmp_path / "a",
-            alphas=(1.0,),
-            extra_stats=("entropy",),
-            extra_feature_sets=(("entropy",), ("top2_margin",), ("entropy", "top2_margin")),
-            combiner=False,
-        )
-    )
-    assert manifest.features.extra_stats == ["entropy"]
-    ablations = manifest.metrics["cv"]["feature_ablations"]
-    # The entropy trial would be the base itself and entropy+top2_margin the top2_margin trial again: each
-    # set of features is cross-validated once.
-    assert ablations.keys() == {"base", "top2_margin"}
-    assert ablations["base"]["extra_stats"] == ["entropy"]
-    assert ablations["top2_margin"]["extra_stats"] == ["entropy", "top2_margin"]
-    spec = load_artifact(tmp_path / "a").scorer.spec
-    text = next(t for t in iter_texts([tiny_runs["train"]]) if len(t) > 2)
-    base = run_fit(
-        FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "b", alphas=(1.0,), extra_feature_sets=(), combiner=False)
-    )
-    assert base.features.extra_stats == []
-    with_entropy = load_artifact(tmp_path / "a").scorer.confidences_of(text.token_trace(spec.n_lags))
-    without = load_artifact(tmp_path / "b").scorer.confidences_of(text.token_trace(spec.n_lags))
-    assert len(with_entropy) == len(without) == len(text) and not np.allclose(with_entropy, without)
-
-
-def test_statistics_from_the_start_that_the_runs_lack_are_refused_before_fitting(
-    tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    options = FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_stats=("no_such",))
-    with pytest.raises(SystemExit, match="--extra-stats: the runs hold no per-token statistic no_such"):
-        run_fit(options)
-    assert not (tmp_path / "a").exists()
-
-
-def test_an_ablation_of_a_statistic_the_runs_lack_is_refused_before_fitting(
-    tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    options = FitOptions(
-        runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=(("entropy", "no_such"),)
-    )
-    with pytest.raises(SystemExit, match="--extra-feature-sets: the runs hold no per-token statistic no_such"):
-        run_fit(options)
-    assert not (tmp_path / "a").exists()
-
-
 def test_a_gain_inside_the_fold_noise_is_not_significant() -> None:
     from training.commands.fit import paired_gain
 
@@ -232,63 +113,8 @@ def test_mlp_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     assert manifest.regressor.kind in ("ridge", "mlp")
 
 
-def _averaged_mlp_options(tiny_runs: dict[str, Path], out: Path, **overrides: Any) -> FitOptions:
-    """A quick fit of one small MLP configuration averaged with the ridge, on the tiny runs."""
-    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
-    options = FitOptions(
-        runs=[tiny_runs["train"]],
-        out=out,
-        alphas=(1.0,),
-        mlp=True,
-        mlp_width=16,
-        mlp_grid=grid,
-        mlp_average=True,
-        extra_feature_sets=(),
-        combiner=False,
-    )
-    return replace(options, **overrides)
-
-
-def test_standardised_mlp_inputs_are_folded_into_the_installed_network(
-    tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
-
-    from app.uncertainty.artifact import load_artifact
-    from training.commands.fit import fit_final_mlp, load_runs, prepare_folds, stage1_for_stage2
-    from training.mlp_inputs import ColumnScaling
-    from training.two_stage import Variant, stage2_matrix
-
-    options = _averaged_mlp_options(tiny_runs, tmp_path / "a", mlp_average_force=True, mlp_standardise=True)
-    grid = options.mlp_grid
-    manifest = run_fit(options)
-    assert manifest.metrics["cv"]["mlp"]["standardised_inputs"] is True
-    assert manifest.regressor.params["standardised_inputs"] is True
-    # The installed network takes raw features: it is the network fitted on standardised ones, folded.
-    texts, _, _ = load_runs([tiny_runs["train"]], None)
-    artifact = load_artifact(tmp_path / "a")
-    spec = artifact.scorer.spec
-    data = prepare_folds(texts, spec, options)
-    config = {key: values[0] for key, values in grid.items()}
-    plain = fit_final_mlp(texts, spec, data, Variant.AUTHORS, 1.0, config, replace(options, mlp_standardise=False))
-    folded = fit_final_mlp(texts, spec, data, Variant.AUTHORS, 1.0, config, options)
-    every_fold = list(range(data.count))
-    confidences = stage1_for_stage2(texts, data.fold_of, data, every_fold, 1.0, Variant.AUTHORS, spec, 1e-4)
-    features, targets, weights = stage2_matrix(texts, confidences, spec)
-    scaling = ColumnScaling.of(features)
-    refit = MLPRegressor(
-        hidden_layer_sizes=(16, 16), learning_rate_init=1e-3, max_iter=3, batch_size=64, random_state=options.seed
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        refit.fit(scaling.apply(features), targets, sample_weight=weights)
-    np.testing.assert_allclose(folded.predict(features), refit.predict(scaling.apply(features)), rtol=1e-4, atol=1e-5)
-    assert not np.allclose(plain.predict(features), folded.predict(features))
-
-
 def test_the_combiner_is_measured_on_the_same_folds_as_tad(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
-    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), extra_feature_sets=()))
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,)))
     cv = manifest.metrics["cv"]
     combiner = cv["combiner"]
     # The out-of-fold TAD the combiner reads reproduces the cross-validation's own held-out PRRs.
@@ -342,7 +168,6 @@ def test_a_refit_into_the_same_folder_keeps_only_its_own_alternatives(
 
     quick = {
         "alphas": (1.0,),
-        "extra_feature_sets": (),
         "combiner": False,
         "centrings": (TargetCentring.NONE,),
         "weightings": (RowWeighting.TOKEN,),
@@ -425,7 +250,6 @@ def test_each_trial_is_judged_against_the_one_kept_so_far() -> None:
 QUICK_FIT: dict[str, Any] = {
     "alphas": (1.0,),
     "variants": (Variant.LEAK_FREE,),
-    "extra_feature_sets": (),
     "combiner": False,
     "centrings": (TargetCentring.NONE,),
 }
@@ -508,6 +332,35 @@ def test_a_run_given_twice_is_refused(tiny_runs: dict[str, Path], tmp_path: Path
         run_fit(FitOptions(runs=[tiny_runs["train"], tiny_runs["train"]], out=tmp_path / "a", **QUICK_FIT))
 
 
+def test_a_run_made_with_the_attention_to_the_prompt_is_fitted_as_before(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Runs that `generate --prompt-attention` made (removed since) hold hundreds more statistics and say so in
+    their settings: they are still read, and fit as the same answers without them."""
+    import json
+
+    import joblib
+
+    from training.runs import RUN_FILE, read_run_settings
+
+    annotated = tmp_path / "annotated-run"
+    shutil.copytree(tiny_runs["train"], annotated)
+    for entropy in annotated.glob("shards/*/stat-entropy.npy"):
+        for name in ("prompt_mass_l00_h0", "prompt_sink_l00_h0"):
+            shutil.copy(entropy, entropy.with_name(f"stat-{name}.npy"))
+    settings = read_run_settings(annotated)
+    (annotated / RUN_FILE).write_text(json.dumps({**settings, "prompt_attention": True}))
+    plain = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "plain", **QUICK_FIT))
+    fitted = run_fit(FitOptions(runs=[annotated], out=tmp_path / "annotated", **QUICK_FIT))
+    assert fitted.features == plain.features
+    # The same cross-validation (NaN where the tiny model leaves a fold's PRR undefined: compared as text).
+    assert json.dumps(fitted.metrics["cv"]["chosen"]) == json.dumps(plain.metrics["cv"]["chosen"])
+    np.testing.assert_array_equal(
+        joblib.load(tmp_path / "annotated" / "regressor.joblib").coef_,
+        joblib.load(tmp_path / "plain" / "regressor.joblib").coef_,
+    )
+
+
 def test_fewer_records_than_folds_is_said_plainly(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="cannot be split into 100 folds"):
         run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", folds=100, **QUICK_FIT))
@@ -574,50 +427,15 @@ def test_mlp_average_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     np.testing.assert_array_equal(ridge.coef_, joblib.load(tmp_path / "ridge" / "regressor.joblib").coef_)
 
 
-def test_mlp_seeds_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
-    from app.uncertainty.artifact import load_artifact
-    from app.uncertainty.tad import AveragedRegressor
-
-    options = _averaged_mlp_options(tiny_runs, tmp_path / "one")
-    grid = options.mlp_grid
-    one = run_fit(options).metrics["cv"]["mlp"]
-    two = run_fit(replace(options, out=tmp_path / "two", mlp_seeds=2)).metrics["cv"]["mlp"]
-    assert {(row["stage2"], row["seeds"]) for row in two["grid"]} == {("mlp", 1), ("mlp+ridge", 1), ("mlp+ridge", 2)}
-    # The one-seed rows are the same folds' numbers as without the option (seed 0 trains the first MLP).
-    assert [r["prr_folds"] for r in one["grid"]] == [r["prr_folds"] for r in two["grid"] if r["seeds"] == 1]
-    seeded = two["seeds"]
-    assert seeded["best"]["seeds"] == 2 and isinstance(seeded["kept"], bool) and "seeds" not in one
-    # Forcing the average makes it what the seeds are judged against.
-    forced = run_fit(replace(options, out=tmp_path / "forced", mlp_seeds=2, mlp_average_force=True))
-    assert forced.metrics["cv"]["mlp"]["seeds"]["against"] == "mlp+ridge"
-    assert forced.regressor.params.get("seeds", 1) == (2 if forced.metrics["cv"]["mlp"]["seeds"]["kept"] else 1)
-    with pytest.raises(ValueError, match="mlp_average"):
-        run_fit(replace(options, out=tmp_path / "bad", mlp_average=False, mlp_seeds=2))
-    from training.commands.fit import fit_final_mlp, load_runs, prepare_folds
-    from training.two_stage import Variant
-
-    texts, _, _ = load_runs([tiny_runs["train"]], None)
-    artifact = load_artifact(tmp_path / "forced")
-    data = prepare_folds(texts, artifact.scorer.spec, options)
-    config = {**{key: values[0] for key, values in grid.items()}, "seeds": 2}
-    mean = fit_final_mlp(texts, artifact.scorer.spec, data, Variant.AUTHORS, 1.0, config, options)
-    assert isinstance(mean, AveragedRegressor) and len(mean.members) == 2
-    first, second = mean.members
-    assert not np.allclose(first.coefs_[0], second.coefs_[0])
-    rows = np.random.default_rng(0).normal(size=(4, artifact.scorer.spec.stage2_size))
-    np.testing.assert_allclose(mean.predict(rows), (first.predict(rows) + second.predict(rows)) / 2)
-
-
 CRAFTED_CONFIG = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}
 NOISE = np.array([0.0, 0.1, -0.1, 0.1, -0.1])  # a fold-by-fold spread no mean gain of 0 survives
 
 
-def _cv_row(stage2: str, folds: np.ndarray, seeds: int = 1) -> dict[str, Any]:
+def _cv_row(stage2: str, folds: np.ndarray) -> dict[str, Any]:
     """A crafted MLP-search row whose folds are the same under both selection metrics."""
     values = [float(v) for v in folds]
     return {
         "stage2": stage2,
-        "seeds": seeds,
         **CRAFTED_CONFIG,
         "aggregation": "mean",
         "prr_mean": float(np.mean(values)),
@@ -637,7 +455,7 @@ def _crafted_mlp_and_average(mlp_gain: float, average_gain: float) -> tuple[dict
     return mlp, _cv_row("mlp+ridge", _plus(mlp, average_gain))
 
 
-def _crafted_options(tiny_runs: dict[str, Path], tmp_path: Path, force: bool, seeds: int = 1) -> FitOptions:
+def _crafted_options(tiny_runs: dict[str, Path], tmp_path: Path, force: bool) -> FitOptions:
     """Fit options for a crafted `mlp_search` (its grid is never run)."""
     return FitOptions(
         runs=[tiny_runs["train"]],
@@ -648,64 +466,8 @@ def _crafted_options(tiny_runs: dict[str, Path], tmp_path: Path, force: bool, se
         mlp_grid={},
         mlp_average=True,
         mlp_average_force=force,
-        mlp_seeds=seeds,
-        extra_feature_sets=(),
         combiner=False,
     )
-
-
-@pytest.mark.parametrize(
-    ("mlp_gain", "average_gain", "force", "seeds_gain", "against", "kind", "seeds"),
-    [
-        # The average kept: the seeds replace it on a significant gain over it, not inside the noise.
-        (1.0, 1.0, False, 1.0, "mlp+ridge", "mlp+ridge", 2),
-        (1.0, 1.0, False, 0.0, "mlp+ridge", "mlp+ridge", None),
-        # The average not kept: the seeds are judged against the MLP.
-        (1.0, 0.0, False, 1.0, "mlp", "mlp+ridge", 2),
-        # ... or, forced, against the forced average, which they replace.
-        (1.0, 0.0, True, 1.0, "mlp+ridge", "mlp+ridge", 2),
-        # Neither MLP nor average kept: against the ridge, whose folds on the tiny runs are mostly undefined.
-        (-1.0, -10.0, False, 10.0, "ridge", "ridge", None),
-    ],
-)
-def test_seed_averaged_mlps_replace_what_would_be_installed_only_on_a_significant_gain(
-    tiny_runs: dict[str, Path],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    mlp_gain: float,
-    average_gain: float,
-    force: bool,
-    seeds_gain: float,
-    against: str,
-    kind: str,
-    seeds: int | None,
-) -> None:
-    from app.uncertainty.artifact import load_artifact
-    from app.uncertainty.tad import AveragedRegressor, MLPStage2
-    from training.commands import fit
-
-    def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
-        mlp, average = _crafted_mlp_and_average(mlp_gain, average_gain)
-        base = average if against == "mlp+ridge" else mlp
-        both = _cv_row("mlp+ridge", _plus(base, seeds_gain), seeds=2)
-        return mlp, average, both, [mlp, average, both]
-
-    monkeypatch.setattr(fit, "mlp_search", crafted_search)
-    manifest = run_fit(_crafted_options(tiny_runs, tmp_path, force, seeds=2))
-    summary = manifest.metrics["cv"]["mlp"]
-    assert manifest.regressor.kind == kind and manifest.regressor.params.get("seeds") == seeds
-    assert summary["seeds"]["against"] == against and summary["seeds"]["kept"] is (seeds == 2)
-    # A forced average the seeds replaced is recorded as such, not as installed.
-    assert summary["average"].get("replaced_by_seeds", False) is (seeds == 2 and against == "mlp+ridge")
-    scorer = load_artifact(tmp_path / "a").scorer
-    if kind == "ridge":
-        return
-    assert isinstance(scorer.regressor, AveragedRegressor)
-    network = scorer.regressor.members[1]
-    assert isinstance(network, AveragedRegressor) is (seeds == 2)
-    # Served split, the seeds' first layers side by side with the ridge's column.
-    assert isinstance(scorer.split, MLPStage2) and scorer.split.with_linear
-    assert scorer.split.widths == (8,) * (seeds or 1)
 
 
 @pytest.mark.parametrize(
@@ -735,7 +497,7 @@ def test_which_stage_2_is_installed(
 
     def crafted_search(texts: Any, spec: Any, data: Any, choice: Any, options: Any) -> Any:
         mlp, average = _crafted_mlp_and_average(mlp_gain, average_gain)
-        return mlp, average, None, [mlp, average]
+        return mlp, average, [mlp, average]
 
     monkeypatch.setattr(fit, "mlp_search", crafted_search)
     manifest = run_fit(_crafted_options(tiny_runs, tmp_path, force))

@@ -19,6 +19,7 @@ def _options(tiny_model_dir: Path, data: list[Path], out: Path, **changes: objec
         "data": data,
         "out": out,
         "model": str(tiny_model_dir),
+        "dtype": "float32",
         "n_lags": 3,
         "max_new_tokens": 6,
         "batch_size": 4,
@@ -167,26 +168,3 @@ def test_a_rerun_may_spell_the_same_files_relatively(
     relative_model = os.path.relpath(tiny_model_dir, data.parent)
     run_generate(_options(Path(relative_model), [Path(data.name)], out, limit=2))
     assert len(list(iter_texts([out]))) == 2
-
-
-def test_runs_with_the_attention_to_the_prompt_hold_what_the_eager_copies_compute(
-    tiny_model_dir: Path, tiny_data: dict[str, list[Path]], tiny_runs: dict[str, Path], tmp_path: Path
-) -> None:
-    """What the server computes for an artifact fitted on the copies (benchmarks/prompt_attention_runs.py)."""
-    from app.engine.prompt_attention import PROMPT_FAMILIES
-    from benchmarks.prompt_attention_runs import main as copy_runs
-    from tests.conftest import N_LAGS
-
-    # The settings of the session's tiny runs, which the copies are made of.
-    settings = {"n_lags": N_LAGS, "max_new_tokens": 10, "batch_size": 8, "shard_size": 16}
-    run = run_generate(_options(tiny_model_dir, tiny_data["dev"], tmp_path / "run", **settings, prompt_attention=True))
-    assert json.loads((run / "run.json").read_text())["prompt_attention"] is True
-    copy_runs(["--out", str(tmp_path / "copies"), str(tiny_runs["dev"])])
-    generated, copied = list(iter_texts([run])), list(iter_texts([tmp_path / "copies" / "dev"]))
-    assert [t.key for t in generated] == [t.key for t in copied] and generated
-    for mine, theirs in zip(generated, copied, strict=True):
-        assert mine.token_ids.tolist() == theirs.token_ids.tolist()
-        names = [name for name in theirs.stats if name.startswith(PROMPT_FAMILIES)]
-        assert names and set(names) <= set(mine.stats)
-        for name in names:
-            np.testing.assert_allclose(mine.stats[name], theirs.stats[name], atol=1e-5)

@@ -126,52 +126,6 @@ def test_centring_can_be_overridden(
         _lodo(tiny_runs, tiny_artifact, tmp_path / "bad", "--centring", "group-0.3")
 
 
-@pytest.fixture
-def stage2_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The stage-2 vector size of every refit `lodo` makes, in order."""
-    sizes: list[int] = []
-    real_prepare = lodo.prepare_folds
-
-    def recording_prepare(texts: Any, spec: Any, options: Any) -> Any:
-        sizes.append(spec.stage2_size)
-        return real_prepare(texts, spec, options)
-
-    monkeypatch.setattr(lodo, "prepare_folds", recording_prepare)
-    return sizes
-
-
-def test_extra_stats_can_be_added_to_the_features(
-    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, stage2_sizes: list[int]
-) -> None:
-    sizes = stage2_sizes
-    default = _lodo(tiny_runs, tiny_artifact, tmp_path / "default")
-    assert default["configuration"].get("extra_stats") is None  # the tiny artifact has none
-    added = _lodo(tiny_runs, tiny_artifact, tmp_path / "added", "--extra-stats", "entropy", "top2_margin")
-    assert added["configuration"]["extra_stats"] == ["entropy", "top2_margin"]
-    assert "extra_stats entropy top2_margin" in (tmp_path / "added" / "lodo.md").read_text()
-    # Each refit's stage-2 vectors were two columns longer.
-    assert sizes[2:] == [size + 2 for size in sizes[:2]]
-    # A statistic the runs do not hold is refused by name before any refit.
-    with pytest.raises(SystemExit, match="--extra-stats: the runs hold no per-token statistic prompt_overlap"):
-        _lodo(tiny_runs, tiny_artifact, tmp_path / "missing", "--extra-stats", "prompt_overlap")
-    assert len(sizes) == 4 and not (tmp_path / "missing").exists()
-    with pytest.raises(SystemExit, match="use --products"):
-        _lodo(tiny_runs, tiny_artifact, tmp_path / "products", "--extra-stats", "products")
-
-
-def test_the_authors_product_terms_can_be_switched_on(
-    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, stage2_sizes: list[int]
-) -> None:
-    sizes = stage2_sizes
-    report = _lodo(tiny_runs, tiny_artifact, tmp_path / "products", "--products")
-    assert report["configuration"]["products"] is True
-    assert "products True" in (tmp_path / "products" / "lodo.md").read_text()
-    plain = _lodo(tiny_runs, tiny_artifact, tmp_path / "plain", "--no-products")
-    assert plain["configuration"].get("products") is None
-    # One product term per lag: N more stage-2 columns in each refit.
-    assert sizes[:2] == [size + N_LAGS for size in sizes[2:]]
-
-
 def test_datasets_restricts_training_and_testing(
     tiny_runs: dict[str, Path],
     tiny_artifact: Path,
@@ -185,7 +139,12 @@ def test_datasets_restricts_training_and_testing(
     shutil.copy(source, copy)
     third = run_generate(
         GenerateOptions(
-            data=[copy], out=tmp_path / "third", model=str(tiny_model_dir), n_lags=N_LAGS, max_new_tokens=10
+            data=[copy],
+            out=tmp_path / "third",
+            model=str(tiny_model_dir),
+            dtype="float32",
+            n_lags=N_LAGS,
+            max_new_tokens=10,
         )
     )
     both = {"more_train": [third], "more_test": [third]}
@@ -270,17 +229,6 @@ def test_an_mlp_artifact_is_refitted_as_an_mlp(
     assert all(entry["prr"]["tad"] is None or np.isfinite(entry["prr"]["tad"]) for entry in report["datasets"].values())
 
 
-def test_an_mlp_fitted_on_standardised_inputs_is_refitted_so(
-    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    refits = _record_mlp_refits(monkeypatch)
-    artifact = as_mlp_artifact(tiny_artifact, tmp_path / "mlp", standardised=True)
-    report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
-    assert report["configuration"]["stage2"]["standardised_inputs"] is True
-    options_used = [args[-1] for args, _ in refits]
-    assert len(options_used) == 2 and all(options.mlp_standardise for options in options_used)
-
-
 def _record_scored_regressors(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The stage 2s lodo scores with, one per held-out dataset, in order."""
     scored: list[Any] = []
@@ -313,22 +261,18 @@ def test_an_averaged_artifact_is_refitted_as_the_mean_of_a_ridge_and_an_mlp(
         assert isinstance(mlp, MLPRegressor) and mlp.hidden_layer_sizes == (8, 8)
 
 
-def test_seed_averaged_mlps_are_refitted_with_as_many_seeds(
-    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("params", [{"seeds": 2}, {"standardised_inputs": True}])
+def test_an_mlp_fitted_by_a_removed_option_is_refused(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, params: dict[str, Any]
 ) -> None:
-    from sklearn.neural_network import MLPRegressor
-
-    scored = _record_scored_regressors(monkeypatch)
-    artifact = as_mlp_artifact(tiny_artifact, tmp_path / "seeds", averaged=True, seeds=2)
-    report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
-    assert report["configuration"]["stage2"]["mlp"]["seeds"] == 2
-    assert len(scored) == 2
-    for regressor in scored:
-        _, networks = regressor.members
-        assert isinstance(networks, AveragedRegressor) and len(networks.members) == 2
-        first, second = networks.members
-        assert all(isinstance(m, MLPRegressor) for m in (first, second))
-        assert (first.random_state, second.random_state) == (0, 1)
+    """`fit --mlp-seeds` and `--mlp-standardise` are gone: their artifacts are not refitted as something else."""
+    artifact = as_mlp_artifact(tiny_artifact, tmp_path / "mlp", averaged=True)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["regressor"]["params"].update(params)
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match="fitted with fit --mlp-seeds or --mlp-standardise"):
+        _lodo(tiny_runs, artifact, tmp_path / "lodo")
+    assert not (tmp_path / "lodo").exists()
 
 
 def test_held_out_restricts_testing_not_training(

