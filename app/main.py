@@ -12,16 +12,17 @@ from fastapi.middleware.cors import CORSMiddleware
 from app import __version__
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.deployment_schema import deployment_openapi
-from app.api.docs import routes as docs_routes
+from app.api.metrics_middleware import MetricsMiddleware
 from app.api.native import routes as native_routes
 from app.api.openai import routes as openai_routes
 from app.api.ops import routes as ops_routes
 from app.api.playground import routes as playground_routes
 from app.api.request_id import RequestIdMiddleware
+from app.api.swagger import routes as swagger_routes
 from app.errors import install_error_handlers
+from app.serving.metrics import ServiceMetrics
 from app.serving.runtime import Runtime
 from app.settings import Settings
-from app.telemetry import MetricsMiddleware, ServiceMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
         description="Every generation comes with per-token and sequence uncertainty (TAD and baselines) "
         "and an accept/reject decision.",
         lifespan=lifespan,
-        # Served by docs_routes from local assets instead of FastAPI's CDN-backed pages.
+        # Served by swagger_routes from local assets instead of FastAPI's CDN-backed pages.
         docs_url=None,
         redoc_url=None,
     )
@@ -68,7 +69,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
         native_routes.router,
         openai_routes.router,
         playground_routes.router,
-        docs_routes.router,
+        swagger_routes.router,
     ]
     routes = [route for router in routers for route in router.routes]
     app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http, routes=routes)
@@ -76,5 +77,5 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
     for router in routers:
         app.include_router(router)
     app.mount(playground_routes.STATIC_PREFIX, playground_routes.static_files(), name="playground-static")
-    app.mount(docs_routes.ASSETS_PREFIX, docs_routes.static_files(), name="docs-static")
+    app.mount(swagger_routes.ASSETS_PREFIX, swagger_routes.static_files(), name="docs-static")
     return app

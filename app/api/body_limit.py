@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
 from app.errors import error_body
-from app.telemetry import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodySizeLimitMiddleware:

@@ -11,7 +11,7 @@ import uuid
 
 from fastapi import Request
 
-from app.telemetry import ASGIApp, Message, Receive, Scope, Send
+from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = b"x-request-id"
 # Printable and short: it is echoed in a header and written to logs, so nothing that could split a line.

@@ -22,10 +22,10 @@ from app.engine.engine import Engine
 from app.engine.loading import ModelLoadError, load_model
 from app.errors import NotReady
 from app.hashing import file_sha256
+from app.serving.metrics import ServiceMetrics
 from app.serving.policy import Policy, default_method, method_problem, resolve_policy
 from app.serving.scheduler import Scheduler
 from app.settings import Settings
-from app.telemetry import ServiceMetrics
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
 from app.uncertainty.features import Convention

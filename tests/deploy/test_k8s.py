@@ -70,7 +70,7 @@ def test_probes_and_metrics_point_at_routes_the_app_serves() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"  # 503 while loading and draining
     metric = DOCUMENTS["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric in DOCUMENTS["ConfigMap"]["data"]["config.yaml"]
-    from app.telemetry import ServiceMetrics
+    from app.serving.metrics import ServiceMetrics
 
     assert metric in {family.name for family in ServiceMetrics().registry.collect()}
 

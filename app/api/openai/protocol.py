@@ -8,7 +8,7 @@ rather than silently ignored.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -163,8 +163,12 @@ class ChatCompletionRequest(_SamplingFields):
         return self
 
 
+# The schema's limit on each prompt in the list: the field's own max_length counts a list's items, not its text.
+PromptText = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] = Field(
+    prompt: str | list[PromptText] = Field(
         max_length=MAX_TEXT_CHARS,
         description="one prompt (a string, or a list holding one string), not blank",
         json_schema_extra={

@@ -72,6 +72,18 @@ def _submit(
     return service.submit(prepared, stream=bool(body.stream), early_stop=bool(body.tad and body.tad.early_stop))
 
 
+def _check_overridden_max_tokens(service: GenerationService, body: ChatCompletionRequest) -> None:
+    """Refuse an out-of-range `max_tokens` even where `max_completion_tokens` overrides it.
+
+    The schema states the bound of each field whatever else is sent, and `prepare` checks only the
+    field in force: without this, `max_tokens: 513` beside `max_completion_tokens` passed silently.
+    (The lower bound of both is pydantic's; only the deployment's upper bound is checked here.)
+    """
+    limit = service.settings.max_new_tokens_limit
+    if body.max_completion_tokens is not None and body.max_tokens is not None and body.max_tokens > limit:
+        raise InvalidRequest(f"max_tokens must be between 1 and {limit}", param="max_tokens")
+
+
 def _encoder(
     service: GenerationService, submitted: Submitted, body: ChatCompletionRequest | CompletionRequest
 ) -> OpenAIStreamEncoder:
@@ -95,6 +107,7 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, service: ServiceDep
 ) -> ChatCompletionResponse | Response:
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    _check_overridden_max_tokens(service, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     submitted = _submit(service, body, PromptInput(messages=messages), max_tokens, body.top_logprobs or 0)
     if body.stream:

@@ -16,9 +16,9 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.api.deps import ApiKeyDep, RuntimeDep
+from app.api.playground import STATIC_DIR
 from app.api.playground.protocol import ReportFiles
 from app.errors import ServiceError
-from app.playground import STATIC_DIR
 from app.serving.runtime import Runtime
 from app.uncertainty.artifact import TadArtifact
 

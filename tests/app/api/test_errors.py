@@ -9,6 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api.common import MAX_TEXT_CHARS
 from app.serving.runtime import Runtime
 from app.settings import Settings
 from tests.app.service_client import CHAT, make_client
@@ -54,6 +55,36 @@ def assert_error(response, status: int, param: str | None = None, error_type: st
 )
 def test_generate_rejects_bad_input_naming_the_field(client: TestClient, payload: dict, param: str) -> None:
     assert_error(client.post("/v1/generate", json=payload), 422, param, "invalid_request_error")
+
+
+LONG_TEXT = "x" * (MAX_TEXT_CHARS + 1)
+
+
+@pytest.mark.parametrize(
+    ("route", "payload", "param"),
+    [
+        ("/v1/generate", {"prompt": LONG_TEXT}, "prompt"),
+        ("/v1/generate", {"messages": [{"role": "user", "content": LONG_TEXT}]}, "messages.0.content"),
+        ("/v1/score", {"prompt": "a", "response": LONG_TEXT}, "response"),
+        ("/v1/completions", {"model": "model", "prompt": LONG_TEXT}, "prompt"),
+        # A list of one prompt was held to 200,000 items, not characters (schemathesis's coverage phase found it).
+        ("/v1/completions", {"model": "model", "prompt": [LONG_TEXT]}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"model": "model", "messages": [{"role": "user", "content": LONG_TEXT}]},
+            "messages.0.content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "model", "messages": [{"role": "user", "content": [{"type": "text", "text": LONG_TEXT}]}]},
+            "messages.0.content",
+        ),
+    ],
+)
+def test_text_over_the_length_limit_is_refused_naming_the_field(
+    client: TestClient, route: str, payload: dict, param: str
+) -> None:
+    assert_error(client.post(route, json=payload), 422, param, "invalid_request_error")
 
 
 def test_malformed_json_and_wrong_content(client: TestClient) -> None:

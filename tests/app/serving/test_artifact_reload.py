@@ -126,8 +126,8 @@ STUDIED = r"reads per-token statistics as features \(entropy, study_a, study_b a
 def test_an_artifact_reading_extra_statistics_is_refused_at_start(
     service_settings: Settings, studied_artifact: Path
 ) -> None:
+    from app.serving.metrics import ServiceMetrics
     from app.serving.runtime import Runtime
-    from app.telemetry import ServiceMetrics
 
     settings = service_settings.model_copy(update={"artifact_dir": studied_artifact})
     with pytest.raises(ArtifactError, match=STUDIED):

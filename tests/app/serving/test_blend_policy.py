@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from app.serving.metrics import ServiceMetrics
 from app.serving.runtime import Runtime, StartupError
 from app.settings import Settings
-from app.telemetry import ServiceMetrics
 from app.uncertainty.methods import Method
 from tests.app.service_client import CHAT, make_client
 

@@ -11,7 +11,7 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 from fastapi.testclient import TestClient
 
-from app.playground import STATIC_DIR
+from app.api.playground import STATIC_DIR
 from app.settings import Settings
 from tests.app.api.playground.conftest import PNG
 from tests.app.api.test_errors import assert_error

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from app.api.playground import STATIC_DIR
 from app.uncertainty.aggregation import Aggregation, aggregate
 
-VERDICT_JS = Path(__file__).parents[4] / "app" / "playground" / "static" / "verdict.js"
+VERDICT_JS = STATIC_DIR / "verdict.js"
 CONFIDENCES = [0.9, 0.5, 0.8, 0.35]
 
 

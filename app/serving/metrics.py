@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.routing import BaseRoute, Match
 
 from app.serving.events import GenerationResult
 from app.serving.policy import Decision
 from app.uncertainty.methods import Method, SequenceUncertainty
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
@@ -130,56 +120,3 @@ class ServiceMetrics:
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-def route_label(scope: Scope, routes: Sequence[BaseRoute] = ()) -> str:
-    """The route template that served the request; for one refused before routing (a 413 from the body
-    limit), the template of the first of `routes` its path matches; "unmatched" for unknown paths (keeps
-    labels bounded)."""
-    route = scope.get("route")
-    if route is None:
-        route = next((r for r in routes if r.matches(scope)[0] is not Match.NONE), None)
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "unmatched"
-
-
-class MetricsMiddleware:
-    """Counts requests by route template and status, and times them (streams until their end)."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        metrics: ServiceMetrics,
-        counter: Callable[[int], None],
-        routes: Sequence[BaseRoute] = (),
-    ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.counter = counter
-        self.routes = routes  # the app's routes, to label requests refused before routing
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = {"code": 500}
-        tracked = scope.get("path", "").startswith("/v1/")
-
-        async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = int(message["status"])
-            await send(message)
-
-        if tracked:
-            self.metrics.in_flight.inc()
-            self.counter(+1)
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            if tracked:
-                self.metrics.in_flight.dec()
-                self.counter(-1)
-            route = route_label(scope, self.routes)
-            self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
-            self.metrics.latency.labels(route=route).observe(time.perf_counter() - started)

@@ -1,0 +1,64 @@
+"""Counts HTTP requests by route template and status, and times them, into the service's metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from starlette.routing import BaseRoute, Match
+
+from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
+from app.serving.metrics import ServiceMetrics
+
+
+def route_label(scope: Scope, routes: Sequence[BaseRoute] = ()) -> str:
+    """The route template that served the request; for one refused before routing (a 413 from the body
+    limit), the template of the first of `routes` its path matches; "unmatched" for unknown paths (keeps
+    labels bounded)."""
+    route = scope.get("route")
+    if route is None:
+        route = next((r for r in routes if r.matches(scope)[0] is not Match.NONE), None)
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+class MetricsMiddleware:
+    """Counts requests by route template and status, and times them (streams until their end)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: ServiceMetrics,
+        counter: Callable[[int], None],
+        routes: Sequence[BaseRoute] = (),
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.counter = counter
+        self.routes = routes  # the app's routes, to label requests refused before routing
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+        tracked = scope.get("path", "").startswith("/v1/")
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+            await send(message)
+
+        if tracked:
+            self.metrics.in_flight.inc()
+            self.counter(+1)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            if tracked:
+                self.metrics.in_flight.dec()
+                self.counter(-1)
+            route = route_label(scope, self.routes)
+            self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
+            self.metrics.latency.labels(route=route).observe(time.perf_counter() - started)
