@@ -75,7 +75,7 @@ def main() -> None:
     speedups = []
     print("| prompt style | answers | tokens | static s | continuous s | speed-up | same tokens |")
     print("|---|---|---|---|---|---|---|")
-    for style in (PromptStyle.TASK, PromptStyle.BARE):
+    for style in (PromptStyle.TASK, PromptStyle.CHAT):
         requests = shard_requests(engine, files, args.per_dataset, args.skip, style)
         runs: dict[str, Callable[[Engine, Sequence[GenerationRequest], int], list[SequenceState]]] = {
             "static": static,

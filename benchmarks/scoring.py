@@ -91,16 +91,16 @@ def case_of(name: str, weights: np.ndarray, bias: float, spec: FeatureSpec, aggr
 
 def default_case() -> Case:
     """The committed artifact's own regressor and spec."""
-    artifact = load_artifact(DEFAULT_ARTIFACT)
-    spec, regressor = artifact.scorer.spec, artifact.scorer.regressor
-    name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads, {artifact.manifest.regressor.kind})"
+    tad = load_artifact(DEFAULT_ARTIFACT).trained()
+    spec, regressor = tad.spec, tad.scorer.regressor
+    name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads, {tad.regressor.kind})"
     if isinstance(regressor, Ridge):
         weights = np.asarray(regressor.coef_, dtype=np.float64)
-        return case_of(name, weights, float(regressor.intercept_), spec, artifact.manifest.aggregation)
-    if artifact.scorer.split is None:
+        return case_of(name, weights, float(regressor.intercept_), spec, tad.aggregation)
+    if tad.scorer.split is None:
         raise SystemExit(f"{DEFAULT_ARTIFACT}: the scorer has no split weights for this stage 2")
-    generic = TadScorer(FeatureVectorModel(regressor), spec, artifact.scorer.epsilon)
-    return Case(name, artifact.scorer, generic, artifact.manifest.aggregation)
+    generic = TadScorer(FeatureVectorModel(regressor), spec, tad.epsilon)
+    return Case(name, tad.scorer, generic, tad.aggregation)
 
 
 def random_case(name: str, layers: int, heads: int, n_lags: int, stage2: str = "ridge") -> Case:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuilds a default artifact for SmolLM2-135M-Instruct and its reports from the shared data:
-# all seven datasets, asked both ways (the task's instruction, and the bare question as users
-# ask), up to TRAIN_LIMIT training records per dataset and style; dev answers for calibration
+# all seven datasets, asked both ways (the task's instruction, and chat-style: the question alone, as
+# users ask), up to TRAIN_LIMIT training records per dataset and style; dev answers for calibration
 # and evaluation; then fit (conventions x variants x alphas, target centring, row weighting),
 # calibrate, evaluate, leave-one-dataset-out and the made-up-premise benchmark. The defaults
 # rebuild the committed artifact (450 training records per dataset and style, 6,218 texts;
@@ -27,9 +27,11 @@
 #
 # Training answers are generated in chunks of CHUNK records per dataset and style (run folders
 # smollm2-train-<style>-<start>, each made with --skip <start> --limit CHUNK, so chunks never
-# overlap): raising TRAIN_LIMIT later adds chunks and keeps the ones already made. Every step
-# resumes where it stopped (generation shard by shard), so the script can be run again across
-# sessions. Generation is the cost: 0.5-1.5 s per text on 2 CPU cores (the default's 12,079
+# overlap): raising TRAIN_LIMIT later adds chunks and keeps the ones already made. The chat style was
+# called "bare" when the committed artifact's runs were made (smollm2-train-bare-0 ...): where such a
+# run folder exists and its -chat- name does not, it is used as it is (generate reads its "bare" as
+# chat). Every step resumes where it stopped (generation shard by shard), so the script can be run
+# again across sessions. Generation is the cost: 0.5-1.5 s per text on 2 CPU cores (the default's 12,079
 # training and dev texts about 2.5 h; one chunk of 150 records per dataset, 1,050 texts, about
 # 12 min in either style).
 set -euo pipefail
@@ -47,22 +49,22 @@ DEV_LIMIT=${DEV_LIMIT:-100}
 # the evaluation's intervals there are narrower: records DEV_LIMIT .. DEV_LIMIT + DEV_EXTRA of each.
 DEV_EXTRA=${DEV_EXTRA:-400}
 INFORMATIVE=(squad mmlu truthfulqa)
-# Likewise for the chat-style dev answers (records DEV_LIMIT .. DEV_LIMIT + BARE_EXTRA), where the
-# model is informative asked bare; they are evaluated, not calibrated on. BARE_MORE adds the next
-# records of those with more than DEV_LIMIT + BARE_EXTRA dev records (TruthfulQA has 204).
-BARE_EXTRA=${BARE_EXTRA:-200}
+# Likewise for the chat-style dev answers (records DEV_LIMIT .. DEV_LIMIT + CHAT_EXTRA), where the
+# model is informative asked chat-style; they are evaluated, not calibrated on. CHAT_MORE adds the next
+# records of those with more than DEV_LIMIT + CHAT_EXTRA dev records (TruthfulQA has 204).
+CHAT_EXTRA=${CHAT_EXTRA:-200}
 BLEND=${BLEND:-0}
 BLEND_LIMIT=${BLEND_LIMIT:-150}
 BLEND_CANDIDATE=${BLEND_CANDIDATE-"tad + 0.3 mean(msp, perplexity, mean_token_entropy, rauq)"}
 BLEND_FORCE=${BLEND_FORCE:-1}
-BARE_MORE=${BARE_MORE:-300}
-INFORMATIVE_BARE=(squad mmlu truthfulqa triviaqa)
+CHAT_MORE=${CHAT_MORE:-300}
+INFORMATIVE_CHAT=(squad mmlu truthfulqa triviaqa)
 # The rest of the dev split where it is larger (README "Dev records nothing was chosen on"): task-style
-# records DEV_LIMIT + DEV_EXTRA .. + TASK_REST of SQuAD and MMLU, chat-style records DEV_LIMIT + BARE_EXTRA +
-# BARE_MORE .. + BARE_REST of SQuAD, MMLU and TriviaQA (755 dev records). No configuration, centring
+# records DEV_LIMIT + DEV_EXTRA .. + TASK_REST of SQuAD and MMLU, chat-style records DEV_LIMIT + CHAT_EXTRA +
+# CHAT_MORE .. + CHAT_REST of SQuAD, MMLU and TriviaQA (755 dev records). No configuration, centring
 # or blend was chosen with these answers in view; the reports include them and say so.
 TASK_REST=${TASK_REST:-500}
-BARE_REST=${BARE_REST:-400}
+CHAT_REST=${CHAT_REST:-400}
 NARROW_GRID="--conventions generating --variants leak-free authors --alphas 100 10 1 0.1 0.01 --stage1-alphas 10 1 0.1"
 # The ridge configuration, then stage 2 as the paper's MLP (one configuration of its grid, kept by fit on a
 # higher CV PRR: README "A stage-2 MLP") averaged with that ridge (README "Ridge and MLP averaged": the
@@ -90,26 +92,33 @@ fi
 DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
 
 files() { local split=$1; for name in "${DATASETS[@]}"; do printf '%s ' "$DATA/${name}_${split}.jsonl"; done; }
+# run NAME: the run folder RUNS/NAME, or the one named as before the chat style's rename (-bare for -chat)
+# where only that one exists.
+run() {
+    local new="$RUNS/$1" old="$RUNS/${1//-chat/-bare}"
+    if [ ! -e "$new" ] && [ -e "$old" ]; then echo "$old"; else echo "$new"; fi
+}
 
 TRAIN_RUNS=()
 declare -A TRAIN_RUNS_OF  # prompt style -> its training runs (space-separated)
-for style in task bare; do
+for style in task chat; do
     for ((start = 0; start < TRAIN_LIMIT; start += CHUNK)); do
         size=$((TRAIN_LIMIT - start < CHUNK ? TRAIN_LIMIT - start : CHUNK))
+        train_run=$(run "smollm2-train-$style-$start")
         # shellcheck disable=SC2046
         $PY -m training generate --data $(files train) --skip "$start" --limit "$size" --prompt-style "$style" \
-            --out "$RUNS/smollm2-train-$style-$start" --batch-size 16 --shard-size 50
-        TRAIN_RUNS+=("$RUNS/smollm2-train-$style-$start")
-        TRAIN_RUNS_OF[$style]+=" $RUNS/smollm2-train-$style-$start"
+            --out "$train_run" --batch-size 16 --shard-size 50
+        TRAIN_RUNS+=("$train_run")
+        TRAIN_RUNS_OF[$style]+=" $train_run"
     done
     if [ "$BLEND" = 1 ]; then
         # shellcheck disable=SC2046
         $PY -m training generate --data $(files train) --skip "$TRAIN_LIMIT" --limit "$BLEND_LIMIT" \
-            --prompt-style "$style" --out "$RUNS/smollm2-blend-$style" --batch-size 16 --shard-size 50
+            --prompt-style "$style" --out "$(run "smollm2-blend-$style")" --batch-size 16 --shard-size 50
     fi
     # shellcheck disable=SC2046
     $PY -m training generate --data $(files dev) --limit "$DEV_LIMIT" --prompt-style "$style" \
-        --out "$RUNS/smollm2-dev-$style" --batch-size 16 --shard-size 50
+        --out "$(run "smollm2-dev-$style")" --batch-size 16 --shard-size 50
 done
 # extra_dev RUNS NAME STYLE SKIP COUNT DATASET...: COUNT more dev answers of STYLE (records SKIP ..
 # SKIP + COUNT of each dataset) in the run smollm2-dev-NAME, appended to the array named RUNS; none
@@ -119,35 +128,36 @@ extra_dev() {
     local name=$2 style=$3 skip=$4 count=$5
     shift 5
     [ "$count" -gt 0 ] || return 0
-    local extra=()
+    local extra=() folder
+    folder=$(run "smollm2-dev-$name")
     for dataset in "$@"; do extra+=("$DATA/${dataset}_dev.jsonl"); done
     $PY -m training generate --data "${extra[@]}" --skip "$skip" --limit "$count" --prompt-style "$style" \
-        --out "$RUNS/smollm2-dev-$name" --batch-size 16 --shard-size 50
-    runs+=("$RUNS/smollm2-dev-$name")
+        --out "$folder" --batch-size 16 --shard-size 50
+    runs+=("$folder")
 }
-DEV_TASK_RUNS=("$RUNS/smollm2-dev-task")
+DEV_TASK_RUNS=("$(run smollm2-dev-task)")
 extra_dev DEV_TASK_RUNS task-extra task "$DEV_LIMIT" "$DEV_EXTRA" "${INFORMATIVE[@]}"
-DEV_BARE_RUNS=("$RUNS/smollm2-dev-bare")
-extra_dev DEV_BARE_RUNS bare-extra bare "$DEV_LIMIT" "$BARE_EXTRA" "${INFORMATIVE_BARE[@]}"
-extra_dev DEV_BARE_RUNS bare-more bare "$((DEV_LIMIT + BARE_EXTRA))" "$BARE_MORE" squad mmlu triviaqa
+DEV_CHAT_RUNS=("$(run smollm2-dev-chat)")
+extra_dev DEV_CHAT_RUNS chat-extra chat "$DEV_LIMIT" "$CHAT_EXTRA" "${INFORMATIVE_CHAT[@]}"
+extra_dev DEV_CHAT_RUNS chat-more chat "$((DEV_LIMIT + CHAT_EXTRA))" "$CHAT_MORE" squad mmlu triviaqa
 # Leave-one-dataset-out was measured on the task-style answers before the rest was added.
 LODO_TEST_RUNS=("${DEV_TASK_RUNS[@]}")
 extra_dev DEV_TASK_RUNS task-rest task "$((DEV_LIMIT + DEV_EXTRA))" "$TASK_REST" squad mmlu
-extra_dev DEV_BARE_RUNS bare-rest bare "$((DEV_LIMIT + BARE_EXTRA + BARE_MORE))" "$BARE_REST" squad mmlu triviaqa
+extra_dev DEV_CHAT_RUNS chat-rest chat "$((DEV_LIMIT + CHAT_EXTRA + CHAT_MORE))" "$CHAT_REST" squad mmlu triviaqa
 # shellcheck disable=SC2086
 $PY -m training fit "${TRAIN_RUNS[@]}" --out "$OUT" --fold-unit "$FOLD_UNIT" $FIT_ARGS
 if [ "$BLEND" = 1 ]; then
     BLEND_ARGS=()
     [ -n "$BLEND_CANDIDATE" ] && BLEND_ARGS+=(--candidate "$BLEND_CANDIDATE")
     [ "$BLEND_FORCE" = 1 ] && BLEND_ARGS+=(--force)
-    $PY -m training blend "$RUNS/smollm2-blend-task" "$RUNS/smollm2-blend-bare" --artifact "$OUT" "${BLEND_ARGS[@]}"
+    $PY -m training blend "$(run smollm2-blend-task)" "$(run smollm2-blend-chat)" --artifact "$OUT" "${BLEND_ARGS[@]}"
 fi
 # Calibrate on the chat-style dev answers (what users send), evaluate on both styles. The default
 # policy is error@0.7: the strictest certifiable target (error@0.6) accepts 8% of answers.
-$PY -m training calibrate --artifact "$OUT" --run "$RUNS/smollm2-dev-bare" \
+$PY -m training calibrate --artifact "$OUT" --run "$(run smollm2-dev-chat)" \
     --coverage 0.1 0.2 0.5 0.8 0.9 --error 0.3 0.4 0.5 0.6 0.7 --delta 0.05 --default-target error@0.7
 $PY -m training evaluate --artifact "$OUT" --run "${DEV_TASK_RUNS[@]}" --out "$OUT/report/task"
-$PY -m training evaluate --artifact "$OUT" --run "${DEV_BARE_RUNS[@]}" --out "$OUT/report/bare"
+$PY -m training evaluate --artifact "$OUT" --run "${DEV_CHAT_RUNS[@]}" --out "$OUT/report/chat"
 # Each held-out dataset is one refit (about 10 minutes with the MLP stage 2); GSM8K and MedQuAD, which
 # the model all but never gets right, are left out (a PRR there says nothing).
 $PY -m training lodo "${TRAIN_RUNS[@]}" \
@@ -156,12 +166,12 @@ $PY -m training lodo "${TRAIN_RUNS[@]}" \
 # The same on every chat-style dev answer (how users ask), holding out the three datasets the model is
 # informative on asked that way (about 10 minutes each).
 $PY -m training lodo "${TRAIN_RUNS[@]}" \
-    --test "${DEV_BARE_RUNS[@]}" --artifact "$OUT" --out "$OUT/report/lodo-bare" \
+    --test "${DEV_CHAT_RUNS[@]}" --artifact "$OUT" --out "$OUT/report/lodo-chat" \
     --held-out squad mmlu truthfulqa
 # A refit never sees the held-out dataset's training answers either: scored beside its dev answers they
 # triple TruthfulQA's n (204 -> 613) and give SQuAD 1,450 and MMLU 1,449 (about 30 minutes per style).
-for style in task bare; do
-    if [ "$style" = task ]; then dev=("${DEV_TASK_RUNS[@]}"); else dev=("${DEV_BARE_RUNS[@]}"); fi
+for style in task chat; do
+    if [ "$style" = task ]; then dev=("${DEV_TASK_RUNS[@]}"); else dev=("${DEV_CHAT_RUNS[@]}"); fi
     # shellcheck disable=SC2086
     $PY -m training lodo "${TRAIN_RUNS[@]}" \
         --test "${dev[@]}" ${TRAIN_RUNS_OF[$style]} --artifact "$OUT" --out "$OUT/report/lodo-$style-all" \

@@ -92,7 +92,7 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]
 def tiny_runs(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
 ) -> dict[str, Path]:
-    from training.commands.generate import GenerateOptions, run_generate
+    from training.generation import GenerateOptions, run_generate
 
     folder = tmp_path_factory.mktemp("runs")
     runs = {}
@@ -115,8 +115,9 @@ def tiny_runs(
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> Path:
     """A TAD artifact fitted and calibrated on the tiny model's runs."""
-    from training.commands.calibrate import run_calibrate
-    from training.commands.fit import FitOptions, run_fit
+    from training.calibration import run_calibrate
+    from training.fit.options import FitOptions
+    from training.fit.pipeline import run_fit
     from training.run_source import RunSource
 
     out = tmp_path_factory.mktemp("artifact") / "tiny-tad"
@@ -133,8 +134,8 @@ def tiny_blended_artifact(
     """The tiny artifact with a decision blend (TAD and perplexity, installed by `blend --force`), calibrated."""
     import shutil
 
-    from training.commands.blend import run_blend
-    from training.commands.calibrate import run_calibrate
+    from training.blending import run_blend
+    from training.calibration import run_calibrate
     from training.run_source import RunSource
 
     out = tmp_path_factory.mktemp("artifact") / "tiny-blended"

@@ -23,8 +23,8 @@ from sklearn.preprocessing import StandardScaler
 from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.methods import REGISTRY, MethodInput
 from app.uncertainty.trace import TokenTrace
+from training.method_scores import EMPTY_ANSWER_UNCERTAINTY
 from training.rejection import accuracy, informative, prediction_rejection_ratio
-from training.scoring import EMPTY_ANSWER_UNCERTAINTY
 
 BASELINE_INPUTS = ("msp", "perplexity", "mean_token_entropy", "rauq")
 INPUTS = ("tad_mean", "tad_sum_log", *BASELINE_INPUTS, "log_length")

@@ -1,6 +1,6 @@
 """Which fold each training text is held out in.
 
-A record is typically generated in two prompt styles (task and bare), and both texts carry
+A record is typically generated in two prompt styles (task and chat), and both texts carry
 the record's key. Folds by record keep a question's two answers in the same fold: with folds by
 text, a held-out answer's twin (same question, same knowledge the model has or lacks) is in
 the training folds about four times in five, so cross-validation would measure, and select
@@ -24,7 +24,7 @@ class FoldUnit(StrEnum):
 
 
 def fold_unit_of_split(split: str | None) -> FoldUnit:
-    """The unit a manifest's `metrics.cv.split` names ("by record", "by text"); artifacts from before
+    """The unit a CV record's `split` names ("by record", "by text"); artifacts from before
     the unit was recorded were all split by text."""
     return FoldUnit((split or "by text").removeprefix("by "))
 

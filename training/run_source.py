@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.uncertainty.artifact import TadArtifact
-from training.commands.generate import GenerateOptions, run_generate
+from training.generation import GenerateOptions, run_generate
 from training.runs import check_run_folders, read_run_settings
 
 

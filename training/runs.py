@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from app.uncertainty.trace import TokenTrace
+from training.tasks import PromptStyle
 
 SHARDS = "shards"
 RUN_FILE = "run.json"
@@ -51,9 +52,20 @@ class TextTrace(TokenTrace):
         return self.attention
 
     @property
+    def prompt_style(self) -> PromptStyle:
+        """How the record was asked (runs made before styles were recorded: task). Runs made before the chat
+        style's rename say "bare": they read as chat, so that old and new runs group and deduplicate together."""
+        return PromptStyle(self.meta.get("prompt_style", PromptStyle.TASK.value))
+
+    @property
     def answer_key(self) -> tuple[str, str]:
         """(record key, prompt style): one record asked in two prompt styles is two answers."""
-        return self.key, str(self.meta.get("prompt_style", "task"))
+        return self.key, self.prompt_style.value
+
+    @property
+    def group(self) -> str:
+        """Dataset/prompt style: the groups fit and blend rank within (training/groups.py)."""
+        return f"{self.dataset}/{self.prompt_style.value}"
 
     @property
     def target(self) -> float:

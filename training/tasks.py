@@ -75,7 +75,7 @@ TASKS: dict[Task, TaskSpec] = {
     ),
 }
 
-# Bare questions keep what a question cannot be answered without (a passage, the options).
+# Chat-style questions keep what a question cannot be answered without (a passage, the options).
 _NEEDS_CONTEXT = (Task.EXTRACTIVE_QA, Task.MULTIPLE_CHOICE)
 
 _MISSING = set(Task) - set(TASKS)
@@ -84,17 +84,26 @@ if _MISSING:
 
 
 class PromptStyle(StrEnum):
-    """How a record is asked: with the task's instruction, bare (the way users ask in a chat), or
+    """How a record is asked: with the task's instruction, as users ask in a chat (the question alone), or
     k-shot for base models without a chat template (the paper's prompting)."""
 
     TASK = "task"
-    BARE = "bare"
+    CHAT = "chat"
     FEW_SHOT = "few-shot"
+
+    @classmethod
+    def _missing_(cls, value: object) -> PromptStyle | None:
+        # "bare" is what the chat style was called before: runs made then say so in their run.json and
+        # texts.json, and must read as the same style as runs made since (one group, one answer key).
+        return cls.CHAT if value == OLD_CHAT_NAME else None
+
+
+OLD_CHAT_NAME = "bare"
 
 
 # A chat answer's budget: at least this, and the task's own where that is longer (a worked math
 # solution or a paragraph cut at 64 tokens would be scored wrong for its length, not its content).
-BARE_MAX_NEW_TOKENS = 64
+CHAT_MAX_NEW_TOKENS = 64
 # Shots per task (the paper's appendix: 5-shot for short answers; fewer where examples are long).
 FEW_SHOT_COUNT: dict[Task, int] = {
     Task.OPEN_QA: 5,
@@ -156,7 +165,7 @@ def build_prompt(record: QARecord, style: PromptStyle, pool: Sequence[QARecord] 
 def build_messages(record: QARecord, style: PromptStyle = PromptStyle.TASK) -> list[dict[str, str]]:
     """The user turn for a record: any passage or options, the question, and (task style) the instruction."""
     spec = TASKS[record.task]
-    if style is PromptStyle.BARE:
+    if style is PromptStyle.CHAT:
         content = spec.prompt_body(record, "").rstrip()
         content = content.removeprefix("Question: ") if record.task not in _NEEDS_CONTEXT else content
         return [{"role": "user", "content": content}]
@@ -165,7 +174,7 @@ def build_messages(record: QARecord, style: PromptStyle = PromptStyle.TASK) -> l
 
 def max_new_tokens(task: Task, style: PromptStyle = PromptStyle.TASK) -> int:
     own = TASKS[task].max_new_tokens
-    return max(BARE_MAX_NEW_TOKENS, own) if style is PromptStyle.BARE else own
+    return max(CHAT_MAX_NEW_TOKENS, own) if style is PromptStyle.CHAT else own
 
 
 def score_answer(prediction: str, record: QARecord) -> float:

@@ -67,7 +67,7 @@ class FitText:
             key=trace.key,
             dataset=trace.dataset,
             target=trace.target,
-            group=f"{trace.dataset}/{trace.meta.get('prompt_style', 'task')}",
+            group=trace.group,
             stats={name: np.asarray(values) for name, values in trace.stats.items()},
             probs=token_probabilities(trace.logprobs),
             attention=trace.rows[..., : n_lags + 1],

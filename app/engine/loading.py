@@ -63,6 +63,11 @@ class LoadedModel:
     device: torch.device
     architecture: ArchitectureSupport
 
+    @property
+    def dtype_name(self) -> str:
+        """The dtype the model computes in, as settings and manifests spell it ("bfloat16")."""
+        return str(self.model.dtype).removeprefix("torch.")
+
 
 def _package_file(package: str, relative: str, cache_dir: Path | None) -> str:
     """The file a `pkg:` spec names: a path inside the package, its only GGUF file, or what it assembles.

@@ -28,7 +28,7 @@ from app.serving.scheduler import Scheduler
 from app.settings import Settings
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
-from app.uncertainty.features import Convention
+from app.uncertainty.features import DEFAULT_N_LAGS, Convention
 from app.uncertainty.methods import Method
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,6 @@ class Runtime:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         artifact = self._load_artifact()
-        n_lags = artifact.n_lags if artifact else 0
         logger.info("loading model %s", settings.model)
         loaded = load_model(
             settings.model,
@@ -119,11 +118,17 @@ class Runtime:
             dtype=settings.dtype,
             cache_dir=settings.cache_dir,
             verify_sha256=settings.verify_model_sha256,
+            artifact_dtype=artifact.manifest.dtype if artifact is not None else None,
         )
         if artifact is not None:
             artifact.check_model(loaded.identity)
-        # The generating convention never reads the last token's own step row: no extra step for it.
-        last_row = artifact is None or artifact.convention is Convention.CONSUMING
+            _warn_on_other_dtype(artifact, loaded.dtype_name)
+        # Attention rows are captured with or without an artifact: RAUQ and Attention Score read them too.
+        # Without one, the lags and convention `generate` defaults to, so that an artifact trained later
+        # with the defaults can be hot-reloaded into this engine. The generating convention never reads
+        # the last token's own step row: no extra step for it.
+        n_lags = artifact.n_lags if artifact is not None else DEFAULT_N_LAGS
+        last_row = artifact is not None and artifact.convention is Convention.CONSUMING
         self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row)
         self.serving = self._serving(artifact)
         self._check_policy()
@@ -145,11 +150,12 @@ class Runtime:
                 self.state = State.READY
                 self.metrics.ready.set(1)
         logger.info(
-            "ready in %.1f s: model %s on %s, TAD %s",
+            "ready in %.1f s: model %s on %s in %s, TAD %s",
             self.load_seconds,
             loaded.identity.name,
             loaded.device,
-            "on" if artifact else f"off ({self.tad_unavailable_reason})",
+            loaded.dtype_name,
+            f"off ({self.tad_unavailable_reason})" if self.tad_unavailable_reason else "on",
         )
 
     def _load_artifact(self) -> TadArtifact | None:
@@ -159,7 +165,9 @@ class Runtime:
         elif not (path / MANIFEST_NAME).is_file():
             self.tad_unavailable_reason = f"no artifact at {path}"
         else:
-            return load_artifact(path, manifest_sha256=self.settings.artifact_manifest_sha256)
+            artifact = load_artifact(path, manifest_sha256=self.settings.artifact_manifest_sha256)
+            self.tad_unavailable_reason = _no_regressor(artifact)
+            return artifact
         if self.settings.require_artifact:
             raise StartupError(f"TAD_REQUIRE_ARTIFACT is set but {self.tad_unavailable_reason}")
         logger.warning("TAD unavailable: %s; answering with baselines only", self.tad_unavailable_reason)
@@ -255,7 +263,7 @@ class Runtime:
                 raise refusal from error
             self.serving = serving
             self._method_thresholds = None
-            self.tad_unavailable_reason = None
+            self.tad_unavailable_reason = _no_regressor(serving.artifact)
             self._publish_artifact()
             self.metrics.artifact_reloads.labels(outcome="loaded").inc()
             logger.info("artifact reloaded: %s (manifest %s)", serving.name, (serving.manifest_sha256 or "")[:16])
@@ -267,6 +275,11 @@ class Runtime:
 
     def _check_capture(self, artifact: TadArtifact, engine: Engine) -> None:
         """The running engine must capture what the new artifact reads; otherwise it needs a restart."""
+        if artifact.manifest.dtype != engine.loaded.dtype_name and self.settings.dtype == "auto":
+            raise ArtifactReloadError(
+                f"artifact {artifact.path} was trained on answers generated in {artifact.manifest.dtype}, the "
+                f"running model computes in {engine.loaded.dtype_name}: restart the service to switch"
+            )
         if artifact.n_lags != engine.n_lags:
             raise ArtifactReloadError(
                 f"artifact {artifact.path} reads {artifact.n_lags} lags, the running engine captures "
@@ -352,3 +365,22 @@ class Runtime:
     def shutdown(self) -> None:
         if self.scheduler is not None:
             self.scheduler.stop()
+
+
+def _no_regressor(artifact: TadArtifact | None) -> str | None:
+    """Why an artifact that is loaded gives no TAD score, or None where it does."""
+    if artifact is None or artifact.has_regressor:
+        return None
+    return f"artifact {artifact.name} is calibration-only (it has no TAD regressor)"
+
+
+def _warn_on_other_dtype(artifact: TadArtifact, dtype: str) -> None:
+    """A dtype set by hand may differ from the artifact's: its scores then drift by that dtype's rounding."""
+    if artifact.manifest.dtype != dtype:
+        logger.warning(
+            "the model runs in %s but artifact %s was trained on answers generated in %s: TAD scores will differ "
+            "slightly from those it was calibrated on (TAD_DTYPE=auto follows the artifact)",
+            dtype,
+            artifact.name,
+            artifact.manifest.dtype,
+        )

@@ -78,10 +78,7 @@ class ServedModel:
     model: str
     artifact: str | None
     artifact_sha256: str | None = None  # the manifest's hash: the decision log tells reloaded versions apart
-
-    @property
-    def tad_available(self) -> bool:
-        return self.artifact is not None
+    tad_available: bool = False  # an artifact with a regressor (a calibration-only one has none)
 
 
 @dataclass(frozen=True)
@@ -133,6 +130,7 @@ class GenerationService:
             model=self.runtime.model_name,
             artifact=artifact.name if artifact else None,
             artifact_sha256=serving.manifest_sha256 if artifact else None,
+            tad_available=serving.scorer.tad_available,
         )
 
     def token_text(self, token_id: int) -> str:
@@ -142,9 +140,10 @@ class GenerationService:
         return self.engine.token_bytes(token_id)
 
     def feature_spec(self, serving: ServingArtifact | None = None) -> FeatureSpec | None:
-        """How the artifact (`serving`'s, else the one serving now) reads attention rows; None without one."""
+        """How the artifact's regressor (`serving`'s, else the one serving now) reads attention rows; None without
+        one."""
         artifact = (serving or self.runtime.serving).artifact
-        return artifact.scorer.spec if artifact is not None else None
+        return artifact.scorer.spec if artifact is not None and artifact.scorer is not None else None
 
     # ------------------------------------------------------------------ validation
     def encode(self, prompt: PromptInput) -> list[int]:

@@ -25,24 +25,25 @@ class AnswerScorer:
 
     def __init__(self, artifact: TadArtifact | None) -> None:
         self.artifact = artifact
+        self.tad = artifact.scorer if artifact is not None else None  # None without a regressor
         self.blend = artifact.blend if artifact is not None else None
 
     @property
     def tad_available(self) -> bool:
-        return self.artifact is not None
+        return self.tad is not None
 
     @property
     def aggregation(self) -> Aggregation | None:
         return self.artifact.manifest.aggregation if self.artifact else None
 
     def stream(self) -> TadStream | None:
-        return self.artifact.scorer.stream() if self.artifact else None
+        return self.tad.stream() if self.tad is not None else None
 
     def score(self, trace: TokenTrace, confidences: np.ndarray | None = None) -> ScoredAnswer:
         """Every method's score; `confidences` are TAD's for this trace when already known (a prefix)."""
-        if self.artifact is not None and confidences is None:
+        if self.tad is not None and confidences is None:
             if len(trace) > 0:
-                confidences = self.artifact.scorer.confidences_of(trace)
+                confidences = self.tad.confidences_of(trace)
             else:
                 confidences = np.zeros(0)
         answer = MethodInput(

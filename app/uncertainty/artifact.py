@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import joblib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.blend import Blend, BlendTerm
 from app.uncertainty.features import FEATURE_ORDER, Convention, FeatureSpec
-from app.uncertainty.methods import Method
+from app.uncertainty.methods import REGISTRY, Method
 from app.uncertainty.tad import TadScorer
 
 MANIFEST_NAME = "manifest.json"
@@ -150,12 +150,15 @@ class Manifest(BaseModel):
     # The dtype the training answers were generated in: `dtype=auto` serves the model in it, so that the
     # regressor sees the numbers it was fitted on. Artifacts from before the field were all float32.
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # The capture settings (lags, convention) the answers were generated with; with a regressor, its features.
     features: FeatureInfo
-    epsilon: float = Field(gt=0.0, lt=1.0)
-    aggregation: Aggregation
+    # The TAD regressor and how its confidences are scored: absent in a calibration-only artifact, which holds
+    # the free methods' thresholds and a decision method (`python -m training calibration-artifact`).
+    regressor: RegressorInfo | None = None
+    epsilon: float | None = Field(None, gt=0.0, lt=1.0)
+    aggregation: Aggregation | None = None
     # "paper-exact" is what "algorithm1-literal" was called in artifacts made before the rename.
-    variant: Literal["leak-free", "algorithm1-literal", "authors", "paper-exact"]
-    regressor: RegressorInfo
+    variant: Literal["leak-free", "algorithm1-literal", "authors", "paper-exact"] | None = None
     thresholds: dict[Method, dict[str, Threshold]] = Field(default_factory=dict)
     default_target: str | None = None
     blend: BlendInfo | None = None
@@ -166,12 +169,55 @@ class Manifest(BaseModel):
     training: dict[str, Any] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if self.regressor is not None:
+            missing = [name for name in ("epsilon", "aggregation", "variant") if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"a manifest with a regressor needs {', '.join(missing)}")
+        else:
+            if self.decision_method is None or REGISTRY[self.decision_method.value].needs_artifact:
+                raise ValueError("a calibration-only manifest (no regressor) needs a free decision_method")
+            if self.blend is not None:
+                raise ValueError("a blend includes TAD: a calibration-only manifest (no regressor) cannot have one")
+        if self.decision_method is Method("tad_blend") and self.blend is None:
+            raise ValueError("decision_method tad_blend needs a blend")
+        return self
+
+
+@dataclass(frozen=True)
+class TrainedTad:
+    """The TAD parts of an artifact with a regressor, none of them optional."""
+
+    scorer: TadScorer
+    regressor: RegressorInfo
+    aggregation: Aggregation
+    epsilon: float
+    variant: str
+
+    @property
+    def spec(self) -> FeatureSpec:
+        return self.scorer.spec
+
 
 @dataclass(frozen=True)
 class TadArtifact:
     path: Path
     manifest: Manifest
-    scorer: TadScorer
+    scorer: TadScorer | None  # None: a calibration-only artifact
+
+    @property
+    def has_regressor(self) -> bool:
+        return self.scorer is not None
+
+    def trained(self) -> TrainedTad:
+        """Its regressor and how TAD is scored; refused for a calibration-only artifact."""
+        manifest = self.manifest
+        if self.scorer is None or manifest.regressor is None:
+            raise ArtifactError(f"artifact {self.path} is calibration-only: it has no TAD regressor")
+        # The manifest's validator: a regressor comes with its aggregation, epsilon and variant.
+        assert manifest.aggregation is not None and manifest.epsilon is not None and manifest.variant is not None
+        return TrainedTad(self.scorer, manifest.regressor, manifest.aggregation, manifest.epsilon, manifest.variant)
 
     @property
     def name(self) -> str:
@@ -225,7 +271,7 @@ def read_manifest(path: Path) -> Manifest:
 
 def verify_files(path: Path, manifest: Manifest) -> None:
     """Every file the manifest lists must exist with its recorded sha256."""
-    if manifest.regressor.file not in manifest.files:
+    if manifest.regressor is not None and manifest.regressor.file not in manifest.files:
         raise ArtifactError(f"{path}: the manifest records no sha256 for {manifest.regressor.file}")
     for name, expected in manifest.files.items():
         target = path / name
@@ -254,6 +300,9 @@ def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact
     if (features.stage1_size, features.stage2_size) != (spec.stage1_size, spec.stage2_size):
         raise ArtifactError(f"{path}: feature sizes in the manifest do not match its n_lags/layers/heads")
     verify_files(path, manifest)
+    if manifest.regressor is None:
+        return TadArtifact(path=path, manifest=manifest, scorer=None)
+    assert manifest.epsilon is not None  # the manifest's validator: a regressor comes with its epsilon
     regressor = joblib.load(path / manifest.regressor.file)
     n_features = getattr(regressor, "n_features_in_", None)
     if n_features is not None and n_features != spec.stage2_size:

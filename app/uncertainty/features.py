@@ -31,6 +31,10 @@ FEATURE_ORDER = "tad-v1"
 FEATURE_DTYPE = np.float32
 
 
+# Attention lags captured when nothing names them: `generate`'s default, and the server's without an artifact.
+DEFAULT_N_LAGS = 10
+
+
 class Convention(StrEnum):
     """Which forward step's attention row belongs to a token."""
 

@@ -41,7 +41,7 @@ class UncertaintyMethod:
     compute: Callable[[MethodInput], float | None]
     needs_artifact: bool = False
     needs_blend: bool = False  # only an artifact with a decision blend has it
-    needs_attention: bool = False  # attention rows are captured only when a TAD artifact is loaded
+    needs_attention: bool = False  # reads the captured attention rows
 
     def __call__(self, answer: MethodInput) -> float | None:
         return self.compute(answer)

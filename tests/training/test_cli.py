@@ -67,7 +67,7 @@ def test_a_corrupt_run_is_named(
 def test_ctrl_c_says_what_a_rerun_does(
     tiny_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import training.commands.summary as summary
+    import training.run_summary as summary
 
     def interrupted(*args: object) -> str:
         raise KeyboardInterrupt

@@ -9,15 +9,17 @@ import numpy as np
 
 from app.uncertainty.artifact import load_artifact
 from tests.conftest import N_LAGS
-from training.commands.fit import FitOptions, load_runs, prepare_folds
-from training.commands.generate import GenerateOptions, run_generate
+from training.fit.cross_validation import prepare_folds
+from training.fit.options import FitOptions
+from training.fit.texts import load_runs
 from training.folds import FoldUnit, assign_folds, fold_unit_of_split
+from training.generation import GenerateOptions, run_generate
 from training.tasks import PromptStyle
 from training.two_stage import FitText
 
 
 def _texts(records: int) -> list[FitText]:
-    """Each record twice (task and bare style), the way `generate` writes both styles."""
+    """Each record twice (task and chat style), the way `generate` writes both styles."""
     empty = np.zeros(0)
     return [
         FitText(
@@ -29,7 +31,7 @@ def _texts(records: int) -> list[FitText]:
             attention=np.zeros((0, 1, 1, 2)),
             group=f"squad/{style}",
         )
-        for style in ("task", "bare")
+        for style in ("task", "chat")
         for i in range(records)
     ]
 
@@ -68,26 +70,26 @@ def test_a_manifest_split_names_its_unit() -> None:
     assert fold_unit_of_split(None) is FoldUnit.TEXT  # artifacts from before the unit was recorded
 
 
-def test_fit_keeps_a_records_task_and_bare_answers_in_one_fold(
+def test_fit_keeps_a_records_task_and_chat_answers_in_one_fold(
     tiny_runs: dict[str, Path],
     tiny_data: dict[str, list[Path]],
     tiny_model_dir: Path,
     tiny_artifact: Path,
     tmp_path: Path,
 ) -> None:
-    bare = run_generate(
+    chat = run_generate(
         GenerateOptions(
             data=tiny_data["train"],
-            out=tmp_path / "bare",
+            out=tmp_path / "chat",
             model=str(tiny_model_dir),
             dtype="float32",
             n_lags=N_LAGS,
             max_new_tokens=10,
-            prompt_style=PromptStyle.BARE,
+            prompt_style=PromptStyle.CHAT,
         )
     )
-    texts, _, _ = load_runs([tiny_runs["train"], bare], None)
-    assert {t.group.split("/")[1] for t in texts} == {"task", "bare"}
+    texts, _, _ = load_runs([tiny_runs["train"], chat], None)
+    assert {t.group.split("/")[1] for t in texts} == {"task", "chat"}
     spec = load_artifact(tiny_artifact).scorer.spec
     data = prepare_folds(texts, spec, FitOptions(runs=[], out=tmp_path, variants=()))
     folds = _folds_per_record(texts, data.fold_of)

@@ -36,7 +36,7 @@ def _text(group: str, target: float) -> FitText:
 def _texts() -> list[FitText]:
     easy = [_text("squad/task", t) for t in (1.0, 1.0, 1.0, 0.0, 1.0, 0.0)]  # accuracy 4/6
     hard = [_text("gsm8k/task", t) for t in (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)]  # never right
-    mixed = [_text("mmlu/bare", t) for t in (0.0, 1.0, 0.0, 1.0, 0.0, 0.0)]  # accuracy 2/6
+    mixed = [_text("mmlu/chat", t) for t in (0.0, 1.0, 0.0, 1.0, 0.0, 0.0)]  # accuracy 2/6
     return easy + hard + mixed
 
 
@@ -75,7 +75,7 @@ def test_centrings_are_tried_from_none_to_full() -> None:
 
 
 def test_informative_groups_are_those_with_accuracy_between_a_tenth_and_nine_tenths() -> None:
-    assert informative_groups(_texts()) == frozenset({"squad/task", "mmlu/bare"})
+    assert informative_groups(_texts()) == frozenset({"squad/task", "mmlu/chat"})
 
 
 def test_within_group_prr_is_the_mean_over_the_informative_groups_only() -> None:
@@ -94,7 +94,7 @@ def test_within_group_prr_is_the_mean_over_the_informative_groups_only() -> None
     )
     assert within_group_prr(scores, texts, groups) == pytest.approx(expected)
     # Ranking the groups apart (all of GSM8K most uncertain) earns pooled PRR, not within-group PRR.
-    by_group = np.array([{"squad/task": 0.0, "mmlu/bare": 0.5, "gsm8k/task": 1.0}[t.group] for t in texts])
+    by_group = np.array([{"squad/task": 0.0, "mmlu/chat": 0.5, "gsm8k/task": 1.0}[t.group] for t in texts])
     assert prediction_rejection_ratio(by_group, np.array([t.target for t in texts])) > 0.3
     assert within_group_prr(by_group, texts, groups) == pytest.approx(0.0, abs=1e-12)
 
@@ -108,10 +108,12 @@ def test_within_group_selection_falls_back_to_pooled_without_an_informative_grou
 
 def test_fit_cross_validates_centring_and_records_its_choice(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     from app.uncertainty.artifact import load_artifact
-    from training.commands.fit import FitOptions, run_fit
+    from training.fit.options import FitOptions
+    from training.fit.pipeline import run_fit
+    from training.fit.report import read_cv_record
 
     manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), combiner=False))
-    cv = manifest.metrics["cv"]
+    cv = read_cv_record(tmp_path / "a", manifest)
     assert list(cv["centrings"]) == [c.value for c in TargetCentring]
     kept_so_far = "none"
     for centring in list(TargetCentring)[1:]:  # each tried against the one kept before it

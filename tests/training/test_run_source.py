@@ -12,7 +12,7 @@ from training.runs import iter_texts
 
 
 def test_several_runs_are_read_together(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
-    from training.commands.evaluate import run_evaluate
+    from training.evaluation import run_evaluate
 
     runs = [tiny_runs["dev"], tiny_runs["train"]]
     source = RunSource(data=[], runs=runs, default_run_dir=tmp_path / "unused")

@@ -53,19 +53,28 @@ def test_score_answer_long_form_uses_best_rouge_l():
     assert score_answer("the cat sat", record) == pytest.approx(2 / 3)
 
 
-def test_bare_style_asks_the_question_alone_but_keeps_passage_and_options():
-    from training.tasks import BARE_MAX_NEW_TOKENS, PromptStyle, max_new_tokens
+def test_chat_style_asks_the_question_alone_but_keeps_passage_and_options():
+    from training.tasks import CHAT_MAX_NEW_TOKENS, PromptStyle, max_new_tokens
 
     open_qa = _record(Task.OPEN_QA, ["x"])
-    (message,) = build_messages(open_qa, PromptStyle.BARE)
+    (message,) = build_messages(open_qa, PromptStyle.CHAT)
     assert message["content"] == open_qa.question
     extractive = _record(Task.EXTRACTIVE_QA, ["x"], context="a passage")
-    assert "a passage" in build_messages(extractive, PromptStyle.BARE)[0]["content"]
-    assert "Bird" in build_messages(_mc_record("B"), PromptStyle.BARE)[0]["content"]
-    assert max_new_tokens(Task.MULTIPLE_CHOICE, PromptStyle.BARE) == BARE_MAX_NEW_TOKENS
+    assert "a passage" in build_messages(extractive, PromptStyle.CHAT)[0]["content"]
+    assert "Bird" in build_messages(_mc_record("B"), PromptStyle.CHAT)[0]["content"]
+    assert max_new_tokens(Task.MULTIPLE_CHOICE, PromptStyle.CHAT) == CHAT_MAX_NEW_TOKENS
     assert max_new_tokens(Task.MULTIPLE_CHOICE) == 8
     # A worked solution is not cut shorter in a chat than under the task's instruction.
-    assert max_new_tokens(Task.MATH_WORD_PROBLEM, PromptStyle.BARE) == max_new_tokens(Task.MATH_WORD_PROBLEM) == 256
+    assert max_new_tokens(Task.MATH_WORD_PROBLEM, PromptStyle.CHAT) == max_new_tokens(Task.MATH_WORD_PROBLEM) == 256
+
+
+def test_bare_is_the_chat_styles_old_name():
+    """Runs made before the rename store "bare": read back, it is the chat style."""
+    from training.tasks import PromptStyle
+
+    assert PromptStyle("bare") is PromptStyle.CHAT and PromptStyle.CHAT.value == "chat"
+    with pytest.raises(ValueError):
+        PromptStyle("plain")
 
 
 def test_few_shot_prompt_has_k_examples_of_the_task_never_the_record_itself():

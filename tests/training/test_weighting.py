@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from app.uncertainty.features import FeatureSpec, stage2_features
-from training.commands.fit import FitOptions, load_runs, run_fit
+from training.fit.options import FitOptions
+from training.fit.pipeline import run_fit
+from training.fit.report import read_cv_record
+from training.fit.texts import load_runs
 from training.groups import TargetCentring
 from training.ridge import GramStats
 from training.two_stage import FitText, cross_stats, stage2_stats, static_stats
@@ -114,7 +117,7 @@ def test_fit_cross_validates_row_weighting_and_records_its_choice(tiny_runs: dic
             centrings=(TargetCentring.NONE,),
         )
     )
-    cv = manifest.metrics["cv"]
+    cv = read_cv_record(tmp_path / "a", manifest)
     assert set(cv["weightings"]) == {"token", "text"}
     trial = cv["weightings"]["text"]
     kept = trial["kept"]

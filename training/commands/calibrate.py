@@ -1,128 +1,54 @@
-"""`calibrate`: reject thresholds on calibration data, written into the artifact's manifest."""
+"""`python -m training calibrate`: reject thresholds written into the artifact's manifest (training/calibration.py)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+import argparse
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from training.arguments import UsageError, add_artifact_and_run_options, coverage, open_unit, run_source_of
 
-from app.uncertainty.artifact import Manifest, Threshold, load_artifact, write_manifest
-from app.uncertainty.methods import Method
-from training.rejection import accuracy
-from training.run_source import RunSource, obtain_runs
-from training.runs import check_no_duplicates, iter_texts
-from training.scoring import artifact_methods, uncertainty_table
-from training.thresholds import (
-    coverage_name,
-    coverage_threshold,
-    error_name,
-    error_threshold,
-    error_threshold_natural,
-    out_of_sample,
-)
-
-logger = logging.getLogger(__name__)
+NAME = "calibrate"
+INTERRUPTED = "finished shards of answers it generated are kept; rerunning resumes them; the manifest is unchanged"
 
 
-def run_calibrate(
-    artifact_dir: Path,
-    source: RunSource,
-    coverages: Sequence[float],
-    errors: Sequence[float],
-    delta: float,
-    seed: int = 0,
-    default_target: str | None = None,
-    order: str = "natural",
-) -> Manifest:
-    if not coverages and not errors:
-        # Nothing to choose: writing would replace every calibrated threshold with none.
-        raise SystemExit("give at least one --coverage or --error target")
-    artifact = load_artifact(artifact_dir)
-    runs = obtain_runs(source, artifact)
-    texts = list(iter_texts(runs))
-    if not texts:
-        # Thresholds chosen on nothing are -inf with n 0: refuse before the manifest's calibration is replaced.
-        raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to calibrate on")
-    check_no_duplicates(t.answer_key for t in texts)  # the guarantee counts answers: each must count once
-    table = uncertainty_table(artifact, texts)
-    quality = np.array([t.target for t in texts])
-    methods = [Method(name) for name in artifact_methods(artifact)]
-    # The default target is certified for what the service decides with (the blend, where there is one).
-    decision = artifact.decision_method
-
-    def choose(values: np.ndarray, labels: np.ndarray, chosen_order: str) -> dict[str, Threshold]:
-        entries = {coverage_name(c): coverage_threshold(values, labels, c) for c in coverages}
-        for error in errors:
-            if chosen_order == "natural":
-                chosen = error_threshold_natural(values, labels, error, delta=delta)
-            else:
-                chosen = error_threshold(values, labels, error, delta=delta, seed=seed)
-            if chosen is not None:
-                entries[error_name(error)] = chosen
-        return entries
-
-    thresholds: dict[Method, dict[str, Any]] = {}
-    for method in methods:
-        thresholds[method] = choose(table[method.value], quality, order)
-        for error in errors:
-            if error_name(error) not in thresholds[method]:
-                logger.warning("%s: no threshold certifies error <= %g at delta %g", method.value, error, delta)
-    # What the thresholds do on data they were not chosen on: choose on one half, measure on the other.
-    halves = np.array_split(np.random.default_rng(seed).permutation(len(texts)), 2)
-    held_out: dict[str, dict[str, Any]] = {}
-    for method in methods:
-        values = table[method.value]
-        chosen_a = choose(values[halves[0]], quality[halves[0]], order)
-        held_out[method.value] = {
-            name: {"threshold": entry.threshold, **out_of_sample(entry, values[halves[1]], quality[halves[1]])}
-            for name, entry in chosen_a.items()
-        }
-    # The natural order against the split order, on the same data and delta (the decision method).
-    split_order = choose(table[decision.value], quality, "split" if order == "natural" else "natural")
-    orders = {
-        name: {
-            order: entry.coverage,
-            ("split" if order == "natural" else "natural"): split_order[name].coverage if name in split_order else None,
-        }
-        for name, entry in thresholds[decision].items()
-        if entry.kind == "error"
-    }
-    decided = thresholds[decision]
-    if default_target is not None and default_target not in decided:
-        raise SystemExit(
-            f"--default-target {default_target} was not calibrated for {decision.value} (have: {', '.join(decided)})"
-        )
-    feasible_errors = [error_name(e) for e in errors if error_name(e) in decided]
-    default = default_target or (feasible_errors[0] if feasible_errors else None)
-    if default is None and coverages:
-        default = coverage_name(coverages[0])
-    if default is not None:
-        # Every method at the coverage the default policy achieves: comparisons at equal coverage.
-        matched = round(decided[default].coverage, 2)
-        for method in methods:
-            thresholds[method].setdefault(
-                coverage_name(matched), coverage_threshold(table[method.value], quality, matched)
-            )
-    manifest = artifact.manifest.model_copy(
-        update={
-            "thresholds": thresholds,
-            "default_target": default,
-            "metrics": {
-                **artifact.manifest.metrics,
-                "calibration": {
-                    "runs": [str(run) for run in runs],
-                    "n": len(texts),
-                    "delta": delta,
-                    "order": order,
-                    "decision_method": decision.value,
-                    "accuracy": float(accuracy(quality)),
-                    "out_of_sample": {"split": "random halves", "seed": seed, "by_method": held_out},
-                    "coverage_by_order": orders,
-                },
-            },
-        }
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        NAME,
+        help="choose reject thresholds on calibration data and write them into the manifest",
+        description="Thresholds for target coverages, and for target error rates among accepted answers "
+        "with a Learn-then-Test finite-sample guarantee (probability >= 1 - delta).",
     )
-    return write_manifest(artifact.path, manifest)
+    parser.add_argument("--coverage", type=coverage, nargs="*", default=[0.5, 0.8, 0.9])
+    parser.add_argument("--error", type=open_unit, nargs="*", default=[0.3, 0.5])
+    parser.add_argument("--delta", type=open_unit, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--order",
+        choices=("natural", "split"),
+        default="natural",
+        help="fixed-sequence order for error targets: the thresholds' own (whole set) or learned on a half",
+    )
+    parser.add_argument("--default-target", default=None, help="e.g. error@0.3 (default: first feasible)")
+    parser.add_argument(
+        "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
+    )
+    add_artifact_and_run_options(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> None:
+    if not args.coverage and not args.error:
+        raise UsageError("give at least one --coverage or --error target (none would remove every threshold)")
+    from training.calibration import run_calibrate
+
+    source = run_source_of(args, args.run_dir or args.artifact / "calibration-run", "--run-dir")
+    manifest = run_calibrate(
+        args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target, args.order
+    )
+    decision = manifest.metrics["calibration"]["decision_method"]
+    for name, entry in manifest.thresholds.get(decision, {}).items():
+        print(
+            f"{decision} {name}: threshold {entry.threshold:.4f}, coverage {entry.coverage:.3f}, "
+            f"error {entry.error:.3f}"
+        )
+    print(f"default target: {manifest.default_target}")

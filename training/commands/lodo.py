@@ -1,292 +1,61 @@
-"""`lodo`: leave one dataset out, the paper's generalization table.
-
-For every dataset, TAD is fitted (with the artifact's configuration: convention, variant,
-both alphas, aggregation, target centring, row weighting, and the fold unit its stage-1
-out-of-fold predictions were made with) on the training texts of all
-*other* datasets and scored on that dataset's test texts, beside the baselines, with paired
-bootstrap 95% intervals.
-
-The same fitted model is also scored under every other aggregation (a second table), and
-either alpha and the target centring can be overridden: aggregation, alphas and how much of each
-dataset's offset the regressor learns are what a generalization failure would be tuned on first,
-so the table shows whether any of them would have changed it.
-"""
+"""`python -m training lodo`: leave one dataset out, the paper's generalization table (training/leave_one_out.py)."""
 
 from __future__ import annotations
 
-import json
-import logging
-import math
-from collections.abc import Callable, Sequence
+import argparse
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-from tqdm import tqdm
+from training.arguments import CENTRINGS, STARTS_OVER, int_at_least, positive
 
-from app.numeric import finite_or_none
-from app.uncertainty.aggregation import Aggregation, aggregate
-from app.uncertainty.artifact import load_artifact
-from app.uncertainty.methods import Method
-from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
-from training.commands.fit import (
-    MLP_CONFIG_KEYS,
-    Choice,
-    FitOptions,
-    fit_final,
-    fit_final_mlp,
-    load_runs,
-    prepare_folds,
-)
-from training.folds import fold_unit_of_split
-from training.groups import TargetCentring, centred
-from training.rejection import (
-    INFORMATIVE_ACCURACY,
-    accuracy,
-    informative,
-    interval,
-    paired_bootstrap_prr,
-    prediction_rejection_ratio,
-)
-from training.run_source import check_runs_match
-from training.runs import iter_texts
-from training.scoring import baseline_table, ranked
-from training.two_stage import Variant
-from training.weighting import RowWeighting, weighted
-
-logger = logging.getLogger(__name__)
+NAME = "lodo"
+INTERRUPTED = STARTS_OVER
 
 
-def run_lodo(
-    train_runs: Sequence[Path],
-    test_runs: Sequence[Path],
-    artifact_dir: Path,
-    out: Path,
-    resamples: int = 1000,
-    seed: int = 0,
-    alpha_stage1: float | None = None,
-    alpha: float | None = None,
-    centring: TargetCentring | None = None,
-    only_datasets: Sequence[str] | None = None,
-    held_out: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """`alpha_stage1` / `alpha` / `centring`: fit with these instead of the artifact's (None keeps the artifact's).
-    `only_datasets`: train and test on these datasets alone (None: every dataset the runs hold).
-    `held_out`: hold out these datasets alone, each in turn (None: every one both sides hold)."""
-    artifact = load_artifact(artifact_dir)
-    # Both sides must be the artifact's model with enough lags: its configuration is refitted on the
-    # training runs' features and scored on the test runs' (another model's features would mean nothing).
-    check_runs_match(train_runs, artifact)
-    check_runs_match(test_runs, artifact)
-    manifest = artifact.manifest
-    spec, epsilon, aggregation = artifact.scorer.spec, manifest.epsilon, manifest.aggregation
-    params = manifest.regressor.params
-    variant = Variant.of_manifest(manifest.variant)
-    # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
-    # a ridge, whose ridge has one).
-    artifact_alpha = float(params.get("alpha", math.nan))
-    kind = manifest.regressor.kind
-    mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if kind in ("mlp", "mlp+ridge") else None
-    # Fitted by options since removed (a mean of several seeds' MLPs; MLPs on standardised inputs): refitted
-    # otherwise, the table would describe another stage 2 than the artifact's.
-    if mlp_config is not None and (int(params.get("seeds", 1)) > 1 or params.get("standardised_inputs")):
-        raise SystemExit(
-            f"{artifact_dir}: its MLP stage 2 was fitted with fit --mlp-seeds or --mlp-standardise, which this "
-            "version does not fit: refit the artifact"
-        )
-    if kind == "mlp" and alpha is not None:
-        raise SystemExit("--alpha: the artifact's stage 2 is an MLP, which has no ridge alpha")
-    if kind == "mlp+ridge" and alpha is None and math.isnan(artifact_alpha):
-        raise SystemExit(f"{artifact_dir}: the manifest gives its averaged ridge no alpha (pass --alpha)")
-    choice = Choice(
-        variant,
-        float(params.get("alpha_stage1", artifact_alpha)) if alpha_stage1 is None else alpha_stage1,
-        artifact_alpha if alpha is None else alpha,
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        NAME,
+        help="leave one dataset out: fit on the others, PRR on the held-out one (the generalization table)",
+        description="For every dataset: fit TAD with the artifact's configuration on the other datasets' training "
+        "runs, score that dataset's test runs, compare with the baselines (paired bootstrap intervals).",
     )
-    if centring is None:
-        centring = TargetCentring(params.get("target_centring", TargetCentring.NONE.value))
-    weighting = RowWeighting(params.get("row_weighting", RowWeighting.TOKEN.value))
-    fold_unit = fold_unit_of_split(manifest.metrics.get("cv", {}).get("split"))
-    texts, _, _ = load_runs(train_runs, spec.n_lags)
-    tests = list(iter_texts(test_runs))
-    if only_datasets is not None:
-        kept = set(only_datasets)
-        if len(kept) < 2:
-            raise SystemExit("--datasets: name at least two (each is fitted on the others)")
-        unknown = sorted(kept - {t.dataset for t in texts})
-        if unknown:
-            raise SystemExit(f"--datasets: the training runs hold no {', '.join(unknown)}")
-        untested = sorted(kept - {t.dataset for t in tests})
-        if untested:
-            logger.warning("--datasets: the test runs hold no %s; used for training only", ", ".join(untested))
-        texts = [t for t in texts if t.dataset in kept]
-        tests = [t for t in tests if t.dataset in kept]
-    datasets = sorted({t.dataset for t in tests} & {t.dataset for t in texts})
-    if held_out is not None:
-        missing = sorted(set(held_out) - set(datasets))
-        if missing:
-            raise SystemExit(f"--held-out: {', '.join(missing)} is not in both the training and the test runs")
-        datasets = sorted(set(held_out))
-    report: dict[str, Any] = {
-        "configuration": {
-            "convention": spec.convention.value,
-            "variant": variant.value,
-            "alpha": None if kind == "mlp" else choice.alpha,  # an MLP stage 2 has none
-            "alpha_stage1": choice.alpha_stage1,
-            "aggregation": aggregation.value,
-            "target_centring": centring.value,
-            "row_weighting": weighting.value,
-            "fold_unit": fold_unit.value,
-            "stage2": "ridge" if mlp_config is None else {"mlp": mlp_config, "width": params["width"]},
-            "averaged_with_ridge": True if kind == "mlp+ridge" else None,  # None: not in the report's text
-            "datasets": sorted({t.dataset for t in texts}),
-        },
-        # Which answers were scored: the held-out dataset's answers in every test run, its training runs' too
-        # when they are among them (a refit never sees them either).
-        "runs": {"train": [str(path) for path in train_runs], "test": [str(path) for path in test_runs]},
-        "datasets": {},
-    }
-    options = FitOptions(
-        runs=train_runs,
-        out=out,
-        variants=(variant,),
-        seed=int(manifest.metrics.get("cv", {}).get("seed", seed)),  # the artifact's folds and MLP initialisation
-        fold_unit=fold_unit,
-        epsilon=epsilon,
-        mlp_width=int(params.get("width", FitOptions.mlp_width)),
+    parser.add_argument("runs", type=Path, nargs="+", help="training runs")
+    parser.add_argument("--test", type=Path, nargs="+", required=True, help="runs to score (e.g. the dev split)")
+    parser.add_argument("--artifact", type=Path, required=True, help="whose configuration to fit")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--bootstrap", type=int_at_least(0), default=1000)
+    parser.add_argument("--alpha-stage1", type=positive, help="fit with this stage-1 alpha instead of the artifact's")
+    parser.add_argument("--alpha", type=positive, help="fit with this stage-2 alpha instead of the artifact's")
+    parser.add_argument(
+        "--centring",
+        choices=CENTRINGS,
+        help="fit with this target centring instead of the artifact's",
     )
-    for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
-        train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
-        data = prepare_folds(train, spec, options)
-        stage2: Regressor
-        if mlp_config is None:
-            ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
-        else:
-            stage2 = fit_final_mlp(train, spec, data, variant, choice.alpha_stage1, mlp_config, options)
-            if kind == "mlp+ridge":
-                ((_, ridge),) = fit_final(train, spec, data, [choice], epsilon)
-                stage2 = AveragedRegressor((ridge, stage2))
-        scorer = TadScorer(stage2, spec, epsilon)
-        held = [t for t in tests if t.dataset == dataset]
-        traces = [t.token_trace(spec.n_lags) for t in held]
-        quality = np.array([t.target for t in held])
-        scores = baseline_table(traces)
-        confidences = [scorer.confidences_of(t) if len(t) else np.zeros(0) for t in traces]
-        for other in Aggregation:
-            scores[aggregation_column(other, aggregation)] = np.array(
-                [ranked(aggregate(c, other)) if len(c) else np.inf for c in confidences]
-            )
-        boot = paired_bootstrap_prr(scores, quality, resamples, seed)
-        prr = {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()}
-        columns = {other.value: aggregation_column(other, aggregation) for other in Aggregation}
-        by_aggregation = {
-            name: {
-                "tad_minus_msp": finite_or_none(prr[column] - prr["msp"]),
-                "tad_minus_msp_ci95": interval(boot[column] - boot["msp"]),
-            }
-            for name, column in columns.items()
-        }
-        report["datasets"][dataset] = {
-            "n": len(held),
-            "train_texts": len(train),
-            "accuracy": finite_or_none(accuracy(quality)),
-            "prr": {name: finite_or_none(value) for name, value in prr.items()},
-            "prr_ci95": {name: interval(values) for name, values in boot.items()},
-            **by_aggregation[aggregation.value],  # the headline: the artifact's own aggregation
-            "by_aggregation": by_aggregation,
-        }
-    report["mean_tad_minus_msp_informative"] = _informative_mean(report, lambda e: e["tad_minus_msp"])
-    report["mean_tad_minus_msp_informative_by_aggregation"] = {
-        other.value: _informative_mean(report, _tad_minus_msp_by(other)) for other in Aggregation
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lodo.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "lodo.md").write_text(lodo_markdown(report))
-    return report
-
-
-def aggregation_column(other: Aggregation, served: Aggregation) -> str:
-    """The score's column: `tad` under the artifact's aggregation, `tad_<aggregation>` under the others."""
-    return Method("tad").value if other is served else f"{Method('tad').value}_{other.value}"
-
-
-def _signed_with_interval(difference: float | None, ci: list[float] | None) -> str:
-    if difference is None:
-        return "n/a"
-    return f"{difference:+.3f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
-
-
-def _configuration_text(value: Any) -> str:
-    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
-def _tad_minus_msp_by(aggregation: Aggregation) -> Callable[[dict[str, Any]], float | None]:
-    return lambda entry: entry["by_aggregation"][aggregation.value]["tad_minus_msp"]
-
-
-def _informative_mean(report: dict[str, Any], difference: Callable[[dict[str, Any]], float | None]) -> float | None:
-    values = [
-        value
-        for entry in report["datasets"].values()
-        if (value := difference(entry)) is not None and informative(entry["accuracy"])
-    ]
-    return float(np.mean(values)) if values else None
-
-
-def _runs_text(runs: dict[str, list[str]] | None) -> list[str]:
-    """The lines naming the training and test runs (none for a report written before they were recorded)."""
-    if runs is None:
-        return []
-    return [
-        f"Trained on {', '.join(runs['train'])}; scored the held-out dataset's answers in {', '.join(runs['test'])}.",
-        "",
-    ]
-
-
-def lodo_markdown(report: dict[str, Any]) -> str:
-    scored = {name for entry in report["datasets"].values() for name in entry["prr"]}
-    methods = [m.value for m in Method if m.value in scored]
-    lines = [
-        "Leave one dataset out: TAD fitted on the other datasets, PRR on this one (paired bootstrap 95%):",
-        "",
-        "Fit: "
-        + ", ".join(
-            f"{key} {_configuration_text(value)}" for key, value in report["configuration"].items() if value is not None
-        ),
-        "",
-        *_runs_text(report.get("runs")),
-        "| held-out dataset | n | accuracy | " + " | ".join(methods) + " | TAD − MSP |",
-        "|---|---|---|" + "---|" * (len(methods) + 1),
-    ]
-    for name, entry in report["datasets"].items():
-        cells = []
-        for method in methods:
-            value, ci = entry["prr"].get(method), entry["prr_ci95"].get(method)
-            cells.append("n/a" if value is None else f"{value:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
-        cells.append(_signed_with_interval(entry["tad_minus_msp"], entry["tad_minus_msp_ci95"]))
-        accuracy_text = "n/a" if entry["accuracy"] is None else f"{entry['accuracy']:.3f}"
-        lines.append(f"| {name} | {entry['n']} | {accuracy_text} | " + " | ".join(cells) + " |")
-    mean = report.get("mean_tad_minus_msp_informative")
-    low, high = INFORMATIVE_ACCURACY
-    lines += [
-        "",
-        f"Mean TAD − MSP over the held-out datasets with accuracy in [{low}, {high}]: "
-        + ("n/a" if mean is None else f"{mean:+.3f}"),
-        "",
-        f"TAD − MSP with the same fitted model under each aggregation (the artifact's: "
-        f"{report['configuration']['aggregation']}):",
-        "",
-        "| held-out dataset | " + " | ".join(a.value for a in Aggregation) + " |",
-        "|---|" + "---|" * len(Aggregation),
-    ]
-    for name, entry in report["datasets"].items():
-        differences = [entry["by_aggregation"][other.value] for other in Aggregation]
-        cells = [_signed_with_interval(d["tad_minus_msp"], d["tad_minus_msp_ci95"]) for d in differences]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    means = report["mean_tad_minus_msp_informative_by_aggregation"]
-    lines.append(
-        f"| *mean, accuracy in [{low}, {high}]* | "
-        + " | ".join("n/a" if means[a.value] is None else f"{means[a.value]:+.3f}" for a in Aggregation)
-        + " |"
+    parser.add_argument(
+        "--datasets", nargs="+", help="train and test on these datasets alone (default: every dataset in the runs)"
     )
-    return "\n".join(lines) + "\n"
+    parser.add_argument(
+        "--held-out",
+        nargs="+",
+        help="hold out only these datasets, each in turn, still training on every other one (default: each "
+        "dataset; one refit per held-out dataset is the cost, minutes for an MLP stage 2)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> None:
+    from training.groups import TargetCentring
+    from training.leave_one_out import lodo_markdown, run_lodo
+
+    report = run_lodo(
+        args.runs,
+        args.test,
+        args.artifact,
+        args.out,
+        args.bootstrap,
+        alpha_stage1=args.alpha_stage1,
+        alpha=args.alpha,
+        centring=None if args.centring is None else TargetCentring(args.centring),
+        only_datasets=args.datasets,
+        held_out=args.held_out,
+    )
+    print(lodo_markdown(report), end="")

@@ -1,25 +1,28 @@
-"""`summary`: what a generation run says about the model before any uncertainty method."""
+"""`python -m training summary`: per-dataset accuracy and answer length of generation runs (training/run_summary.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
 from pathlib import Path
 
-import numpy as np
+from training.arguments import STARTS_OVER
 
-from training.rejection import accuracy
-from training.runs import check_run_folders, iter_texts
+NAME = "summary"
+INTERRUPTED = STARTS_OVER
 
 
-def summarise(runs: Sequence[Path]) -> str:
-    # A mistyped path would otherwise read as a run with no texts and print an empty table.
-    check_run_folders(runs)
-    groups: dict[str, list[tuple[float, int]]] = {}
-    for text in iter_texts(runs):
-        groups.setdefault(text.dataset, []).append((text.target, len(text)))
-    lines = ["| dataset | texts | accuracy | mean quality | mean answer tokens |", "|---|---|---|---|---|"]
-    for name, rows in sorted(groups.items()):
-        quality = np.array([q for q, _ in rows])
-        tokens = np.array([n for _, n in rows])
-        lines.append(f"| {name} | {len(rows)} | {accuracy(quality):.3f} | {quality.mean():.3f} | {tokens.mean():.1f} |")
-    return "\n".join(lines) + "\n"
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        NAME,
+        help="per-dataset accuracy and answer length of generation runs (no artifact needed)",
+        description="Reads runs from `generate` and prints, per dataset: texts, accuracy (quality >= 0.5), "
+        "mean quality and mean answer tokens.",
+    )
+    parser.add_argument("runs", type=Path, nargs="+")
+    return parser
+
+
+def run(args: argparse.Namespace) -> None:
+    from training.run_summary import summarise
+
+    print(summarise(args.runs), end="")

@@ -22,7 +22,8 @@ RELOAD = "/admin/reload-artifact"
 @pytest.fixture(scope="module")
 def other_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path], tiny_artifact: Path) -> Path:
     """A second artifact for the same model: another regressor (same lags and convention)."""
-    from training.commands.fit import FitOptions, run_fit
+    from training.fit.options import FitOptions
+    from training.fit.pipeline import run_fit
 
     convention = read_manifest(tiny_artifact).features.convention
     out = tmp_path_factory.mktemp("other") / "other-tad"

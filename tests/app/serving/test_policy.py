@@ -15,19 +15,24 @@ from app.uncertainty.artifact import Threshold
 from app.uncertainty.methods import Method, SequenceUncertainty
 
 
-def _artifact(thresholds: dict[Method, list[str]], blend: object = None) -> SimpleNamespace:
-    """What resolve_policy reads of an artifact: its calibrated thresholds, default target, blend."""
+def _artifact(
+    thresholds: dict[Method, list[str]], blend: object = None, regressor: bool = True, decision: Method = Method.TAD
+) -> SimpleNamespace:
+    """What resolve_policy reads of an artifact: its calibrated thresholds, default target, blend, regressor."""
     entry = Threshold(threshold=0.5, kind="error", target=0.7, coverage=0.3, error=0.6, n=100)
     manifest = SimpleNamespace(
         thresholds={method: dict.fromkeys(targets, entry) for method, targets in thresholds.items()},
         default_target="error@0.7",
     )
-    return SimpleNamespace(manifest=manifest, blend=blend, decision_method=Method.TAD)
+    return SimpleNamespace(
+        manifest=manifest, blend=blend, decision_method=decision, has_regressor=regressor, name="fake"
+    )
 
 
 ARTIFACT = _artifact(
     {Method.TAD: ["error@0.7"], Method.MSP: ["error@0.7", "coverage@0.5"], Method.RAUQ: ["coverage@0.5"]}
 )
+CALIBRATION_ONLY = _artifact({Method.RAUQ: ["error@0.7"]}, regressor=False, decision=Method.RAUQ)
 
 
 def test_a_named_method_gets_its_own_threshold_for_the_services_target() -> None:
@@ -56,15 +61,25 @@ def test_a_service_that_does_not_gate_leaves_a_named_method_ungated_too() -> Non
     ("artifact", "method", "reason"),
     [
         (ARTIFACT, Method.TAD_BLEND, "no decision blend"),
-        (None, Method.RAUQ, "attention"),
-        (None, Method.ATTENTION_SCORE, "attention"),
         (None, Method.TAD, "no TAD artifact"),
+        (CALIBRATION_ONLY, Method.TAD, "calibration-only"),
     ],
 )
 def test_a_method_the_service_cannot_compute_is_refused(artifact: object, method: Method, reason: str) -> None:
     with pytest.raises(InvalidRequest) as refused:
         resolve_policy(Settings(), artifact, PolicyRequest(method=method, threshold=1.0))  # type: ignore[arg-type]
     assert refused.value.param == "policy.method" and reason in str(refused.value)
+
+
+@pytest.mark.parametrize("method", [Method.RAUQ, Method.ATTENTION_SCORE, Method.MSP])
+def test_without_an_artifact_the_attention_methods_decide_too(method: Method) -> None:
+    policy = resolve_policy(Settings(), None, PolicyRequest(method=method, threshold=1.0))
+    assert policy.method is method and policy.threshold == 1.0
+
+
+def test_a_calibration_only_artifact_decides_with_its_method_and_threshold() -> None:
+    policy = resolve_policy(Settings(), CALIBRATION_ONLY, None)  # type: ignore[arg-type]
+    assert policy.method is Method.RAUQ and policy.threshold == 0.5 and policy.name == "calibrated:error@0.7"
 
 
 def test_without_an_artifact_a_probability_baseline_still_decides() -> None:
@@ -100,8 +115,9 @@ def test_an_artifact_without_a_default_target_leaves_named_methods_ungated_as_th
     ("method", "artifact", "problem"),
     [
         (Method.TAD_BLEND, ARTIFACT, "no decision blend"),
-        (Method.RAUQ, None, "attention"),
+        (Method.RAUQ, None, None),  # attention is captured with or without an artifact
         (Method.TAD, None, None),  # without an artifact TAD gives way to the fallback policy
+        (Method.TAD, CALIBRATION_ONLY, None),  # and so without a regressor
         (Method.RAUQ, ARTIFACT, None),
     ],
 )
@@ -121,7 +137,7 @@ def test_policy_choices_state_what_resolve_policy_refuses() -> None:
     assert not with_artifact.threshold_needs_method
 
     without = policy_choices(Settings(), None)
-    assert {Method.TAD, Method.RAUQ, Method.ATTENTION_SCORE, Method.TAD_BLEND} <= set(without.refused)
+    assert {Method.TAD, Method.TAD_BLEND} == set(without.refused)
     assert Method.MSP not in without.refused and without.need_threshold == ()
     assert without.threshold_needs_method  # the service's own method (TAD) cannot decide without an artifact
 

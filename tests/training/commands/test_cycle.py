@@ -11,6 +11,7 @@ from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import BASELINES
 from training.cli import main
+from training.fit.report import read_cv_record
 
 
 def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]) -> None:
@@ -41,19 +42,20 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
     loaded = load_artifact(artifact)
     manifest = loaded.manifest
     assert manifest.features.n_lags == 3 and manifest.training["texts"] == 48
-    grid = manifest.metrics["cv"]["grid"]
+    record = read_cv_record(artifact, manifest)  # report/cv.json
+    grid = record["grid"]
     variants = ("leak-free", "algorithm1-literal", "authors")
     assert {(row["variant"], row["alpha_stage1"], row["alpha"], row["aggregation"]) for row in grid} == {
         (v, a1, a2, g) for v in variants for a1 in (1.0, 0.01) for a2 in (1.0, 0.01) for g in Aggregation
     }
     assert all(len(row["prr_folds"]) == 5 for row in grid)
-    best = manifest.metrics["cv"]["best_per_variant"]
+    best = record["best_per_variant"]
     assert set(best) == set(variants) and manifest.variant in best
     for other in set(variants) - {manifest.variant}:
         assert (artifact / manifest.metrics["alternatives"][other]["file"]).is_file()
-    conventions = manifest.metrics["cv"]["conventions"]
+    conventions = record["conventions"]
     assert set(conventions) == {"generating", "consuming"}
-    assert manifest.features.convention.value == manifest.metrics["cv"]["convention"]
+    assert manifest.features.convention.value == record["convention"]
     assert "coverage@0.5" in manifest.thresholds["tad"] and manifest.default_target is not None
 
     data = json.loads((report / "report.json").read_text())
@@ -83,8 +85,52 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
     assert (report / "rejection_squad.png").stat().st_size > 1000
 
 
+def test_runs_made_when_chat_was_called_bare_are_read_with_new_ones(
+    tiny_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fit, calibrate, evaluate, lodo and summary on old and new chat-style runs together: one style."""
+    from tests.training.test_runs import restyled
+
+    train = [
+        str(restyled(tiny_runs["train"], tmp_path / "train-old", "bare", shards=[0, 1])),
+        str(restyled(tiny_runs["train"], tmp_path / "train-new", "chat", shards=[2])),
+    ]
+    dev = [
+        str(restyled(tiny_runs["dev"], tmp_path / "dev-old", "bare", shards=[0])),
+        str(restyled(tiny_runs["dev"], tmp_path / "dev-new", "chat", shards=[1])),
+    ]
+    artifact = tmp_path / "artifact"
+    quick = ["--alphas", "1", "--variants", "leak-free", "--no-combiner", "--centrings", "none"]
+    main(["fit", *train, "--out", str(artifact), *quick])
+    assert load_artifact(artifact).manifest.training["texts"] == 48
+    main(["calibrate", "--artifact", str(artifact), "--run", *dev, "--coverage", "0.5", "--error", "0.9"])
+    main(
+        ["evaluate", "--artifact", str(artifact), "--run", *dev, "--out", str(tmp_path / "report"), "--bootstrap", "0"]
+    )
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["overall"]["n"] == 32
+    main(
+        [
+            "lodo",
+            *train,
+            "--test",
+            *dev,
+            "--artifact",
+            str(artifact),
+            "--out",
+            str(tmp_path / "lodo"),
+            "--bootstrap",
+            "0",
+        ]
+    )
+    assert {e["n"] for e in json.loads((tmp_path / "lodo" / "lodo.json").read_text())["datasets"].values()} == {16}
+    capsys.readouterr()
+    main(["summary", *dev])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [(row.split("|")[1].strip(), row.split("|")[2].strip()) for row in rows] == [("mmlu", "16"), ("squad", "16")]
+
+
 def test_help_on_every_command(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ([], ["generate"], ["fit"], ["evaluate"], ["calibrate"], ["lodo"]):
+    for command in ([], ["generate"], ["fit"], ["evaluate"], ["calibrate"], ["blend"], ["lodo"], ["summary"]):
         with pytest.raises(SystemExit) as stop:
             main([*command, "--help"])
         assert stop.value.code == 0

@@ -1,170 +1,26 @@
-"""`generate` writes shards as it goes, resumes after an interruption, and never redoes finished shards."""
+"""`python -m training generate`: its parser."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
-import numpy as np
 import pytest
 
-import training.commands.generate as generate_module
-from training.commands.generate import GenerateOptions, run_generate
-from training.runs import completed_shards, iter_texts
+from training.cli import build_parser
+from training.tasks import PromptStyle
+
+ARGV = ["generate", "--data", "d.jsonl", "--out", "run"]
 
 
-def _options(tiny_model_dir: Path, data: list[Path], out: Path, **changes: object) -> GenerateOptions:
-    values = {
-        "data": data,
-        "out": out,
-        "model": str(tiny_model_dir),
-        "dtype": "float32",
-        "n_lags": 3,
-        "max_new_tokens": 6,
-        "batch_size": 4,
-        "shard_size": 8,
-    }
-    values.update(changes)
-    return GenerateOptions(**values)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("given", "style"), [("task", "task"), ("chat", "chat"), ("bare", "chat"), ("few-shot", "few-shot")]
+)
+def test_prompt_style_chat_is_also_accepted_by_its_old_name(given: str, style: str) -> None:
+    assert build_parser().parse_args([*ARGV, "--prompt-style", given]).prompt_style is PromptStyle(style)
 
 
-def test_interrupted_run_resumes_without_redoing_shards(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    data = tiny_data["dev"]  # 32 records -> 4 shards of 8
-    out = tmp_path / "run"
-    real_write = generate_module.write_shard
-    written: list[int] = []
-
-    def interrupted(run_dir: Path, index: int, texts, shape):
-        if len(written) == 2:
-            raise KeyboardInterrupt  # the job is killed while generating its third shard
-        written.append(index)
-        return real_write(run_dir, index, texts, shape)
-
-    monkeypatch.setattr(generate_module, "write_shard", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_generate(_options(tiny_model_dir, data, out))
-    assert [p.name for p in completed_shards(out)] == ["shard-00000", "shard-00001"]
-    before = {p.name: os.stat(p / "attention.npy").st_mtime_ns for p in completed_shards(out)}
-
-    redone: list[int] = []
-
-    def counting(run_dir: Path, index: int, texts, shape):
-        redone.append(index)
-        return real_write(run_dir, index, texts, shape)
-
-    monkeypatch.setattr(generate_module, "write_shard", counting)
-    run_generate(_options(tiny_model_dir, data, out))
-    assert redone == [2, 3]
-    after = {p.name: os.stat(p / "attention.npy").st_mtime_ns for p in completed_shards(out)}
-    assert all(after[name] == stamp for name, stamp in before.items())
-
-    monkeypatch.setattr(generate_module, "write_shard", real_write)
-    fresh = tmp_path / "fresh"
-    run_generate(_options(tiny_model_dir, data, fresh))
-    resumed, uninterrupted = list(iter_texts([out])), list(iter_texts([fresh]))
-    assert [t.meta for t in resumed] == [t.meta for t in uninterrupted]
-    for a, b in zip(resumed, uninterrupted, strict=True):
-        np.testing.assert_array_equal(a.token_ids, b.token_ids)
-        np.testing.assert_allclose(a.attention, b.attention, atol=1e-6)
-
-
-def test_rerun_with_other_settings_is_refused(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    out = tmp_path / "run"
-    run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4))
-
-    def must_not_load(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the model was loaded before the changed settings were refused")
-
-    with monkeypatch.context() as patched:  # settings that need no model are refused before it loads
-        patched.setattr(generate_module, "load_model", must_not_load)
-        with pytest.raises(SystemExit, match=r"different settings \(limit\)"):
-            run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=5))
-    with pytest.raises(SystemExit, match="different settings"):
-        run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4, n_lags=2))
-    with pytest.raises(SystemExit, match="different settings"):
-        run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4, skip=4))
-
-
-def test_bad_records_are_reported_and_skipped(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
-) -> None:
-    source = tiny_data["dev"][0]
-    lines = source.read_text().splitlines()[:3]
-    broken = tmp_path / "broken_dev.jsonl"
-    broken.write_text("\n".join([lines[0], "{not json", json.dumps({"id": "x"}), lines[1]]) + "\n")
-    out = tmp_path / "run"
-    run_generate(_options(tiny_model_dir, [broken], out))
-    texts = list(iter_texts([out]))
-    assert [t.meta["line"] for t in texts] == [1, 4]
-    report = (out / "bad_records.0.txt").read_text().splitlines()
-    assert [line.split(":")[1] for line in report] == ["2", "3"]
-    assert all(line.startswith(str(broken)) for line in report)
-
-
-def test_data_parallel_workers_split_the_shards(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
-) -> None:
-    out = tmp_path / "run"
-    for rank in (0, 1):
-        run_generate(_options(tiny_model_dir, tiny_data["dev"], out), generate_module.Distribution(rank=rank, world=2))
-    assert [p.name for p in completed_shards(out)] == [f"shard-0000{i}" for i in range(4)]
-    assert len(list(iter_texts([out]))) == 32
-
-
-def test_a_partial_shard_is_never_read(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]) -> None:
-    out = tmp_path / "run"
-    run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=8))
-    shard = completed_shards(out)[0]
-    leftover = shard.with_name("shard-00001.partial")  # a writer killed just before its rename
-    import shutil
-
-    shutil.copytree(shard, leftover)
-    assert completed_shards(out) == [shard]
-
-
-def test_few_shot_runs_take_examples_from_the_train_split_beside_the_data(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
-) -> None:
-    from training.tasks import PromptStyle
-
-    out = run_generate(
-        _options(tiny_model_dir, tiny_data["dev"][:1], tmp_path / "run", limit=4, prompt_style=PromptStyle.FEW_SHOT)
+def test_an_unknown_prompt_style_is_refused_when_parsed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args([*ARGV, "--prompt-style", "plain"])
+    assert stop.value.code == 2
+    assert (
+        "argument --prompt-style: invalid choice: 'plain' (choose from task, chat, few-shot)" in capsys.readouterr().err
     )
-    settings = json.loads((out / "run.json").read_text())
-    assert [Path(item["path"]).name for item in settings["shots"]] == [
-        tiny_data["dev"][0].name.replace("_dev", "_train")
-    ]
-    texts = list(iter_texts([out]))
-    assert len(texts) == 4 and all(t.meta["prompt_style"] == "few-shot" for t in texts)
-    lonely = tmp_path / "alone" / "squad_dev.jsonl"
-    lonely.parent.mkdir()
-    lonely.write_text(tiny_data["dev"][0].read_text())
-    with pytest.raises(SystemExit, match="few-shot prompts need examples"):
-        run_generate(_options(tiny_model_dir, [lonely], tmp_path / "run2", prompt_style=PromptStyle.FEW_SHOT))
-
-
-def test_no_valid_records_is_warned_about(
-    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    empty = tmp_path / "empty_dev.jsonl"
-    empty.write_text("")
-    with caplog.at_level("WARNING", logger=generate_module.__name__):
-        run_generate(_options(tiny_model_dir, [empty], tmp_path / "run"))
-    assert "0 valid records" in caplog.text
-
-
-def test_a_rerun_may_spell_the_same_files_relatively(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    out = tmp_path / "run"
-    data = tiny_data["dev"][0]
-    run_generate(_options(tiny_model_dir, [data], out, limit=2))
-    monkeypatch.chdir(data.parent)
-    relative_model = os.path.relpath(tiny_model_dir, data.parent)
-    run_generate(_options(Path(relative_model), [Path(data.name)], out, limit=2))
-    assert len(list(iter_texts([out]))) == 2

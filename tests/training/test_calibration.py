@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.training.test_run_source import altered_run
+from training.calibration import run_calibrate
 from training.cli import main
-from training.commands.calibrate import run_calibrate
 from training.run_source import RunSource
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from training.commands.evaluate import COMPARED_SCORE, report_markdown, run_evaluate
-from training.commands.fit import FitOptions, run_fit
+from training.evaluation import COMPARED_SCORE, report_markdown, run_evaluate
+from training.fit.options import FitOptions
+from training.fit.pipeline import run_fit
 from training.run_source import RunSource
 from training.runs import RUN_FILE, read_run_settings
 

@@ -15,10 +15,10 @@ from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.tad import AveragedRegressor
 from tests.artifacts import as_mlp_artifact
 from tests.conftest import N_LAGS
+from training import leave_one_out as lodo
 from training.cli import main
-from training.commands import lodo
-from training.commands.fit import Choice, fit_final
-from training.commands.generate import GenerateOptions, run_generate
+from training.fit.cross_validation import Choice, fit_final
+from training.generation import GenerateOptions, run_generate
 from training.groups import TargetCentring, centred
 
 
@@ -52,6 +52,26 @@ def test_every_dataset_is_held_out_once(tiny_runs: dict[str, Path], tiny_artifac
         f"Trained on {tiny_runs['train']}; scored the held-out dataset's answers in {tiny_runs['dev']}."
         in (tmp_path / "lodo.md").read_text()
     )
+
+
+def test_the_fold_unit_and_seed_come_from_the_artifacts_cv_record(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.fit.report import CV_REPORT
+
+    artifact = Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))
+    record = json.loads((artifact / CV_REPORT).read_text())
+    (artifact / CV_REPORT).write_text(json.dumps({**record, "split": "by text", "seed": 7}))
+    seeds: list[int] = []
+    real_prepare_folds = lodo.prepare_folds
+
+    def recording_prepare_folds(texts: Any, spec: Any, options: Any) -> Any:
+        seeds.append(options.seed)
+        return real_prepare_folds(texts, spec, options)
+
+    monkeypatch.setattr(lodo, "prepare_folds", recording_prepare_folds)
+    report = _lodo(tiny_runs, artifact, tmp_path / "lodo")
+    assert report["configuration"]["fold_unit"] == "text" and seeds == [7, 7]
 
 
 def test_a_report_without_runs_still_renders(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:

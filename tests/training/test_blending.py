@@ -11,7 +11,7 @@ import pytest
 
 from app.uncertainty.artifact import BlendInfo, load_artifact, write_manifest
 from app.uncertainty.methods import BASELINES, Method
-from training.commands.blend import (
+from training.blending import (
     POOLED_TOLERANCE,
     TAD_ALONE,
     UNSUPERVISED,
@@ -24,7 +24,7 @@ from training.commands.blend import (
     measure_out_of_fold,
     run_blend,
 )
-from training.commands.calibrate import run_calibrate
+from training.calibration import run_calibrate
 from training.rejection import prediction_rejection_ratio
 from training.run_source import RunSource
 
@@ -56,7 +56,7 @@ def _answers(rng: np.random.Generator, per_group: int = 200) -> Answers:
     """Two groups at different accuracy. TAD knows the group's level but ranks within a group only weakly;
     perplexity ranks within groups well but knows nothing of the level."""
     groups, quality, tad, perplexity = [], [], [], []
-    for group, accuracy in (("a/task", 0.6), ("b/bare", 0.3)):
+    for group, accuracy in (("a/task", 0.6), ("b/chat", 0.3)):
         right = rng.random(per_group) < accuracy
         groups += [group] * per_group
         quality += list(right.astype(float))
@@ -65,7 +65,7 @@ def _answers(rng: np.random.Generator, per_group: int = 200) -> Answers:
     table = {name: rng.standard_normal(len(quality)) for name in {n for c in candidates() for n in c.weights}}
     table["tad"], table["perplexity"] = np.array(tad), np.array(perplexity)
     keys = np.array([f"record-{i // 2}" for i in range(len(quality))])  # two answers per record
-    return Answers(table, np.array(quality), np.array(groups), keys, ["a/task", "b/bare"])
+    return Answers(table, np.array(quality), np.array(groups), keys, ["a/task", "b/chat"])
 
 
 def test_the_choice_takes_the_partner_that_ranks_within_groups_and_cross_validation_keeps_it() -> None:
@@ -94,7 +94,7 @@ def test_noise_partners_are_not_kept() -> None:
 def test_out_of_fold_measurement_chooses_and_cross_validates_as_blend_does() -> None:
     answers = _answers(np.random.default_rng(0))
     measured = measure_out_of_fold(answers.table, answers.quality, answers.groups, answers.keys, resamples=200)
-    assert measured["informative_groups"] == ["a/task", "b/bare"]
+    assert measured["informative_groups"] == ["a/task", "b/chat"]
     assert "perplexity" in measured["chosen"]
     assert measured["best_candidates"][0]["candidate"] == measured["chosen"]
     everything = np.ones(len(answers.quality), dtype=bool)
@@ -218,3 +218,19 @@ def test_blend_refuses_runs_the_artifact_cannot_score(
     with pytest.raises(SystemExit, match=message):
         run_blend(artifact_dir, [run], force=True, candidate="tad + 0.3 perplexity", resamples=10)
     assert (artifact_dir / "manifest.json").read_text() == before
+
+
+def test_blend_refuses_the_answers_it_was_fitted_on_when_the_style_was_called_bare(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Fitted on a run made before the chat style's rename, the same answers in a run made since are its own."""
+    from tests.training.fit import QUICK_FIT
+    from tests.training.test_runs import restyled
+    from training.fit.options import FitOptions
+    from training.fit.pipeline import run_fit
+
+    old = restyled(tiny_runs["dev"], tmp_path / "old", "bare")
+    new = restyled(tiny_runs["dev"], tmp_path / "new", "chat")
+    run_fit(FitOptions(runs=[old], out=tmp_path / "artifact", **QUICK_FIT))
+    with pytest.raises(SystemExit, match="were in the regressor's training runs"):
+        run_blend(tmp_path / "artifact", [new], force=True, candidate=TAD_ALONE, resamples=10)

@@ -1,4 +1,8 @@
-"""Scoring stored traces with every registered method, through the same code the server runs."""
+"""Uncertainty scores of stored answers: each registered method's (TAD's from an artifact, and the free
+baselines'), computed by the same code the server runs.
+
+Not the answers' quality targets, which are scored against the references in training/targets.py.
+"""
 
 from __future__ import annotations
 
@@ -32,11 +36,14 @@ def alternative_scorers(artifact: TadArtifact) -> dict[str, tuple[TadScorer, Agg
     `load_artifact` has already checked the sha256 of every listed file, alternatives included.
     """
     manifest = artifact.manifest
-    scorers = {f"tad_{manifest.variant}": (artifact.scorer, manifest.aggregation)}
+    if not artifact.has_regressor:
+        return {}
+    tad = artifact.trained()
+    scorers = {f"tad_{tad.variant}": (tad.scorer, tad.aggregation)}
     for variant, info in manifest.metrics.get("alternatives", {}).items():
         path = Path(artifact.path) / info["file"]
         if info["file"] in manifest.files and path.is_file():
-            scorer = TadScorer(regressor=joblib.load(path), spec=artifact.scorer.spec, epsilon=artifact.scorer.epsilon)
+            scorer = TadScorer(regressor=joblib.load(path), spec=tad.spec, epsilon=tad.epsilon)
             scorers[f"tad_{variant}"] = (scorer, Aggregation(info["aggregation"]))
     return scorers
 

@@ -1,0 +1,129 @@
+"""The artifact folder: written aside and swapped in, so that a fit killed at any moment leaves a loadable one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.training.fit import QUICK_FIT
+from training.fit.artifact import install_artifact
+from training.fit.options import FitOptions
+from training.fit.pipeline import run_fit
+from training.groups import TargetCentring
+from training.two_stage import Variant
+
+
+def test_a_refit_into_the_same_folder_keeps_only_its_own_alternatives(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "a"
+    from training.weighting import RowWeighting
+
+    quick = {
+        "alphas": (1.0,),
+        "combiner": False,
+        "centrings": (TargetCentring.NONE,),
+        "weightings": (RowWeighting.TOKEN,),
+    }
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **quick))
+    assert len(list((out / "alternatives").iterdir())) == 2
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, variants=(Variant.LEAK_FREE,), **quick))
+    assert not (out / "alternatives").exists() or not any((out / "alternatives").iterdir())
+    assert set(manifest.files) == {"regressor.joblib", "stage1.joblib"}
+
+
+def test_a_fit_killed_while_writing_leaves_the_previous_artifact_and_the_next_replaces_it(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.uncertainty.artifact as artifact_module
+    from app.uncertainty.artifact import load_artifact
+
+    out = tmp_path / "artifact"
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **QUICK_FIT))
+    real_dumps = artifact_module.json.dumps
+
+    def half_then_killed(*args: Any, **kwargs: Any) -> str:
+        # The manifest's text is cut off, as a write killed midway leaves it.
+        class Killed(str):
+            def __add__(self, other: str) -> str:
+                raise KeyboardInterrupt
+
+        return Killed(real_dumps(*args, **kwargs)[:100])
+
+    monkeypatch.setattr(artifact_module.json, "dumps", half_then_killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))
+    monkeypatch.undo()
+    assert load_artifact(out).manifest.regressor.params["alpha"] == 1.0
+    # The next refit in place (as scripts/train_default.sh does) replaces it and keeps what lies beside it.
+    (out / "report").mkdir(exist_ok=True)  # the fit wrote its cv.json there
+    (out / "report" / "report.md").write_text("kept")
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))
+    assert manifest.regressor.params["alpha"] == 0.01
+    assert load_artifact(out).manifest.regressor.params["alpha"] == 0.01
+    assert (out / "report" / "report.md").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]  # no staging folder left behind
+
+
+def test_a_manifest_write_killed_midway_leaves_the_previous_manifest(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.uncertainty.artifact import load_artifact, write_manifest
+
+    out = tmp_path / "artifact"
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **QUICK_FIT))
+    real_write = Path.write_text
+
+    def killed_midway(self: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        real_write(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        write_manifest(out, manifest.model_copy(update={"default_target": "coverage@0.5"}))
+    monkeypatch.undo()
+    assert load_artifact(out).manifest.default_target == manifest.default_target
+
+
+def _artifact_folder(path: Path, regressor: str, extra: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text("{}")
+    (path / "regressor.joblib").write_text(regressor)
+    for name, text in extra.items():
+        (path / name).write_text(text)
+    return path
+
+
+def test_a_fit_killed_between_its_renames_is_repaired_by_the_next(tmp_path: Path) -> None:
+    out = tmp_path / "artifact"
+    # Killed after moving the old artifact aside and before moving the new one in: `out` is missing.
+    _artifact_folder(tmp_path / ".artifact.replaced-123", "old", {"report.md": "old report"})
+    install_artifact(_artifact_folder(tmp_path / "staging", "new", {}), out)
+    assert (out / "regressor.joblib").read_text() == "new" and (out / "report.md").read_text() == "old report"
+    assert not list(tmp_path.glob(".artifact.replaced-*"))
+
+
+def test_a_fit_killed_while_carrying_over_is_finished_by_the_next(tmp_path: Path) -> None:
+    out = _artifact_folder(tmp_path / "artifact", "newer", {})
+    _artifact_folder(tmp_path / ".artifact.replaced-123", "old", {"calibration-run": "answers"})
+    install_artifact(_artifact_folder(tmp_path / "staging", "newest", {}), out)
+    assert (out / "regressor.joblib").read_text() == "newest" and (out / "calibration-run").read_text() == "answers"
+    assert not list(tmp_path.glob(".artifact.replaced-*"))
+
+
+def test_a_refit_in_place_keeps_the_old_reports_beside_its_own_cv_record(tmp_path: Path) -> None:
+    """The new artifact brings report/cv.json: the old report/ folder is merged into it, not dropped."""
+    out = _artifact_folder(tmp_path / "artifact", "old", {})
+    (out / "report" / "chat").mkdir(parents=True)
+    (out / "report" / "chat" / "report.md").write_text("old evaluation")
+    (out / "report" / "cv.json").write_text("old record")
+    staging = _artifact_folder(tmp_path / "staging", "new", {})
+    (staging / "report").mkdir()
+    (staging / "report" / "cv.json").write_text("new record")
+    install_artifact(staging, out)
+    assert (out / "regressor.joblib").read_text() == "new"
+    assert (out / "report" / "cv.json").read_text() == "new record"
+    assert (out / "report" / "chat" / "report.md").read_text() == "old evaluation"
+    assert not list(tmp_path.glob(".artifact.replaced-*"))

@@ -1,0 +1,71 @@
+"""run_fit as a whole: what it refuses before the minutes of cross-validation, and what it reads."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.training.fit import QUICK_FIT
+from training.fit.options import FitOptions
+from training.fit.pipeline import run_fit
+
+
+def test_an_out_that_cannot_be_the_artifact_is_refused_before_the_runs_are_read(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import training.fit.pipeline as pipeline
+
+    def never(*args: object) -> None:
+        raise AssertionError("the runs were read")
+
+    monkeypatch.setattr(pipeline, "load_runs", never)
+    a_file = tmp_path / "artifact"
+    a_file.write_text("")
+    with pytest.raises(SystemExit, match="is a file"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=a_file, **QUICK_FIT))
+    with pytest.raises(SystemExit, match="is a generation run"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=tiny_runs["dev"], **QUICK_FIT))
+    with pytest.raises(SystemExit, match="holds the run"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=tiny_runs["train"].parent, **QUICK_FIT))
+
+
+def test_a_run_given_twice_is_refused(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="more than once"):
+        run_fit(FitOptions(runs=[tiny_runs["train"], tiny_runs["train"]], out=tmp_path / "a", **QUICK_FIT))
+
+
+def test_a_run_made_with_the_attention_to_the_prompt_is_fitted_as_before(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Runs that `generate --prompt-attention` made (removed since) hold hundreds more statistics and say so in
+    their settings: they are still read, and fit as the same answers without them."""
+    import json
+
+    import joblib
+
+    from training.runs import RUN_FILE, read_run_settings
+
+    annotated = tmp_path / "annotated-run"
+    shutil.copytree(tiny_runs["train"], annotated)
+    for entropy in annotated.glob("shards/*/stat-entropy.npy"):
+        for name in ("prompt_mass_l00_h0", "prompt_sink_l00_h0"):
+            shutil.copy(entropy, entropy.with_name(f"stat-{name}.npy"))
+    settings = read_run_settings(annotated)
+    (annotated / RUN_FILE).write_text(json.dumps({**settings, "prompt_attention": True}))
+    plain = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "plain", **QUICK_FIT))
+    fitted = run_fit(FitOptions(runs=[annotated], out=tmp_path / "annotated", **QUICK_FIT))
+    assert fitted.features == plain.features
+    # The same cross-validation (NaN where the tiny model leaves a fold's PRR undefined: compared as text).
+    assert json.dumps(fitted.metrics["cv"]["chosen"]) == json.dumps(plain.metrics["cv"]["chosen"])
+    np.testing.assert_array_equal(
+        joblib.load(tmp_path / "annotated" / "regressor.joblib").coef_,
+        joblib.load(tmp_path / "plain" / "regressor.joblib").coef_,
+    )
+
+
+def test_fewer_records_than_folds_is_said_plainly(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="cannot be split into 100 folds"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", folds=100, **QUICK_FIT))

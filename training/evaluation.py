@@ -1,0 +1,288 @@
+"""What `evaluate` reports: PRR and ROC-AUC of TAD and the baselines per dataset, a markdown table,
+rejection-curve plots."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.numeric import finite_or_none
+from app.uncertainty.artifact import TadArtifact, load_artifact
+from app.uncertainty.methods import BASELINES, METHODS
+from training.method_scores import uncertainty_table
+from training.rejection import (
+    accuracy,
+    informative,
+    interval,
+    oracle_curve,
+    paired_bootstrap_prr,
+    prediction_rejection_ratio,
+    rejection_curve,
+    roc_auc_wrong,
+)
+from training.run_source import RunSource, obtain_runs
+from training.runs import TextTrace, check_no_duplicates, iter_texts, read_run_settings
+
+logger = logging.getLogger(__name__)
+
+REPORT_METHODS = tuple(method.name for method in METHODS)
+
+
+def group_by_dataset(texts: Sequence[TextTrace]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for index, text in enumerate(texts):
+        groups.setdefault(text.dataset, []).append(index)
+    return groups
+
+
+OVERALL = "overall"
+
+
+COMPARED_SCORE = "tad_compared"  # another artifact's default score on the same answers (--compare-artifact)
+
+
+def _entry(
+    table: dict[str, np.ndarray], quality: np.ndarray, indices: list[int], resamples: int, seed: int, default: str
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """One dataset's report entry, and the bootstrap samples of the default score (`default`: the method
+    the artifact decides with) minus the best baseline ("best") and minus the compared artifact's
+    score ("compared"), where there are any."""
+    scores = {method: values[indices] for method, values in table.items()}
+    prr = {method: prediction_rejection_ratio(values, quality) for method, values in scores.items()}
+    boot = paired_bootstrap_prr(scores, quality, resamples, seed) if resamples else {}
+    entry: dict[str, Any] = {
+        "n": len(indices),
+        "accuracy": finite_or_none(accuracy(quality)),
+        "mean_quality": finite_or_none(float(quality.mean())),
+        "methods": {
+            method: {
+                "prr": finite_or_none(prr[method]),
+                "prr_ci95": interval(boot[method]) if boot else None,
+                "roc_auc": finite_or_none(roc_auc_wrong(values, quality)),
+            }
+            for method, values in scores.items()
+        },
+    }
+    best = best_baseline(prr)
+    entry["default_vs_best_baseline"] = {
+        "default": default,
+        "best_baseline": best,
+        "difference": finite_or_none(prr[default] - prr[best]),
+        "ci95": interval(boot[default] - boot[best]) if boot else None,
+    }
+    if COMPARED_SCORE in prr:
+        entry["default_vs_compared"] = {
+            "difference": finite_or_none(prr[default] - prr[COMPARED_SCORE]),
+            "ci95": interval(boot[default] - boot[COMPARED_SCORE]) if boot else None,
+        }
+    drawn = {"best": boot[default] - boot[best]} if boot else {}
+    if boot and COMPARED_SCORE in boot:
+        drawn["compared"] = boot[default] - boot[COMPARED_SCORE]
+    return entry, drawn
+
+
+def best_baseline(prr: dict[str, float]) -> str:
+    """The baseline with the highest PRR among those in `prr` (the comparison every report makes)."""
+    baselines = [m.value for m in BASELINES if m.value in prr]
+    return max(baselines, key=lambda name: prr[name] if np.isfinite(prr[name]) else -np.inf)
+
+
+def mean_interval(drawn: Sequence[np.ndarray]) -> tuple[float, float] | None:
+    """95% interval of a difference's mean over datasets, from each dataset's bootstrap samples of it.
+    Datasets are resampled independently, so the mean's samples are theirs averaged resample by resample."""
+    return interval(np.mean(np.stack(drawn), axis=0)) if len(drawn) else None
+
+
+def _mean_interval(
+    samples: dict[str, dict[str, np.ndarray]], chosen: list[str], key: str
+) -> tuple[float, float] | None:
+    """`mean_interval` over the `chosen` datasets (None unless every one has samples of `key`)."""
+    drawn = [samples[name][key] for name in chosen if key in samples[name]]
+    return mean_interval(drawn) if drawn and len(drawn) == len(chosen) else None
+
+
+def build_report(
+    artifact: TadArtifact,
+    texts: Sequence[TextTrace],
+    resamples: int = 1000,
+    seed: int = 0,
+    compared: TadArtifact | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """report.json content (per dataset, plus all texts pooled under "overall"), and the arrays for plots.
+
+    Each PRR comes with a paired bootstrap 95% interval over `resamples` resamples of the texts.
+    `compared`: another artifact of the same model, whose default score is reported beside this
+    one's (`tad_compared`) with the paired difference per dataset.
+    """
+    table = uncertainty_table(artifact, texts)
+    default = artifact.decision_method.value
+    if compared is not None:
+        table[COMPARED_SCORE] = uncertainty_table(compared, texts)[compared.decision_method.value]
+    targets = np.array([t.target for t in texts])
+    report: dict[str, Any] = {"datasets": {}}
+    arrays: dict[str, Any] = {}
+    groups = group_by_dataset(texts)
+    samples: dict[str, dict[str, np.ndarray]] = {}
+    for name, indices in groups.items():
+        report["datasets"][name], samples[name] = _entry(table, targets[indices], indices, resamples, seed, default)
+        arrays[name] = {"quality": targets[indices], "uncertainty": {m: v[indices] for m, v in table.items()}}
+    if len(groups) > 1:
+        everything = list(range(len(texts)))
+        report[OVERALL], _ = _entry(table, targets, everything, resamples, seed, default)
+        arrays[OVERALL] = {"quality": targets, "uncertainty": table}
+    chosen = [
+        name
+        for name, entry in report["datasets"].items()
+        if informative(entry["accuracy"]) and entry["default_vs_best_baseline"]["difference"] is not None
+    ]
+    differences = [report["datasets"][name]["default_vs_best_baseline"]["difference"] for name in chosen]
+    report["mean_default_minus_best_baseline_informative"] = float(np.mean(differences)) if differences else None
+    report["mean_default_minus_best_baseline_informative_ci95"] = _mean_interval(samples, chosen, "best")
+    report["informative_datasets"] = chosen
+    if compared is not None:
+        report["compared_artifact"] = str(compared.path)
+        versus = [report["datasets"][name]["default_vs_compared"]["difference"] for name in chosen]
+        report["mean_default_minus_compared_informative"] = (
+            float(np.mean(versus)) if versus and None not in versus else None
+        )
+        report["mean_default_minus_compared_informative_ci95"] = _mean_interval(samples, chosen, "compared")
+    report["artifact"] = {
+        "path": str(artifact.path),
+        "variant": artifact.manifest.variant,
+        "aggregation": artifact.manifest.aggregation.value if artifact.manifest.aggregation is not None else None,
+        "decision_method": default,
+    }
+    return report, arrays
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _with_interval(value: float | None, ci: list[float] | tuple[float, float] | None) -> str:
+    return _fmt(value) if ci is None else f"{_fmt(value)} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    """PRR (with 95% intervals), then ROC-AUC, then the default score against the best baseline."""
+    present = {m for d in report["datasets"].values() for m in d["methods"]}
+    methods = [*(m for m in REPORT_METHODS if m in present), *sorted(present - set(REPORT_METHODS))]
+    rows = list(report["datasets"].items()) + ([(f"*{OVERALL}*", report[OVERALL])] if OVERALL in report else [])
+    sections = []
+    for metric, title in (
+        ("prr", "PRR at 50% rejection (1 = oracle, 0 = random), paired bootstrap 95% interval"),
+        ("roc_auc", "ROC-AUC"),
+    ):
+        lines = [
+            f"{title}:",
+            "",
+            "| dataset | n | accuracy | " + " | ".join(methods) + " |",
+            "|---|---|---|" + "---|" * len(methods),
+        ]
+        for name, entry in rows:
+            cells = [
+                _with_interval(entry["methods"][m][metric], entry["methods"][m].get(f"{metric}_ci95")) for m in methods
+            ]
+            lines.append(f"| {name} | {entry['n']} | {_fmt(entry['accuracy'])} | {' | '.join(cells)} |")
+        sections.append("\n".join(lines))
+    names = ", ".join(report.get("informative_datasets", []))
+    default = report["artifact"].get("decision_method", "tad")
+    sections.append(
+        _difference_section(
+            report,
+            rows,
+            "best_baseline",
+            f"Default score ({default}) minus the best baseline (chosen per dataset)",
+            f"Mean over the datasets with accuracy in [0.1, 0.9] ({names})",
+        )
+    )
+    if "compared_artifact" in report:
+        title = f"Default score minus the compared artifact's ({report['compared_artifact']})"
+        sections.append(_difference_section(report, rows, "compared", title, "Mean over the informative datasets"))
+    return "\n\n".join(sections) + "\n"
+
+
+def _difference_section(
+    report: dict[str, Any], rows: list[tuple[str, dict[str, Any]]], against: str, title: str, mean_label: str
+) -> str:
+    """A table of the default score minus `against` ("best_baseline" or "compared") per dataset, and its mean."""
+    named = against == "best_baseline"  # which baseline was best differs per dataset
+    lines = [
+        f"{title}, PRR, paired bootstrap 95%:",
+        "",
+        "| dataset | best baseline | difference |" if named else "| dataset | difference |",
+        "|---|---|---|" if named else "|---|---|",
+    ]
+    for name, entry in rows:
+        versus = entry.get(f"default_vs_{against}")
+        if versus is not None:
+            cells = [
+                name,
+                *([versus["best_baseline"]] if named else []),
+                _with_interval(versus["difference"], versus["ci95"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    mean = report.get(f"mean_default_minus_{against}_informative")
+    if mean is not None:
+        lines += [
+            "",
+            f"{mean_label}: {_with_interval(mean, report.get(f'mean_default_minus_{against}_informative_ci95'))}",
+        ]
+    return "\n".join(lines)
+
+
+def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    quality = arrays["quality"]
+    figure, axes = plt.subplots(figsize=(6, 4))
+    grid = None
+    for method in (m for m in REPORT_METHODS if m in arrays["uncertainty"]):
+        grid, curve = rejection_curve(arrays["uncertainty"][method], quality)
+        axes.plot(grid, curve, label=method)
+    grid, oracle = oracle_curve(quality, grid)
+    axes.plot(grid, oracle, "k--", label="oracle")
+    axes.plot(grid, np.full_like(grid, quality.mean()), "k:", label="random")
+    axes.set_xlabel("rejection rate")
+    axes.set_ylabel("mean quality of kept answers")
+    axes.set_title(f"{name}: rejection curves (n={len(quality)})")
+    axes.legend(loc="best", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def run_evaluate(
+    artifact_dir: Path, source: RunSource, out: Path, resamples: int = 1000, compare_dir: Path | None = None
+) -> dict[str, Any]:
+    artifact = load_artifact(artifact_dir)
+    compared = None
+    if compare_dir is not None:
+        compared = load_artifact(compare_dir)
+        if compared.manifest.llm.sha256 != artifact.manifest.llm.sha256:
+            raise SystemExit(f"--compare-artifact {compare_dir} was trained for a different model than {artifact_dir}")
+    runs = obtain_runs(source, artifact)
+    if compared is not None:
+        for run in runs:
+            if read_run_settings(run)["n_lags"] < compared.n_lags:
+                raise SystemExit(f"run {run} stores fewer lags than --compare-artifact {compare_dir} needs")
+    texts = list(iter_texts(runs))
+    if not texts:
+        raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to evaluate")
+    check_no_duplicates(t.answer_key for t in texts)
+    report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared)
+    report["runs"] = [str(run) for run in runs]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(report_markdown(report))
+    for name, data in arrays.items():
+        plot_curves(name, data, out / f"rejection_{name}.png")
+    return report

@@ -1,0 +1,97 @@
+"""Writing the artifact folder a fit makes, and swapping it into place.
+
+It is written into a sibling folder and moved to `--out` when complete: a fit killed midway leaves
+`--out` as it was, never regressors without their manifest. A refit in place (as
+scripts/train_default.sh does) keeps what lay beside the old artifact's own files: its reports and
+calibration runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import joblib
+
+from app.uncertainty.artifact import MANIFEST_NAME, Manifest, write_manifest
+from app.uncertainty.tad import Regressor
+from training.fit.report import write_cv_report
+from training.runs import RUN_FILE
+
+logger = logging.getLogger(__name__)
+
+
+def check_out(out: Path, runs: Sequence[Path]) -> None:
+    """Refuse an --out the artifact cannot replace, before the minutes of cross-validation rather than after."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"--out {out} is a file: give a folder for the artifact")
+    if (out / RUN_FILE).is_file():
+        raise SystemExit(f"--out {out} is a generation run: give another folder for the artifact")
+    # The artifact folder is replaced as a whole at the end: a folder holding the runs must not be it.
+    resolved = out.resolve()
+    for run in runs:
+        if resolved == Path(run).resolve() or resolved in Path(run).resolve().parents:
+            raise SystemExit(f"--out {out} holds the run {run}: give another folder for the artifact")
+
+
+def write_artifact(
+    out: Path, manifest: Manifest, regressors: Mapping[str, Regressor], cv_record: dict[str, Any]
+) -> Manifest:
+    """The artifact at `out`: `regressors` (by path in the folder), the CV record as report/cv.json and the
+    manifest (with every regressor's sha256), written beside `out` and then moved into place."""
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)  # a killed fit's leftovers
+    staging.mkdir(parents=True)
+    for name, regressor in regressors.items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        joblib.dump(regressor, staging / name)
+    write_cv_report(staging, cv_record)
+    written = write_manifest(staging, manifest)
+    install_artifact(staging, out)
+    return written
+
+
+def install_artifact(staging: Path, out: Path) -> None:
+    """Move the finished artifact `staging` (a sibling of `out`) to `out`, replacing an artifact already there
+    (a refit in place, as scripts/train_default.sh does). Renames only: at every moment `out` is the old
+    artifact, the new one, or (between two renames) absent, never a mix. What lies beside the old artifact's
+    own files (reports, calibration runs) is carried over to the new one."""
+    # A fit killed between the renames left the old artifact aside: finish what it was doing first.
+    for leftover in sorted(out.parent.glob(f".{out.name}.replaced-*")):
+        if out.exists():
+            _carry_over(leftover, out)
+        else:
+            logger.warning("restoring %s, left aside by an interrupted fit", out)
+            os.replace(leftover, out)
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+    os.replace(out, old)
+    os.replace(staging, out)
+    _carry_over(old, out)
+
+
+def _carry_over(old: Path, out: Path) -> None:
+    """Move what lay beside the old artifact's own files into `out`, then remove the old artifact."""
+    for item in old.iterdir():
+        # The old regressors, alternatives and manifest go: an earlier fit's alternatives would otherwise
+        # stay beside the new ones and be hashed into the manifest as if they belonged to it.
+        own = item.name in (MANIFEST_NAME, "alternatives") or item.suffix == ".joblib"
+        if not own:
+            _move_missing(item, out / item.name)
+    shutil.rmtree(old)
+
+
+def _move_missing(item: Path, target: Path) -> None:
+    """Move `item` to `target` unless the new artifact has it; a folder both have (report/, where the new one
+    wrote its cv.json) is merged, the new artifact's files winning."""
+    if not target.exists():
+        os.replace(item, target)
+    elif item.is_dir() and not item.is_symlink() and target.is_dir():
+        for child in item.iterdir():
+            _move_missing(child, target / child.name)

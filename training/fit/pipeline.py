@@ -1,0 +1,169 @@
+"""`run_fit`: the whole fit, in order (training/fit/__init__.py says what each step is)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from app.identity import ModelIdentity
+from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo
+from app.uncertainty.features import Convention, FeatureSpec
+from app.uncertainty.tad import Regressor
+from training.fit.artifact import check_out, write_artifact
+from training.fit.cross_validation import (
+    Choice,
+    ConventionResult,
+    choose_convention,
+    cross_validate_convention,
+    fit_final,
+)
+from training.fit.mlp import choose_stage2
+from training.fit.options import FitOptions
+from training.fit.out_of_fold import measure_combiner
+from training.fit.report import cv_record, manifest_summary
+from training.fit.texts import load_runs
+from training.fit.trial_rule import keep_by_trial_rule
+from training.two_stage import FitText
+
+logger = logging.getLogger(__name__)
+
+
+def run_fit(options: FitOptions) -> Manifest:
+    """Cross-validate, fit the chosen configuration on every text, and write the artifact to `options.out`."""
+    started = time.monotonic()
+    check_out(options.out, options.runs)
+    texts, settings, lags = load_runs(options.runs, options.n_lags)
+    identity = ModelIdentity.model_validate(settings["identity"])
+    results = cross_validate_conventions(texts, identity, lags, options)
+    result, centrings, weightings = settle_trials(texts, results[choose_convention(results)], options)
+    combiner = (
+        measure_combiner(
+            result.texts, result.spec, result.data, result.chosen_row, options.epsilon, result.selection, options.seed
+        )
+        if options.combiner
+        else None
+    )
+    chosen = Choice.of(result.chosen_row)
+    others = [
+        Choice.of(result.best[v.value]) for v in options.variants if v is not chosen.variant and v.value in result.best
+    ]
+    (stage1, ridge), *alternatives = fit_final(
+        result.texts, result.spec, result.data, [chosen, *others], options.epsilon
+    )
+    stage2, mlp_record = choose_stage2(result, ridge, options)
+    record = cv_record(options, result, results, centrings, weightings, combiner, mlp_record)
+    regressors: dict[str, Regressor] = {"regressor.joblib": stage2.regressor, "stage1.joblib": stage1}
+    for choice, (stage1_other, stage2_other) in zip(others, alternatives, strict=True):
+        regressors[f"alternatives/{choice.variant.value}/regressor.joblib"] = stage2_other
+        regressors[f"alternatives/{choice.variant.value}/stage1.joblib"] = stage1_other
+    spec = result.spec
+    manifest = Manifest(
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        llm=identity,
+        features=FeatureInfo(
+            order=spec.order,
+            n_lags=spec.n_lags,
+            num_layers=spec.num_layers,
+            num_heads=spec.num_heads,
+            convention=spec.convention,
+            stage1_size=spec.stage1_size,
+            stage2_size=spec.stage2_size,
+        ),
+        epsilon=options.epsilon,
+        aggregation=stage2.aggregation,
+        variant=chosen.variant.value,
+        regressor=RegressorInfo(file="regressor.joblib", kind=stage2.kind, params=stage2.params),
+        metrics={
+            "cv": manifest_summary(record, stage2.kind),
+            "alternatives": {
+                choice.variant.value: {
+                    "file": f"alternatives/{choice.variant.value}/regressor.joblib",
+                    "alpha": choice.alpha,
+                    "alpha_stage1": choice.alpha_stage1,
+                    "aggregation": result.best[choice.variant.value]["aggregation"],
+                }
+                for choice in others
+            },
+        },
+        training=training_record(options, result.texts, settings, started),
+    )
+    return write_artifact(options.out, manifest, regressors, record)
+
+
+def cross_validate_conventions(
+    texts: Sequence[FitText], identity: ModelIdentity, lags: int, options: FitOptions
+) -> dict[Convention, ConventionResult]:
+    """Each attention convention's cross-validation, with the first centring and weighting tried."""
+    results = {}
+    for convention in options.conventions:
+        spec = FeatureSpec(
+            n_lags=lags,
+            num_layers=identity.num_layers,
+            num_heads=identity.num_heads,
+            convention=convention,
+        )
+        logger.info(
+            "fitting (%s convention) on %d texts, %d tokens, %d stage-2 features",
+            convention.value,
+            len(texts),
+            sum(len(t) for t in texts),
+            spec.stage2_size,
+        )
+        results[convention] = cross_validate_convention(
+            texts, spec, options, centring=options.centrings[0], weighting=options.weightings[0]
+        )
+    return results
+
+
+def settle_trials(
+    texts: Sequence[FitText], result: ConventionResult, options: FitOptions
+) -> tuple[ConventionResult, dict[str, Any], dict[str, Any]]:
+    """The target centrings, then the row weightings, tried in turn under the trial rule on the chosen
+    convention: the result kept, and the record of each centring and each weighting tried."""
+    base = result
+    result, centrings = keep_by_trial_rule(
+        result,
+        result.centring.value,
+        options.centrings[1:],
+        lambda c: cross_validate_convention(texts, base.spec, options, centring=c, weighting=base.weighting),
+    )
+    settled = result
+    result, weightings = keep_by_trial_rule(
+        result,
+        result.weighting.value,
+        options.weightings[1:],
+        lambda w: cross_validate_convention(texts, settled.spec, options, centring=settled.centring, weighting=w),
+    )
+    return result, centrings, weightings
+
+
+def training_record(
+    options: FitOptions, texts: Sequence[FitText], settings: dict[str, Any], started: float
+) -> dict[str, Any]:
+    """The manifest's `training`: what the fit read (its runs, by absolute path: blend checks them wherever it
+    runs), how long it took, and the versions that matter for unpickling the regressor and for the features."""
+    datasets: dict[str, int] = {}
+    for text in texts:
+        datasets[text.dataset] = datasets.get(text.dataset, 0) + 1
+    return {
+        "runs": [str(Path(p).resolve()) for p in options.runs],
+        "texts": len(texts),
+        "tokens": int(sum(len(t) for t in texts)),
+        "datasets": datasets,
+        "fit_seconds": round(time.monotonic() - started, 1),
+        "versions": library_versions(),
+        "generation": {
+            k: settings[k] for k in ("model", "data", "limit", "max_new_tokens", "prompts") if k in settings
+        },
+    }
+
+
+def library_versions() -> dict[str, str]:
+    """Versions that matter for unpickling the regressor and for the features."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("scikit-learn", "numpy", "torch", "transformers")}

@@ -1,0 +1,26 @@
+"""What `summary` prints: what a generation run says about the model before any uncertainty method."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from training.rejection import accuracy
+from training.runs import check_run_folders, iter_texts
+
+
+def summarise(runs: Sequence[Path]) -> str:
+    """A markdown table per dataset: texts, accuracy, mean quality and mean answer tokens."""
+    # A mistyped path would otherwise read as a run with no texts and print an empty table.
+    check_run_folders(runs)
+    groups: dict[str, list[tuple[float, int]]] = {}
+    for text in iter_texts(runs):
+        groups.setdefault(text.dataset, []).append((text.target, len(text)))
+    lines = ["| dataset | texts | accuracy | mean quality | mean answer tokens |", "|---|---|---|---|---|"]
+    for name, rows in sorted(groups.items()):
+        quality = np.array([q for q, _ in rows])
+        tokens = np.array([n for _, n in rows])
+        lines.append(f"| {name} | {len(rows)} | {accuracy(quality):.3f} | {quality.mean():.3f} | {tokens.mean():.1f} |")
+    return "\n".join(lines) + "\n"
