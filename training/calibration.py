@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 from app.uncertainty.artifact import Manifest, Threshold, load_artifact, write_manifest
 from app.uncertainty.methods import Method
 from training.method_scores import artifact_methods, uncertainty_table
-from training.rejection import accuracy
+from training.rejection import CORRECT_THRESHOLD, accuracy
 from training.run_source import RunSource, obtain_runs
 from training.runs import check_no_duplicates, iter_texts
 from training.thresholds import (
@@ -26,6 +27,112 @@ from training.thresholds import (
 )
 
 logger = logging.getLogger(__name__)
+
+KEEP_HALF = "keep-half"
+"""`--default-target keep-half`: the strictest certified error target that accepts at least half of the
+correct calibration answers (`default_keeping`)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every method's thresholds on one calibration set, the default target, and what they do out of sample."""
+
+    thresholds: dict[Method, dict[str, Threshold]]
+    default_target: str | None
+    record: dict[str, Any]
+
+
+def default_keeping(decided: dict[str, Threshold], values: np.ndarray, quality: np.ndarray, keep: float) -> str | None:
+    """The strictest certified error target whose threshold still accepts at least a share `keep` of the correct
+    answers: a default that withholds most right answers is not one a user keeps switched on. Where none keeps
+    that many, the loosest certified target; None where no error target was certified."""
+    correct = quality >= CORRECT_THRESHOLD
+    errors = sorted((entry.target, name) for name, entry in decided.items() if entry.kind == "error")
+    for _, name in errors:
+        if correct.any() and (values[correct] <= decided[name].threshold).mean() >= keep:
+            return name
+    return errors[-1][1] if errors else None
+
+
+def calibrate_thresholds(
+    table: dict[str, np.ndarray],
+    quality: np.ndarray,
+    methods: Sequence[Method],
+    decision: Method,
+    coverages: Sequence[float],
+    errors: Sequence[float],
+    delta: float,
+    seed: int = 0,
+    default_target: str | None = None,
+    order: str = "natural",
+) -> Calibration:
+    """Thresholds of every method for each target on these answers (`table`: each method's scores), the
+    default target for the `decision` method (`default_target` "keep-half": `default_keeping` at 0.5), and
+    the thresholds' out-of-sample behaviour on random halves."""
+
+    def choose(values: np.ndarray, labels: np.ndarray, chosen_order: str) -> dict[str, Threshold]:
+        entries = {coverage_name(c): coverage_threshold(values, labels, c) for c in coverages}
+        for error in errors:
+            if chosen_order == "natural":
+                chosen = error_threshold_natural(values, labels, error, delta=delta)
+            else:
+                chosen = error_threshold(values, labels, error, delta=delta, seed=seed)
+            if chosen is not None:
+                entries[error_name(error)] = chosen
+        return entries
+
+    thresholds: dict[Method, dict[str, Threshold]] = {}
+    for method in methods:
+        thresholds[method] = choose(table[method.value], quality, order)
+        for error in errors:
+            if error_name(error) not in thresholds[method]:
+                logger.warning("%s: no threshold certifies error <= %g at delta %g", method.value, error, delta)
+    # What the thresholds do on data they were not chosen on: choose on one half, measure on the other.
+    halves = np.array_split(np.random.default_rng(seed).permutation(len(quality)), 2)
+    held_out: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        values = table[method.value]
+        chosen_a = choose(values[halves[0]], quality[halves[0]], order)
+        held_out[method.value] = {
+            name: {"threshold": entry.threshold, **out_of_sample(entry, values[halves[1]], quality[halves[1]])}
+            for name, entry in chosen_a.items()
+        }
+    # The natural order against the split order, on the same data and delta (the decision method).
+    other_order = "split" if order == "natural" else "natural"
+    split_order = choose(table[decision.value], quality, other_order)
+    orders = {
+        name: {order: entry.coverage, other_order: split_order[name].coverage if name in split_order else None}
+        for name, entry in thresholds[decision].items()
+        if entry.kind == "error"
+    }
+    decided = thresholds[decision]
+    if default_target == KEEP_HALF:
+        default_target = default_keeping(decided, table[decision.value], quality, 0.5)
+    elif default_target is not None and default_target not in decided:
+        raise SystemExit(
+            f"--default-target {default_target} was not calibrated for {decision.value} (have: {', '.join(decided)})"
+        )
+    feasible_errors = [error_name(e) for e in errors if error_name(e) in decided]
+    default = default_target or (feasible_errors[0] if feasible_errors else None)
+    if default is None and coverages:
+        default = coverage_name(coverages[0])
+    if default is not None:
+        # Every method at the coverage the default policy achieves: comparisons at equal coverage.
+        matched = round(decided[default].coverage, 2)
+        for method in methods:
+            thresholds[method].setdefault(
+                coverage_name(matched), coverage_threshold(table[method.value], quality, matched)
+            )
+    record = {
+        "n": len(quality),
+        "delta": delta,
+        "order": order,
+        "decision_method": decision.value,
+        "accuracy": float(accuracy(quality)),
+        "out_of_sample": {"split": "random halves", "seed": seed, "by_method": held_out},
+        "coverage_by_order": orders,
+    }
+    return Calibration(thresholds, default, record)
 
 
 def run_calibrate(
@@ -51,78 +158,17 @@ def run_calibrate(
     table = uncertainty_table(artifact, texts)
     quality = np.array([t.target for t in texts])
     methods = [Method(name) for name in artifact_methods(artifact)]
-    # The default target is certified for what the service decides with (the blend, where there is one).
-    decision = artifact.decision_method
-
-    def choose(values: np.ndarray, labels: np.ndarray, chosen_order: str) -> dict[str, Threshold]:
-        entries = {coverage_name(c): coverage_threshold(values, labels, c) for c in coverages}
-        for error in errors:
-            if chosen_order == "natural":
-                chosen = error_threshold_natural(values, labels, error, delta=delta)
-            else:
-                chosen = error_threshold(values, labels, error, delta=delta, seed=seed)
-            if chosen is not None:
-                entries[error_name(error)] = chosen
-        return entries
-
-    thresholds: dict[Method, dict[str, Any]] = {}
-    for method in methods:
-        thresholds[method] = choose(table[method.value], quality, order)
-        for error in errors:
-            if error_name(error) not in thresholds[method]:
-                logger.warning("%s: no threshold certifies error <= %g at delta %g", method.value, error, delta)
-    # What the thresholds do on data they were not chosen on: choose on one half, measure on the other.
-    halves = np.array_split(np.random.default_rng(seed).permutation(len(texts)), 2)
-    held_out: dict[str, dict[str, Any]] = {}
-    for method in methods:
-        values = table[method.value]
-        chosen_a = choose(values[halves[0]], quality[halves[0]], order)
-        held_out[method.value] = {
-            name: {"threshold": entry.threshold, **out_of_sample(entry, values[halves[1]], quality[halves[1]])}
-            for name, entry in chosen_a.items()
-        }
-    # The natural order against the split order, on the same data and delta (the decision method).
-    split_order = choose(table[decision.value], quality, "split" if order == "natural" else "natural")
-    orders = {
-        name: {
-            order: entry.coverage,
-            ("split" if order == "natural" else "natural"): split_order[name].coverage if name in split_order else None,
-        }
-        for name, entry in thresholds[decision].items()
-        if entry.kind == "error"
-    }
-    decided = thresholds[decision]
-    if default_target is not None and default_target not in decided:
-        raise SystemExit(
-            f"--default-target {default_target} was not calibrated for {decision.value} (have: {', '.join(decided)})"
-        )
-    feasible_errors = [error_name(e) for e in errors if error_name(e) in decided]
-    default = default_target or (feasible_errors[0] if feasible_errors else None)
-    if default is None and coverages:
-        default = coverage_name(coverages[0])
-    if default is not None:
-        # Every method at the coverage the default policy achieves: comparisons at equal coverage.
-        matched = round(decided[default].coverage, 2)
-        for method in methods:
-            thresholds[method].setdefault(
-                coverage_name(matched), coverage_threshold(table[method.value], quality, matched)
-            )
+    # The default target is certified for what the service decides with.
+    calibration = calibrate_thresholds(
+        table, quality, methods, artifact.decision_method, coverages, errors, delta, seed, default_target, order
+    )
     manifest = artifact.manifest.model_copy(
         update={
-            "thresholds": thresholds,
-            "default_target": default,
+            "thresholds": calibration.thresholds,
+            "default_target": calibration.default_target,
             "metrics": {
                 **artifact.manifest.metrics,
-                "calibration": {
-                    "runs": [str(run) for run in runs],
-                    "n": len(texts),
-                    "delta": delta,
-                    "order": order,
-                    "decision_method": decision.value,
-                    "accuracy": float(accuracy(quality)),
-                    "out_of_sample": {"split": "random halves", "seed": seed, "by_method": held_out},
-                    "coverage_by_order": orders,
-                },
+                "calibration": {"runs": [str(run) for run in runs], **calibration.record},
             },
         }
     )

@@ -57,15 +57,20 @@ def baseline_table(traces: Sequence[TokenTrace]) -> dict[str, np.ndarray]:
 
 
 def artifact_methods(artifact: TadArtifact) -> list[str]:
-    """The registered methods the artifact can score (the blend only where it has one)."""
-    return [m.name for m in METHODS if not m.needs_blend or artifact.manifest.blend is not None]
+    """The registered methods the artifact can score (TAD only with a regressor, the blend only where it has one)."""
+    return [
+        m.name
+        for m in METHODS
+        if (not m.needs_artifact or artifact.has_regressor)
+        and (not m.needs_blend or artifact.manifest.blend is not None)
+    ]
 
 
 def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict[str, np.ndarray]:
     """Per method the artifact can score (and per stored TAD variant, `tad_<variant>`), each text's uncertainty."""
     n_lags = artifact.n_lags
     scorers = alternative_scorers(artifact)
-    main = f"tad_{artifact.manifest.variant}"
+    main = f"tad_{artifact.manifest.variant}" if artifact.has_regressor else None
     methods = artifact_methods(artifact)
     blend = artifact.blend
     table: dict[str, list[float]] = {name: [] for name in [*methods, *scorers]}
@@ -78,7 +83,10 @@ def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict
         for name, (_, aggregation) in scorers.items():
             table[name].append(ranked(aggregate(confidences[name], aggregation)))
         answer = MethodInput(
-            trace=trace, tad_confidences=confidences[main], tad_aggregation=artifact.manifest.aggregation, blend=blend
+            trace=trace,
+            tad_confidences=confidences[main] if main is not None else None,
+            tad_aggregation=artifact.manifest.aggregation,
+            blend=blend,
         )
         for name in methods:
             table[name].append(ranked(REGISTRY[name](answer)))

@@ -28,7 +28,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="natural",
         help="fixed-sequence order for error targets: the thresholds' own (whole set) or learned on a half",
     )
-    parser.add_argument("--default-target", default=None, help="e.g. error@0.3 (default: first feasible)")
+    parser.add_argument(
+        "--default-target",
+        default=None,
+        help="e.g. error@0.3, or keep-half: the strictest certified error target that accepts at least half of "
+        "the correct answers (default: the first feasible --error)",
+    )
     parser.add_argument(
         "--run-dir", type=Path, default=None, help="where to generate (default: ARTIFACT/calibration-run)"
     )

@@ -12,7 +12,9 @@ from typing import Any
 from app.identity import ModelIdentity
 from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo
 from app.uncertainty.features import Convention, FeatureSpec
+from app.uncertainty.methods import Method
 from app.uncertainty.tad import Regressor
+from training.decision_rule import LEVEL, DecisionRule, choose
 from training.fit.artifact import check_out, write_artifact
 from training.fit.cross_validation import (
     Choice,
@@ -24,7 +26,7 @@ from training.fit.cross_validation import (
 from training.fit.mlp import choose_stage2
 from training.fit.options import FitOptions
 from training.fit.out_of_fold import measure_combiner
-from training.fit.report import cv_record, manifest_summary
+from training.fit.report import cv_record, manifest_summary, served_row
 from training.fit.texts import load_runs
 from training.fit.trial_rule import keep_by_trial_rule
 from training.two_stage import FitText
@@ -56,6 +58,8 @@ def run_fit(options: FitOptions) -> Manifest:
     )
     stage2, mlp_record = choose_stage2(result, ridge, options)
     record = cv_record(options, result, results, centrings, weightings, combiner, mlp_record)
+    decision = decision_of(record, stage2.kind)
+    record["decision"] = decision.as_dict()
     regressors: dict[str, Regressor] = {"regressor.joblib": stage2.regressor, "stage1.joblib": stage1}
     for choice, (stage1_other, stage2_other) in zip(others, alternatives, strict=True):
         regressors[f"alternatives/{choice.variant.value}/regressor.joblib"] = stage2_other
@@ -64,6 +68,7 @@ def run_fit(options: FitOptions) -> Manifest:
     manifest = Manifest(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         llm=identity,
+        dtype=settings.get("dtype", "float32"),
         features=FeatureInfo(
             order=spec.order,
             n_lags=spec.n_lags,
@@ -77,6 +82,7 @@ def run_fit(options: FitOptions) -> Manifest:
         aggregation=stage2.aggregation,
         variant=chosen.variant.value,
         regressor=RegressorInfo(file="regressor.joblib", kind=stage2.kind, params=stage2.params),
+        decision_method=Method(decision.chosen),
         metrics={
             "cv": manifest_summary(record, stage2.kind),
             "alternatives": {
@@ -92,6 +98,23 @@ def run_fit(options: FitOptions) -> Manifest:
         training=training_record(options, result.texts, settings, started),
     )
     return write_artifact(options.out, manifest, regressors, record)
+
+
+def decision_of(record: dict[str, Any], kind: str) -> DecisionRule:
+    """TAD as served against every free score on the same CV folds (training/decision_rule.py)."""
+    samples = {"tad": served_row(record, kind)["prr_folds"]}
+    samples.update({name: row["prr_folds"] for name, row in record["baselines"].items()})
+    rule = choose("tad", samples, "folds")
+    if rule.chosen != "tad":
+        logger.warning(
+            "%s beats TAD in cross-validation by %.3f (%.0f%% interval %s): the artifact decides with %s",
+            rule.chosen,
+            rule.gain,
+            100 * LEVEL,
+            rule.interval,
+            rule.chosen,
+        )
+    return rule
 
 
 def cross_validate_conventions(

@@ -69,3 +69,20 @@ def test_a_run_made_with_the_attention_to_the_prompt_is_fitted_as_before(
 def test_fewer_records_than_folds_is_said_plainly(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="cannot be split into 100 folds"):
         run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", folds=100, **QUICK_FIT))
+
+
+def test_the_artifact_records_its_decision_method_and_the_dtype_of_its_answers(
+    tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "artifact", **QUICK_FIT))
+    record = json.loads((tmp_path / "artifact" / "report" / "cv.json").read_text())
+    decision = record["decision"]
+    # TAD as served against every free score on the same folds; the manifest writes the rule's choice.
+    assert decision["reference"] == "tad" and set(decision["means"]) >= {"tad", "msp", "rauq"}
+    assert len(record["chosen"]["prr_folds"]) == len(record["baselines"]["msp"]["prr_folds"])
+    assert manifest.decision_method is not None and manifest.decision_method.value == decision["chosen"]
+    adopted = decision["interval"] is not None and decision["interval"][0] > 0
+    assert decision["chosen"] == (decision["challenger"] if adopted else "tad")
+    assert manifest.dtype == "float32"  # the tiny runs were generated in float32

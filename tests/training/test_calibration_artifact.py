@@ -1,0 +1,68 @@
+"""A calibration-only artifact: no regressor, a free decision method chosen on one part of the records, every
+threshold certified on the other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.uncertainty.artifact import ArtifactError, load_artifact
+from app.uncertainty.methods import REGISTRY
+from training.calibration_artifact import selection_part
+from training.cli import main
+from training.runs import iter_texts
+
+
+def test_it_has_no_regressor_and_decides_with_a_free_method(tiny_calibration_artifact: Path) -> None:
+    artifact = load_artifact(tiny_calibration_artifact)
+    manifest = artifact.manifest
+    assert manifest.regressor is None and not artifact.has_regressor
+    with pytest.raises(ArtifactError, match="calibration-only"):
+        artifact.trained()
+    method = artifact.decision_method
+    assert not REGISTRY[method.value].needs_artifact
+    assert manifest.default_target is not None and manifest.default_target in manifest.thresholds[method]
+    assert manifest.dtype == "float32" and manifest.features.n_lags == 4
+    decision = manifest.metrics["decision"]
+    assert decision["reference"] == "msp" and decision["chosen"] == method.value
+    assert decision["informative_datasets"]
+
+
+def test_the_method_is_chosen_on_one_part_and_certified_on_the_other(
+    tiny_calibration_artifact: Path, tiny_runs: dict[str, Path]
+) -> None:
+    manifest = load_artifact(tiny_calibration_artifact).manifest
+    split = manifest.metrics["decision"]["split"]
+    texts = list(iter_texts([tiny_runs["train"]]))
+    assert split["selection_answers"] + split["certification_answers"] == len(texts)
+    assert manifest.metrics["calibration"]["n"] == split["certification_answers"]
+    for entries in manifest.thresholds.values():
+        assert all(entry.n == split["certification_answers"] for entry in entries.values())
+    report = json.loads((tiny_calibration_artifact / "report" / "report.json").read_text())
+    assert sum(row["n"] for row in report["certification"].values()) == split["certification_answers"]
+
+
+def test_the_split_is_by_record_and_does_not_depend_on_order(tiny_runs: dict[str, Path]) -> None:
+    texts = list(iter_texts([tiny_runs["train"]]))
+    chosen = selection_part(texts, 0.5, seed=0)
+    assert dict(zip([t.key for t in texts], chosen, strict=True)) == dict(
+        zip([t.key for t in reversed(texts)], selection_part(texts[::-1], 0.5, seed=0), strict=True)
+    )
+    assert 0 < chosen.sum() < len(texts)
+    assert not np.array_equal(chosen, selection_part(texts, 0.5, seed=1))
+
+
+def test_dev_records_and_a_missing_source_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_data: dict[str, list[Path]]
+) -> None:
+    dev = [path for path in tiny_data["dev"]]
+    with pytest.raises(SystemExit) as refused:
+        main(["calibration-artifact", "--out", str(tmp_path / "a"), "--data", *map(str, dev)])
+    assert refused.value.code == 2 and "never from dev" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["calibration-artifact", "--out", str(tmp_path / "a")])
+    assert refused.value.code == 2 and "--data" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()

@@ -1,0 +1,121 @@
+"""`python -m training calibration-artifact`: decisions for a model with no trained regressor yet
+(training/calibration_artifact.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from training.arguments import (
+    RESUMES,
+    UsageError,
+    add_generation_options,
+    coverage,
+    int_at_least,
+    open_unit,
+    prompt_style,
+)
+from training.tasks import PromptStyle
+
+NAME = "calibration-artifact"
+INTERRUPTED = RESUMES
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        NAME,
+        help="an artifact with no regressor: the free scores' thresholds and a decision method (minutes)",
+        description="Generate answers to a few hundred labelled training records (resumable; or reuse --run), "
+        "choose the decision method on half of the records (MSP unless another free score beats it with a "
+        "paired 95%% interval excluding 0) and certify every threshold on the other half. The server loads the "
+        "artifact like any other: decisions on, TAD null until a regressor is trained.",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    parser.add_argument(
+        "--data", type=Path, nargs="*", default=[], help="labelled JSONL records to generate on (a train split)"
+    )
+    parser.add_argument("--run", type=Path, nargs="+", default=[], help="reuse these runs instead of generating")
+    parser.add_argument("--run-dir", type=Path, default=None, help="where to generate (default: OUT/calibration-run)")
+    parser.add_argument(
+        "--prompt-style",
+        type=prompt_style,
+        choices=tuple(PromptStyle),
+        default=PromptStyle.CHAT,
+        help="how the records are asked (default chat: the question alone, as users ask)",
+    )
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--coverage", type=coverage, nargs="*", default=[0.5, 0.8, 0.9])
+    parser.add_argument(
+        "--error",
+        type=open_unit,
+        nargs="*",
+        default=[round(0.05 * k, 2) for k in range(1, 19)],
+        help="error targets among accepted answers to certify (default 0.05 .. 0.9); the default target is the "
+        "strictest certified one that accepts at least half of the correct answers",
+    )
+    parser.add_argument("--delta", type=open_unit, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--selection-share",
+        type=open_unit,
+        default=0.5,
+        help="share of the records that choose the decision method; the rest certify the thresholds",
+    )
+    parser.add_argument("--resamples", type=int_at_least(10), default=500, help="bootstrap resamples")
+    add_generation_options(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> None:
+    if bool(args.data) == bool(args.run):
+        raise UsageError("give --data files to generate on, or --run to reuse runs (not both)")
+    dev = [str(path) for path in args.data if Path(path).name.endswith("_dev.jsonl")]
+    if dev:
+        # The dev split is what an artifact is judged on: choosing on it would grade the artifact by its own data.
+        raise UsageError(f"records come from a train split, never from dev: {', '.join(dev)}")
+    from app.settings import DEFAULT_MODEL
+    from training.calibration_artifact import CalibrationArtifactOptions, build_calibration_artifact
+    from training.generation import GenerateOptions, run_generate
+
+    runs = list(args.run)
+    if not runs:
+        runs = [
+            run_generate(
+                GenerateOptions(
+                    data=args.data,
+                    out=args.run_dir or args.out / "calibration-run",
+                    model=args.model or DEFAULT_MODEL,
+                    limit=args.limit,
+                    max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size,
+                    device=args.device,
+                    dtype=args.dtype,
+                    cache_dir=args.cache_dir,
+                    prompt_style=args.prompt_style,
+                    out_option="--run-dir",
+                )
+            )
+        ]
+    manifest = build_calibration_artifact(
+        CalibrationArtifactOptions(
+            out=args.out,
+            runs=runs,
+            coverages=args.coverage,
+            errors=args.error,
+            delta=args.delta,
+            seed=args.seed,
+            selection_share=args.selection_share,
+            resamples=args.resamples,
+        )
+    )
+    decision = manifest.metrics["decision"]
+    interval = decision["interval"]
+    shown = "n/a" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
+    print(f"wrote {args.out}: decides with {decision['chosen']} (best other: {decision['challenger']}, gain {shown})")
+    method = manifest.decision_method
+    if method is not None and manifest.default_target is not None:
+        entry = manifest.thresholds[method][manifest.default_target]
+        print(
+            f"default target {manifest.default_target}: threshold {entry.threshold:.4f}, accepts "
+            f"{entry.coverage:.1%} of the certification answers, {entry.error:.1%} of them wrong"
+        )
