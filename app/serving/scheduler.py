@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.engine import phase_timing
 from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
@@ -37,6 +38,13 @@ from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import TadStream, prime_streams
 
 logger = logging.getLogger(__name__)
+
+
+def _lap(phase: str) -> None:
+    """The worker's time since the last lap went to `phase` (when phase timing is on)."""
+    clock = phase_timing.CLOCK
+    if clock is not None:
+        clock.lap(phase)
 
 
 class SequenceObserver(Protocol):
@@ -221,15 +229,19 @@ class Scheduler:
                 if self._stopping and not busy and not self._waiting and not self._scoring:
                     return
                 if not busy and not self._waiting and not self._scoring:
+                    _lap(phase_timing.SCHEDULER)
                     self._condition.wait(timeout=0.5)
+                    _lap(phase_timing.IDLE)
                     continue
                 if not busy and self._waiting and self.batch_window_s > 0:
+                    _lap(phase_timing.SCHEDULER)
                     window_end = time.monotonic() + self.batch_window_s
                     while len(self._waiting) < self.max_batch_size and not self._stopping:
                         remaining = window_end - time.monotonic()
                         if remaining <= 0:
                             break
                         self._condition.wait(timeout=remaining)
+                    _lap(phase_timing.IDLE)
                 free = self.max_batch_size - len(self._items) - prefilling
                 admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 scoring = list(self._scoring)
@@ -399,10 +411,12 @@ class Scheduler:
             item.sequence = sequence
             self._items[id(sequence)] = item
         joined = len(batch.sequences)  # the rows the prefill computed; the running ones got nothing new
+        _lap(phase_timing.SCHEDULER)
         if self._batch is None or not self._batch.sequences:
             self._batch = batch
         else:
             self._batch.merge(batch)
+        _lap(phase_timing.BATCH)
         self._after_step(computed=joined)
 
     def _check_abandoned(self) -> None:
@@ -422,7 +436,9 @@ class Scheduler:
         if self.on_batch is not None:  # once per forward: the batch size histogram counts rows computed together
             self.on_batch(computed)
         now = time.monotonic()
+        _lap(phase_timing.SCHEDULER)
         self._prime_tad_streams()
+        _lap(phase_timing.SCORING)
         for sequence in self._batch.sequences:
             item = self._items[id(sequence)]
             if item.first_token_at is None and sequence.tokens:
@@ -433,13 +449,16 @@ class Scheduler:
                 logger.exception("streaming a request's progress failed")
                 self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
                 sequence.abandon(FinishReason.ERROR)  # leaves the batch at pop_done; its answer is sent
+        _lap(phase_timing.SCHEDULER)
         for sequence in self._batch.pop_done():
+            _lap(phase_timing.BATCH)
             item = self._items.pop(id(sequence))
             try:
                 self._finish(item, sequence)
             except Exception:  # one answer that cannot be scored must not fail its neighbours
                 logger.exception("finishing a request failed")
                 self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
+        _lap(phase_timing.BATCH)
 
     def _prime_tad_streams(self) -> None:
         """The streamed answers' TAD inputs of this step, batched (one product per MLP stage 2, not one each)."""
@@ -459,8 +478,12 @@ class Scheduler:
 
     def _stream_progress(self, item: GenerationItem, sequence: SequenceState) -> None:
         if item.observer is not None:
-            for event in item.observer.on_step(sequence):
+            _lap(phase_timing.SCHEDULER)
+            events = item.observer.on_step(sequence)
+            _lap(phase_timing.SCORING)
+            for event in events:
                 item.emit(event)
+            _lap(phase_timing.HANDOFF)
 
     def _finish(self, item: GenerationItem, sequence: SequenceState) -> None:
         if sequence.finish_reason is FinishReason.CANCELLED or item.cancelled:
@@ -481,10 +504,13 @@ class Scheduler:
             total_s=total,
         )
         assert item.observer is not None, "a generation item needs an observer to answer it"
+        _lap(phase_timing.SCHEDULER)
         *events, last = item.observer.on_finish(sequence, timing)
+        _lap(phase_timing.SCORING)
         for event in events:
             item.emit(event)
         self._answer(item, last)
+        _lap(phase_timing.HANDOFF)
 
     def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         failure = Failure(ServiceError("generation failed inside the model; see the server log"))

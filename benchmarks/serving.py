@@ -1,0 +1,287 @@
+"""The service against plain `generate`: C concurrent HTTP clients against `generate` at batch C, in one process.
+
+The service is the real app under uvicorn: continuous batching, attention capture, the per-token
+statistics, every answer scored (TAD where the artifact has a regressor, and the baselines) and
+decided by the policy (whatever method the artifact decides with). Plain transformers `generate`
+runs at batch `--clients` on the same model object in the same server process, between the
+service's timed windows, with the same prompts and answer lengths. On CPU a tiny model makes the
+forward cheap, so the Python around it dominates, as it does on a GPU.
+
+`--model` is a config with random weights (`tiny-llama`, a host-bound model for CPU: 4 layers x 4
+heads, hidden 64, vocabulary 2,048; or `llama`, `qwen`, `gemma2`: the real shapes of
+`benchmarks/gpu_overhead.py`, bf16 on CUDA), with a random artifact of its shape (stage 2 `--stage2`);
+or a real model (a catalog name such as `smollm2-135m` or `qwen2.5-coder-1.5b`, or any model spec)
+with `--artifact` (a folder, or `none`). Stop tokens are off on both sides, so every answer has
+exactly `--new-tokens` tokens.
+
+One command, two processes: this one starts `--role server` (`benchmarks/serving_server.py`) and,
+once `/ready` answers, sends a warm-up round, then `--repeats` times: plain `generate` once
+(timed in the server), then a window of `--requests` requests from `--clients` threads, each
+sending its next request when the last one is answered. The ratio of a repeat is the service's
+tokens/s over that window against `generate`'s in the same repeat; the last line is
+`scheduler_vs_generate=<median ratio>`. Also printed: latency percentiles and, unless
+`--no-phases`, the worker's host time per decode step by phase (`app/engine/phase_timing.py`,
+`TAD_PHASE_TIMING=1` in the server), the CPU time of the event loop's thread (HTTP, streaming,
+decisions) and of the worker per step, and `generate`'s time per step with its forward's share.
+
+    python -m benchmarks.serving --model tiny-llama --device cpu --clients 32
+    python -m benchmarks.serving --model smollm2-135m --device cpu --clients 8 --prompt-tokens 64 --new-tokens 64
+    python -m benchmarks.serving --model llama --clients 32 --requests 128
+    python -m benchmarks.serving --model llama --clients 32 --requests 128 --stage2 mlp+ridge --stream
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.engine.phase_timing import IDLE, PHASES
+from app.settings import DEFAULT_ARTIFACT
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Answer:
+    seconds: float
+    tokens: int
+    method: str
+    scored: bool
+
+
+@dataclass
+class Window:
+    """One repeat: `generate`'s run, then the service's window."""
+
+    generate: dict[str, float]
+    seconds: float
+    answers: list[Answer]
+    before: dict[str, Any]
+    after: dict[str, Any]
+    ratio: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ratio = self.tokens_per_s / (self.generate["tokens"] / self.generate["seconds"])
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(answer.tokens for answer in self.answers) / self.seconds
+
+
+class Client:
+    def __init__(self, args: argparse.Namespace, url: str) -> None:
+        self.args = args
+        self.url = url
+        self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=args.clients + 4))
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        return {"prompt": prompt, "max_new_tokens": self.args.new_tokens, "return_tokens": False, "stream": self.args.stream}
+
+    def one(self, prompt: str) -> Answer:
+        started = time.perf_counter()
+        result = self._streamed(self.body(prompt)) if self.args.stream else self._whole(self.body(prompt))
+        decision = result["decision"]
+        if result["usage"]["prompt_tokens"] != self.args.prompt_tokens:
+            raise SystemExit(f"prompt of {result['usage']['prompt_tokens']} tokens, not {self.args.prompt_tokens}")
+        if result["usage"]["completion_tokens"] != self.args.new_tokens:
+            raise SystemExit(f"an answer of {result['usage']['completion_tokens']} tokens, not {self.args.new_tokens}")
+        return Answer(
+            seconds=time.perf_counter() - started,
+            tokens=int(result["usage"]["completion_tokens"]),
+            method=str(decision["method"]),
+            scored=decision["score"] is not None,
+        )
+
+    def _whole(self, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.http.post(f"{self.url}/v1/generate", json=body)
+        if response.status_code != 200:
+            raise SystemExit(f"request failed: {response.status_code} {response.text[:300]}")
+        result: dict[str, Any] = response.json()
+        return result
+
+    def _streamed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The `final` event's response, after checking one `token` event per token."""
+        tokens, event = 0, ""
+        with self.http.stream("POST", f"{self.url}/v1/generate", json=body) as response:
+            if response.status_code != 200:
+                raise SystemExit(f"request failed: {response.status_code} {response.read()[:300]!r}")
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                elif line.startswith("data: ") and event == "token":
+                    tokens += 1
+                elif line.startswith("data: ") and event == "final":
+                    final: dict[str, Any] = json.loads(line.removeprefix("data: "))
+                    if tokens != final["usage"]["completion_tokens"]:
+                        raise SystemExit(f"{tokens} token events for {final['usage']['completion_tokens']} tokens")
+                    return final
+        raise SystemExit("the stream ended without its final event")
+
+    def window(self, pool: ThreadPoolExecutor, prompts: list[str]) -> Window:
+        generate = self.http.post(f"{self.url}/bench/generate", params={"split": self.args.phases}).json()
+        before = self.http.post(f"{self.url}/bench/reset").json()
+        started = time.perf_counter()
+        answers = list(pool.map(self.one, prompts))
+        seconds = time.perf_counter() - started
+        after = self.http.get(f"{self.url}/bench/phases").json()
+        return Window(generate=generate, seconds=seconds, answers=answers, before=before, after=after)
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.stderr.write(log.read_text()[-3000:])
+            raise SystemExit(f"server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit("server not ready in time")
+
+
+def run(args: argparse.Namespace) -> list[Window]:
+    """Start the server, warm it up, time `--repeats` windows."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TAD_PHASE_TIMING": "1" if args.phases else "0"}
+    log = Path(tempfile.gettempdir()) / f"serving-benchmark-{args.port}.log"
+    command = [sys.executable, "-m", "benchmarks.serving", "--role", "server", *sys.argv[1:]]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        wait_ready(url, process, args.ready_timeout, log)
+        client = Client(args, url)
+        prompts: list[str] = client.http.get(f"{url}/bench/prompts").json()["prompts"]
+        windows = []
+        with ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(client.one, prompts[: args.clients]))  # warm-up
+            for repeat in range(args.repeats):
+                offset = args.clients + repeat * args.requests
+                chosen = [prompts[(offset + i) % len(prompts)] for i in range(args.requests)]
+                windows.append(client.window(pool, chosen))
+                print(f"repeat {repeat + 1}/{args.repeats}: ratio {windows[-1].ratio:.3f}", flush=True)
+    finally:
+        process.terminate()
+        process.wait(60)
+    print(f"(server log: {log})")
+    return windows
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(args: argparse.Namespace, windows: list[Window]) -> None:
+    info = windows[-1].after
+    answers = [answer for window in windows for answer in window.answers]
+    latencies = [answer.seconds for answer in answers]
+    methods = Counter(answer.method for answer in answers)
+    generate_rates = [w.generate["tokens"] / w.generate["seconds"] for w in windows]
+    print(
+        f"\n{info['model']} on {info['device']}, {info['torch_threads']} torch threads, artifact {info['artifact']}; "
+        f"{args.clients} clients ({'streaming' if args.stream else 'whole answers'}), {args.requests} requests a "
+        f"window, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, {len(windows)} repeats"
+    )
+    print(
+        f"service: {statistics.median(w.tokens_per_s for w in windows):.1f} tokens/s (median of windows; "
+        f"latency p50 {percentile(latencies, 0.5):.2f} s, p90 {percentile(latencies, 0.9):.2f} s, "
+        f"p99 {percentile(latencies, 0.99):.2f} s); decided by {dict(methods)}, every answer scored: "
+        f"{all(answer.scored for answer in answers)}"
+    )
+    print(f"generate at batch {args.clients}: {statistics.median(generate_rates):.1f} tokens/s (median of runs)")
+    print("ratio per repeat: " + " ".join(f"{w.ratio:.3f}" for w in windows))
+    if args.phases:
+        print_phases(args, windows)
+    print(f"scheduler_vs_generate={statistics.median(w.ratio for w in windows):.3f}")
+
+
+def print_phases(args: argparse.Namespace, windows: list[Window]) -> None:
+    """Host time per decode step, summed over the windows."""
+    steps = sum(w.after["phases"]["decode_steps"] for w in windows)
+    if not steps:
+        return
+    seconds = {phase: sum(w.after["phases"]["seconds"].get(phase, 0.0) for w in windows) for phase in PHASES}
+    busy = sum(value for phase, value in seconds.items() if phase != IDLE)
+
+    def cpu(thread: str) -> float:
+        return sum(w.after["cpu"].get(thread, 0.0) - w.before["cpu"].get(thread, 0.0) for w in windows)
+
+    wall = sum(w.after["wall"] - w.before["wall"] for w in windows)
+    print(f"\nservice, host time per decode step ({steps} steps, {steps / len(windows):.0f} a window), ms:")
+    for phase in PHASES:
+        if phase != IDLE:
+            print(f"  {phase:<22} {1000 * seconds[phase] / steps:8.3f}  {100 * seconds[phase] / busy:5.1f}%")
+    print(f"  {'worker, busy':<22} {1000 * busy / steps:8.3f}")
+    print(f"  {'worker, idle':<22} {1000 * seconds[IDLE] / steps:8.3f}")
+    print(f"  {'worker CPU':<22} {1000 * cpu('tad-scheduler') / steps:8.3f}")
+    print(f"  {'event loop CPU (HTTP)':<22} {1000 * cpu('event_loop') / steps:8.3f}")
+    print(f"  {'process CPU':<22} {1000 * cpu('process') / steps:8.3f}  (all threads, torch's included)")
+    print(f"  {'wall':<22} {1000 * wall / steps:8.3f}")
+    split = [w.generate for w in windows if "split_seconds" in w.generate]
+    if split:
+        total = sum(g["split_seconds"] for g in split)
+        forward = sum(g["split_forward_seconds"] for g in split)
+        per_step = 1000 / (args.new_tokens * len(split))
+        print(
+            f"generate, per step (a run with its forwards timed), ms: total {total * per_step:.3f}, "
+            f"forward {forward * per_step:.3f}, the rest {(total - forward) * per_step:.3f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", choices=["client", "server"], default="client")
+    parser.add_argument(
+        "--model",
+        default="llama",
+        help="tiny-llama, llama, qwen, gemma2 (random weights), or a real model: a catalog name or model spec",
+    )
+    parser.add_argument(
+        "--artifact", default=str(DEFAULT_ARTIFACT), help="a real model's artifact folder, or none (default: %(default)s)"
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="auto", help="auto: bf16 on CUDA and float32 on CPU for random weights")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=0, help="requests per timed window (default 4 x clients)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--n-lags", type=int, default=10)
+    parser.add_argument(
+        "--stage2", choices=("ridge", "mlp", "mlp+ridge"), default="ridge", help="the random artifact's stage 2"
+    )
+    parser.add_argument("--stream", action="store_true", help="clients stream (each token scored as it is sampled)")
+    parser.add_argument(
+        "--no-phases", dest="phases", action="store_false", help="phase timing off (the throughput without it)"
+    )
+    parser.add_argument("--port", type=int, default=8791)
+    parser.add_argument("--ready-timeout", type=float, default=600.0)
+    parser.add_argument("--layers", type=int, default=0, help="random weights: override the layer count")
+    args = parser.parse_args()
+    args.requests = args.requests or 4 * args.clients
+    if args.role == "server":
+        from benchmarks.serving_server import serve
+
+        serve(args)
+    else:
+        report(args, run(args))
+
+
+if __name__ == "__main__":
+    main()

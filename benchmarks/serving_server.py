@@ -1,0 +1,327 @@
+"""The server side of `benchmarks/serving.py`: the real app under uvicorn, plus plain `generate` on its model.
+
+One process holds the model: it is loaded (or built from a config with random weights) before
+uvicorn starts, the runtime's own loading is handed that object, and plain transformers
+`generate` runs on the same object, in the same process, when the client asks for it between
+two timed windows (`POST /bench/generate`). The client also resets and reads the worker's phase
+clock (`app/engine/phase_timing.py`) and the threads' CPU times around each window.
+
+Stop tokens are off on both sides (the engine's stop ids cleared, `generate` without an eos id),
+so every answer has exactly `--new-tokens` tokens: the two sides generate the same number of
+tokens from the same prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
+
+from app.engine import phase_timing
+from app.engine.engine import Engine
+from app.engine.loading import LoadedModel
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MANIFEST = REPO / "models" / "smollm2-135m-instruct-tad" / "manifest.json"
+TINY = "tiny-llama"
+
+
+def tiny_llama() -> PretrainedConfig:
+    """A host-bound model: on CPU its forward is a few hundred small kernels, so the Python around
+    them dominates, as on a GPU (4 layers x 4 heads, 2 KV heads, hidden 64, vocabulary 2,048)."""
+    return LlamaConfig(
+        vocab_size=2048,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+
+
+def random_configs() -> dict[str, Any]:
+    from benchmarks.gpu_overhead import CONFIGS
+
+    return {TINY: tiny_llama, **CONFIGS}
+
+
+class NoStopEngine(Engine):
+    """The server's engine with its stop tokens off: every answer runs to its token limit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.context = replace(self.context, stop_token_ids=frozenset())
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PlainGenerate:
+    """transformers `generate` on the server's model: greedy, no eos, the first `--clients` prompts as one batch."""
+
+    def __init__(self, loaded: LoadedModel, prompts: list[list[int]], new_tokens: int) -> None:
+        self.model: PreTrainedModel = loaded.model
+        self.device = loaded.device
+        self.ids = torch.tensor(prompts, device=self.device)
+        self.new_tokens = new_tokens
+        config = copy.deepcopy(self.model.generation_config)
+        config.eos_token_id = None  # exactly `new_tokens` tokens, as the service generates
+        config.pad_token_id = 0 if config.pad_token_id is None else config.pad_token_id
+        config.do_sample = False
+        config.max_new_tokens = new_tokens
+        self.config = config
+
+    def run(self, new_tokens: int | None = None) -> None:
+        config = self.config
+        if new_tokens is not None:
+            config = copy.deepcopy(config)
+            config.max_new_tokens = new_tokens
+        with torch.inference_mode():
+            self.model.generate(  # type: ignore[operator]  # torch types module attributes as tensors
+                self.ids, attention_mask=torch.ones_like(self.ids), generation_config=config
+            )
+
+    def timed(self, split: bool) -> dict[str, float]:
+        """One timed run; with `split`, a second run with the model's forwards timed (hooks cost a little, so
+        its total is not the throughput's)."""
+        synchronize(self.device)
+        started = time.perf_counter()
+        self.run()
+        synchronize(self.device)
+        seconds = time.perf_counter() - started
+        result = {"seconds": seconds, "tokens": float(self.ids.shape[0] * self.new_tokens)}
+        if split:
+            result.update(self._forward_split())
+        return result
+
+    def _forward_split(self) -> dict[str, float]:
+        forward = 0.0
+        started_at: list[float] = []
+
+        def before(*_: object) -> None:
+            started_at.append(time.perf_counter())
+
+        def after(*_: object) -> None:
+            nonlocal forward
+            forward += time.perf_counter() - started_at.pop()
+
+        handles = [self.model.register_forward_pre_hook(before), self.model.register_forward_hook(after)]
+        try:
+            started = time.perf_counter()
+            self.run()
+            synchronize(self.device)
+            total = time.perf_counter() - started
+        finally:
+            for handle in handles:
+                handle.remove()
+        return {"split_seconds": total, "split_forward_seconds": forward}
+
+
+def make_prompts(
+    engine: Engine, count: int, length: int, random_ids: bool, seed: int = 0
+) -> tuple[list[str], list[list[int]]]:
+    """`count` prompt texts that the server encodes to exactly `length` tokens each, and those ids.
+
+    Windows of a token stream (`random_ids`: random ids, for the id tokenizer of a random model; else
+    the long-prompt text) decoded to text and kept where encoding that text gives the window's length."""
+    rng = random.Random(seed)
+    if random_ids:
+        # Ids whose text starts with 0 or 1 would be split by the id tokenizer's special tokens "t0" and "t1".
+        usable = [i for i in range(2, min(len(engine.loaded.tokenizer), 10_000)) if str(i)[0] not in "01"]
+        stream = [rng.choice(usable) for _ in range(count * length * 2)]
+    else:
+        text = (Path(__file__).with_name("long_prompt.txt")).read_text()
+        stream = engine.encode_response(text)
+        while len(stream) < count * length * 2:
+            stream = stream + stream
+    texts: list[str] = []
+    ids: list[list[int]] = []
+    offset = 0
+    while len(texts) < count:
+        if offset + length > len(stream):
+            raise SystemExit(f"could not find {count} prompts of exactly {length} tokens")
+        text = engine.decode(stream[offset : offset + length]).strip()
+        encoded = engine.encode_prompt(prompt=text)
+        if len(encoded) == length and text not in texts:
+            texts.append(text)
+            ids.append(encoded)
+        offset += rng.randrange(length // 2 + 1, length + 1)
+    return texts, ids
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds of the event loop's thread, the scheduler's worker, and the whole process."""
+    times = {"process": time.process_time()}
+    for thread in threading.enumerate():
+        name = "event_loop" if thread is threading.main_thread() else thread.name
+        if name in ("event_loop", "tad-scheduler") and thread.ident is not None:
+            times[name] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return times
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Load or build the model, wire it into the real runtime, add the benchmark's routes, run uvicorn."""
+    import uvicorn
+
+    from app.main import create_app
+    from app.serving import runtime as runtime_module
+    from app.settings import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, Any] = {
+        "device": args.device,
+        "max_batch_size": args.clients,
+        "max_queue": 4 * (args.requests + args.clients),
+        "max_prompt_tokens": args.prompt_tokens + 16,
+        "max_new_tokens_limit": args.new_tokens,
+    }
+    configs = random_configs()
+    random_weights = args.model in configs
+    if random_weights:
+        loaded, artifact = random_model(args, configs[args.model]())
+        # The runtime's own loading, with the artifact built above in place of files on disk.
+        runtime_module.Runtime._load_artifact = lambda self: artifact  # type: ignore[method-assign]
+        settings = Settings(**overrides, reject_target=None, reject_threshold=0.5)
+    else:
+        artifact_dir = None if args.artifact == "none" else Path(args.artifact)
+        settings = Settings(**overrides, model=args.model, dtype=args.dtype, artifact_dir=artifact_dir)
+        loaded = real_model(settings)
+    runtime_module.load_model = lambda *_, **__: loaded
+    runtime_module.Engine = NoStopEngine  # type: ignore[misc]
+    probe = NoStopEngine(loaded, n_lags=0)
+    texts, ids = make_prompts(probe, args.clients + args.requests, args.prompt_tokens, random_ids=random_weights)
+    generate = PlainGenerate(loaded, ids[: args.clients], args.new_tokens)
+    generate.run(new_tokens=4)  # warm-up
+
+    def fatal(reason: str) -> None:
+        print(f"server failed: {reason}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    app = create_app(settings, on_fatal=fatal)
+    add_bench_routes(app, texts, generate)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate) -> None:
+    runtime = app.state.runtime
+
+    def prompts() -> dict[str, Any]:
+        return {"prompts": texts}
+
+    def time_generate(split: bool = False) -> dict[str, float]:
+        return generate.timed(split)  # a sync route: it runs on a pool thread while the worker idles
+
+    def reset() -> dict[str, Any]:
+        if phase_timing.CLOCK is not None:
+            phase_timing.CLOCK.reset()
+            phase_timing.CLOCK.mark()
+        return {"cpu": thread_cpu_seconds(), "wall": time.perf_counter()}
+
+    def phases() -> dict[str, Any]:
+        clock = phase_timing.CLOCK
+        engine = runtime.engine
+        return {
+            "phases": clock.snapshot() if clock is not None else None,
+            "cpu": thread_cpu_seconds(),
+            "wall": time.perf_counter(),
+            "device": describe_device(engine.loaded),
+            "model": engine.identity.name,
+            "torch_threads": torch.get_num_threads(),
+            "artifact": runtime.serving.name,
+        }
+
+    app.add_api_route("/bench/prompts", prompts, methods=["GET"])
+    app.add_api_route("/bench/generate", time_generate, methods=["POST"])
+    app.add_api_route("/bench/reset", reset, methods=["POST"])
+    app.add_api_route("/bench/phases", phases, methods=["GET"])
+
+
+def describe_device(loaded: LoadedModel) -> str:
+    device = loaded.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    return f"{name}, {str(loaded.model.dtype).removeprefix('torch.')}"
+
+
+def real_model(settings: Any) -> LoadedModel:
+    """A catalog name or model spec, loaded as the runtime loads it (dtype auto follows the artifact)."""
+    from app.engine.loading import load_model
+    from app.uncertainty.artifact import MANIFEST_NAME, Manifest
+
+    artifact_dtype = None
+    if settings.artifact_dir is not None:
+        manifest_path = settings.artifact_dir / MANIFEST_NAME
+        artifact_dtype = Manifest.model_validate(json.loads(manifest_path.read_text())).dtype
+    return load_model(
+        settings.model,
+        device=settings.device,
+        dtype=settings.dtype,
+        cache_dir=settings.cache_dir,
+        verify_sha256=settings.verify_model_sha256,
+        artifact_dtype=artifact_dtype,
+    )
+
+
+def random_model(args: argparse.Namespace, config: PretrainedConfig) -> tuple[LoadedModel, Any]:
+    """A model of `config`'s shape with random weights and an artifact with a random regressor of its shape:
+    the service does all its work (capture, TAD, the baselines, the policy) whatever the weights say."""
+    from app.engine.attention_capture import register_capture_attention
+    from app.uncertainty.artifact import MANIFEST_NAME, Manifest, TadArtifact
+    from app.uncertainty.features import Convention
+    from benchmarks.gpu_overhead import build_model, id_tokenizer, make_engine, random_tad
+
+    if args.layers:  # a quick trial: fewer layers of the same shape
+        config.num_hidden_layers = args.layers
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = config.layer_types[: args.layers]
+    dtype = {"auto": torch.bfloat16 if args.device.startswith("cuda") else torch.float32}.get(
+        args.dtype, getattr(torch, args.dtype, None)
+    )
+    if not isinstance(dtype, torch.dtype):
+        raise SystemExit(f"unknown dtype {args.dtype}")
+    torch.manual_seed(0)
+    model = build_model(config, dtype, args.device, register_capture_attention())
+    loaded = make_engine(model, id_tokenizer(config.vocab_size), args.model, args.n_lags).loaded
+    tad = random_tad(config.num_hidden_layers, config.num_attention_heads, args.n_lags, args.stage2)
+    manifest = Manifest.model_validate(json.loads(DEFAULT_MANIFEST.read_text()))
+    features = manifest.features.model_copy(
+        update={
+            "n_lags": args.n_lags,
+            "num_layers": config.num_hidden_layers,
+            "num_heads": config.num_attention_heads,
+            "convention": Convention.GENERATING,
+            "extra_stats": [],
+            "stage1_size": tad.spec.stage1_size,
+            "stage2_size": tad.spec.stage2_size,
+        }
+    )
+    manifest = manifest.model_copy(
+        update={
+            "llm": loaded.identity,
+            "features": features,
+            "dtype": str(dtype).removeprefix("torch."),
+            "created_at": datetime.now(UTC).isoformat(),
+        }
+    )
+    folder = Path(tempfile.mkdtemp()) / f"random-{args.model}-tad"
+    folder.mkdir()
+    (folder / MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))  # /info and the metrics hash it
+    return loaded, TadArtifact(path=folder, manifest=manifest, scorer=tad)
