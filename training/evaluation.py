@@ -15,6 +15,7 @@ from app.numeric import finite_or_none
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.methods import BASELINES, METHODS
 from training.method_scores import uncertainty_table
+from training.policy_outcome import default_policy_outcome, outcome_markdown
 from training.rejection import (
     accuracy,
     informative,
@@ -151,6 +152,17 @@ def build_report(
             float(np.mean(versus)) if versus and None not in versus else None
         )
         report["mean_default_minus_compared_informative_ci95"] = _mean_interval(samples, chosen, "compared")
+    if default != "tad" and "tad" in table:
+        # TAD as the artifact ships it, beside the free score it decides with.
+        for name in groups:
+            prr = report["datasets"][name]["methods"]
+            best = report["datasets"][name]["default_vs_best_baseline"]["best_baseline"]
+            tad, other = prr["tad"]["prr"], prr[best]["prr"]
+            report["datasets"][name]["tad_vs_best_baseline"] = {
+                "best_baseline": best,
+                "difference": None if tad is None or other is None else tad - other,
+            }
+    report["default_policy"] = default_policy_outcome(artifact, table, targets, groups)
     report["artifact"] = {
         "path": str(artifact.path),
         "variant": artifact.manifest.variant,
@@ -201,6 +213,8 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"Mean over the datasets with accuracy in [0.1, 0.9] ({names})",
         )
     )
+    if report.get("default_policy"):
+        sections.append(outcome_markdown(report["default_policy"]))
     if "compared_artifact" in report:
         title = f"Default score minus the compared artifact's ({report['compared_artifact']})"
         sections.append(_difference_section(report, rows, "compared", title, "Mean over the informative datasets"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.rejection import accuracy
+from training.rejection import accuracy, informative
 from training.runs import check_run_folders, iter_texts
 
 
@@ -24,3 +24,13 @@ def summarise(runs: Sequence[Path]) -> str:
         tokens = np.array([n for _, n in rows])
         lines.append(f"| {name} | {len(rows)} | {accuracy(quality):.3f} | {quality.mean():.3f} | {tokens.mean():.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def informative_datasets(runs: Sequence[Path]) -> list[str]:
+    """The datasets whose accuracy in the runs lies in [0.1, 0.9]: those a PRR says something about, and those
+    an artifact trains on (docs/training.md)."""
+    check_run_folders(runs)
+    quality: dict[str, list[float]] = {}
+    for text in iter_texts(runs):
+        quality.setdefault(text.dataset, []).append(text.target)
+    return sorted(name for name, values in quality.items() if informative(accuracy(np.array(values))))

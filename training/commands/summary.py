@@ -19,10 +19,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "mean quality and mean answer tokens.",
     )
     parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument(
+        "--informative",
+        action="store_true",
+        help="print only the names of the datasets whose accuracy lies in [0.1, 0.9], one line, for scripts",
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> None:
-    from training.run_summary import summarise
+    from training.run_summary import informative_datasets, summarise
 
-    print(summarise(args.runs), end="")
+    print(
+        " ".join(informative_datasets(args.runs)) if args.informative else summarise(args.runs),
+        end="\n" if args.informative else "",
+    )

@@ -143,3 +143,22 @@ def test_summary_lists_each_dataset(tiny_runs: dict[str, Path], capsys: pytest.C
     assert table[0].startswith("| dataset | texts | accuracy")
     assert [row.split("|")[1].strip() for row in table[2:]] == ["mmlu", "squad"]
     assert all(row.split("|")[2].strip() == "16" for row in table[2:])
+
+
+def test_summary_names_the_informative_datasets(
+    tiny_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import shutil
+
+    main(["summary", "--informative", str(tiny_runs["dev"])])
+    assert capsys.readouterr().out == "\n"  # the random tiny model gets nothing right
+    run = tmp_path / "labelled"
+    shutil.copytree(tiny_runs["dev"], run)
+    for texts_file in run.glob("shards/*/texts.json"):
+        texts = json.loads(texts_file.read_text())
+        for index, text in enumerate(texts):
+            text["target"] = float(index % 2 if text["dataset"] == "squad" else 1)  # squad half right, mmlu all
+        texts_file.write_text(json.dumps(texts))
+    main(["summary", "--informative", str(run)])
+    assert capsys.readouterr().out == "squad\n"
