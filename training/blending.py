@@ -364,6 +364,20 @@ def run_blend(
     }
     blend = BlendInfo(terms=standardisation.terms(best)) if install and best.name != TAD_ALONE else None
     manifest = artifact.manifest.model_copy(
-        update={"blend": blend, "metrics": {**artifact.manifest.metrics, "blend": metrics}}
+        update={
+            "blend": blend,
+            "decision_method": _decision_method_with(blend, artifact.manifest.decision_method),
+            "metrics": {**artifact.manifest.metrics, "blend": metrics},
+        }
     )
     return write_manifest(artifact.path, manifest)
+
+
+def _decision_method_with(blend: BlendInfo | None, current: Method | None) -> Method | None:
+    """The decision method once the blend is installed or removed: the blend decides where TAD did (it is TAD
+    as shipped); a free score that the decision rule preferred stays."""
+    if blend is not None and current in (None, Method("tad")):
+        return Method("tad_blend")
+    if blend is None and current is Method("tad_blend"):
+        return Method("tad")
+    return current

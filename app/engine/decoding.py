@@ -8,7 +8,7 @@ the key/value caches are left-padded to a common length and concatenated.
 A sliding-window cache layer (Mistral, Gemma-2/3) holds only the last `window - 1` keys of
 the batch's columns and counts every column it has seen (`cumulative_length`), from which
 transformers places its window in the attention mask: merging and trimming keep both in
-step with the mask (`_merge_layer`, `_trim_layer`).
+step with the mask (`app/engine/batch_cache.py`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from app.engine import phase_timing
 from app.engine.attention_capture import AttentionCapture
+from app.engine.batch_cache import merge_layer, trim_layer
 from app.engine.detokenizer import final_text, find_stop_string
-from app.engine.sampling import RawDistribution, choose_token, make_generator, top_alternatives
+from app.engine.sampling import choose_token, make_generator, top_alternatives
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState, TokenRecord
+from app.engine.token_stats import compute_token_stats, stats_by_name, token_stats_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ class DecodeContext:
     num_layers: int
     allow_fused_kernel: bool = True
     last_row: bool = True  # compute the last token's own step row (the consuming convention needs it)
+    # A decode step's attention mask is its padding alone (`padding_mask_suffices`): the step passes it
+    # ready-made instead of having transformers build it from the 2-D mask on every forward.
+    step_mask_from_padding: bool = False
 
     @property
     def capturing(self) -> bool:
@@ -83,40 +88,6 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     """Position ids that start at 0 at each row's first real token (as transformers' generate does)."""
     positions = mask.long().cumsum(-1) - 1
     return positions.masked_fill(mask == 0, 1)
-
-
-def _pad_cache_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    if width == 0:
-        return tensor
-    return torch.nn.functional.pad(tensor, (0, 0, width, 0))
-
-
-def _trim_layer(layer: object, index: torch.Tensor, first: int) -> None:
-    """Keep rows `index` and drop the first `first` columns (padding in every kept row)."""
-    keys = layer.keys.index_select(0, index.to(layer.keys.device))  # type: ignore[attr-defined]
-    values = layer.values.index_select(0, index.to(layer.values.device))  # type: ignore[attr-defined]
-    if getattr(layer, "is_sliding", False):
-        layer.cumulative_length -= first  # type: ignore[attr-defined]
-        held = min(keys.shape[2], layer.cumulative_length)  # type: ignore[attr-defined]
-        keys, values = keys[:, :, keys.shape[2] - held :], values[:, :, values.shape[2] - held :]
-    else:
-        keys, values = keys[:, :, first:], values[:, :, first:]
-    layer.keys, layer.values = keys, values  # type: ignore[attr-defined]
-
-
-def _merge_layer(own: object, new: object, mine: int, theirs: int) -> None:
-    """Stack `new`'s rows under `own`'s; `mine`/`theirs`: the two batches' column counts."""
-    width = max(mine, theirs)
-    own_keys, new_keys = own.keys, new.keys  # type: ignore[attr-defined]
-    own_values, new_values = own.values, new.values  # type: ignore[attr-defined]
-    if getattr(own, "is_sliding", False):
-        held = max(own_keys.shape[2], new_keys.shape[2])
-        own_pad, new_pad = held - own_keys.shape[2], held - new_keys.shape[2]
-        own.cumulative_length = width  # type: ignore[attr-defined]
-    else:
-        own_pad, new_pad = width - mine, width - theirs
-    own.keys = torch.cat([_pad_cache_left(own_keys, own_pad), _pad_cache_left(new_keys, new_pad)])  # type: ignore[attr-defined]
-    own.values = torch.cat([_pad_cache_left(own_values, own_pad), _pad_cache_left(new_values, new_pad)])  # type: ignore[attr-defined]
 
 
 class ChunkedColumns:
@@ -205,9 +176,20 @@ class PromptPrefill:
             )
             for r in self.requests
         ]
-        batch = DecodeBatch(context, sequences, columns.cache, columns.mask, columns.mask.long().sum(-1))
-        batch._choose_next(logits, active=list(range(len(sequences))))
+        padded = len({len(request.prompt_ids) for request in self.requests}) > 1  # known here without a device sync
+        batch = DecodeBatch(context, sequences, columns.cache, columns.mask, columns.mask.long().sum(-1), padded)
+        active = list(range(len(sequences)))
+        batch._choose_next(logits, active, batch._queue_choice(logits, active))
         return batch
+
+
+@dataclass(frozen=True)
+class _QueuedChoice:
+    """What choosing a step's tokens computes on the device before anything is read (`_queue_choice`)."""
+
+    argmax: torch.Tensor  # [rows]
+    log_probs: torch.Tensor  # [rows, vocab] float32: the raw distribution
+    stats: torch.Tensor | None  # [statistics, rows] of the argmax tokens: when every row is active and greedy
 
 
 class DecodeBatch:
@@ -220,12 +202,15 @@ class DecodeBatch:
         cache: DynamicCache,
         attention_mask: torch.Tensor,
         positions: torch.Tensor,
+        padded: bool | None = None,
     ) -> None:
+        """`padded`: whether any row of `attention_mask` has padding (None: read from the mask)."""
         self.context = context
         self.sequences = sequences
         self.cache = cache
         self.attention_mask = attention_mask
         self.positions = positions  # position id of each row's next input token
+        self.padded = bool((attention_mask == 0).any()) if padded is None else padded
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -238,19 +223,25 @@ class DecodeBatch:
     # ------------------------------------------------------------------ stepping
     def step(self) -> None:
         """Feed every row its last token: record that token's attention row, choose the next."""
-        size = len(self.sequences)
+        sequences = self.sequences
+        size = len(sequences)
+        pad = self.context.pad_token_id
         inputs = torch.tensor(
-            [seq.tokens[-1].token_id if seq.tokens else self.context.pad_token_id for seq in self.sequences],
+            [seq.tokens[-1].token_id if seq.tokens else pad for seq in sequences],
             dtype=torch.long,
             device=self.context.device,
         ).view(size, 1)
-        ones = torch.ones((size, 1), dtype=self.attention_mask.dtype, device=self.attention_mask.device)
-        self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
+        # One kernel: the new column of ones appended in the copy that grows the mask.
+        self.attention_mask = torch.nn.functional.pad(self.attention_mask, (0, 1), value=1)
         capture = self.context.new_capture()
-        active = [index for index, seq in enumerate(self.sequences) if not seq.finished]
+        active = [index for index, seq in enumerate(sequences) if seq.finish_reason is None]
+        step_mask: torch.Tensor | None = self.attention_mask
+        if self.context.step_mask_from_padding:
+            # What `create_causal_mask` would build for one query: None without padding, else the padding.
+            step_mask = self.attention_mask[:, None, None, :].bool() if self.padded else None
         inputs_kwargs = {
             "input_ids": inputs,
-            "attention_mask": self.attention_mask,
+            "attention_mask": step_mask,
             "position_ids": self.positions.view(size, 1),
             "past_key_values": self.cache,
             "use_cache": True,
@@ -259,6 +250,7 @@ class DecodeBatch:
         clock = phase_timing.CLOCK
         if clock is not None:
             clock.decode_steps += 1
+            clock.decode_rows += size
             clock.lap(phase_timing.SCHEDULER)
         with torch.inference_mode():
             if active:
@@ -270,67 +262,106 @@ class DecodeBatch:
         self.positions = self.positions + 1
         if clock is not None:
             clock.lap(phase_timing.FORWARD)
-        # The rows' kernels are queued before the greedy choices are read: the step waits for the
-        # device once, and the rows are then already computed when they are copied.
+        # The choices' statistics and the rows' kernels are queued before the greedy choices are read: the
+        # step waits for the device once, and the rest is then already computed when it is copied.
+        queued = self._queue_choice(logits, active) if active else None
+        if clock is not None:
+            clock.lap(phase_timing.TOKEN_STATS)
         rows_on_device = capture.stacked_on_device() if capture is not None else None
         if clock is not None:
             clock.lap(phase_timing.CAPTURE)
-        greedy = torch.argmax(logits, dim=-1).tolist() if active else []
+        greedy = queued.argmax.tolist() if queued is not None else []
         if clock is not None:
             clock.lap(phase_timing.SAMPLING)
         if rows_on_device is not None:
             rows = rows_on_device[:, 0].cpu().numpy()
-            for index, seq in enumerate(self.sequences):
+            for index, seq in enumerate(sequences):
                 if len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
                     seq.attention_rows.append(rows[index])
             if clock is not None:
                 clock.lap(phase_timing.CAPTURE)
-        if active:
-            self._choose_next(logits, active, greedy)
+        if queued is not None:
+            self._choose_next(logits, active, queued, greedy)
 
-    def _choose_next(self, logits: torch.Tensor, active: list[int], greedy: list[int] | None = None) -> None:
-        """`greedy`: each row's argmax when the caller has read it already."""
+    def _queue_choice(self, logits: torch.Tensor, active: list[int]) -> _QueuedChoice:
+        """The step's argmax and raw distribution, and, when every row is active and greedy (the usual case),
+        the statistics of the argmax tokens: all queued on the device, none read yet."""
+        argmax = torch.argmax(logits, dim=-1)
+        # The raw distribution (`RawDistribution.from_logits`): every statistic reads it, never sampling's.
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        sequences = self.sequences
+        every_row_greedy = len(active) == len(sequences) and all(seq.request.params.greedy for seq in sequences)
+        stats = token_stats_tensor(log_probs, argmax) if every_row_greedy else None
+        return _QueuedChoice(argmax, log_probs, stats)
+
+    def _choose_next(
+        self, logits: torch.Tensor, active: list[int], queued: _QueuedChoice, greedy: list[int] | None = None
+    ) -> None:
+        """Choose the next token of rows `active` (ascending) and record it with its statistics; `greedy`: each
+        row's argmax when the caller has read it already.
+
+        Runs once per step for the whole batch, so it keeps to one pass per statistic over the batch's
+        raw distribution and plain Python per row: no copy of the distribution's rows when every row
+        is active, no per-row work for options a request did not ask for.
+        """
         clock = phase_timing.CLOCK
-        distribution = RawDistribution.from_logits(logits)
-        if clock is not None:
-            clock.lap(phase_timing.TOKEN_STATS)
+        log_probs = queued.log_probs
         if greedy is None:
-            greedy = torch.argmax(logits, dim=-1).tolist()
-        chosen = []
-        for index in list(active):
-            seq = self.sequences[index]
+            greedy = queued.argmax.tolist()
+        if queued.stats is not None:  # every row active and greedy: the argmax tokens' statistics are queued
+            self._record(active, greedy, log_probs, stats_by_name(queued.stats))
+            return
+        sequences = self.sequences
+        chosen: list[int] = []
+        kept: list[int] = []
+        for index in active:
+            seq = sequences[index]
+            params = seq.request.params
+            if params.greedy:
+                chosen.append(greedy[index])
+                kept.append(index)
+                continue
             try:
-                token = greedy[index] if seq.params.greedy else choose_token(logits[index], seq.params, seq.generator)
+                chosen.append(choose_token(logits[index], params, seq.generator))
             except RuntimeError:
                 logger.exception("choosing a token failed; ending that sequence only")
                 seq.abandon(FinishReason.ERROR)
-                active.remove(index)
                 continue
-            chosen.append(token)
-        if not active:
+            kept.append(index)
+        if not kept:
             return
         if clock is not None:
             clock.lap(phase_timing.SAMPLING)
-        rows = torch.tensor(active, device=logits.device)
-        stats = RawDistribution(distribution.log_probs[rows]).token_stats(torch.tensor(chosen, device=logits.device))
+        rows = log_probs if len(kept) == log_probs.shape[0] else log_probs[torch.tensor(kept, device=logits.device)]
+        stats = compute_token_stats(rows, torch.tensor(chosen, device=logits.device))
         if clock is not None:
             clock.lap(phase_timing.TOKEN_STATS)
-        for position, index in enumerate(active):
-            seq, token = self.sequences[index], chosen[position]
-            if token in self.context.stop_token_ids:
+        self._record(kept, chosen, log_probs, stats)
+
+    def _record(
+        self, kept: list[int], chosen: list[int], log_probs: torch.Tensor, stats: dict[str, list[float]]
+    ) -> None:
+        """Each kept row's chosen token (by position in `kept`) with its statistics; stop tokens and lengths."""
+        clock = phase_timing.CLOCK
+        sequences = self.sequences
+        names = tuple(stats)
+        per_token = list(zip(*stats.values(), strict=True))
+        stop_ids = self.context.stop_token_ids
+        for position, index in enumerate(kept):
+            seq, token = sequences[index], chosen[position]
+            if token in stop_ids:
                 seq.finish(FinishReason.STOP)
                 continue
-            alternatives = top_alternatives(distribution.log_probs[index], seq.params.top_logprobs)
+            params = seq.request.params
+            alternatives = tuple(top_alternatives(log_probs[index], params.top_logprobs)) if params.top_logprobs else ()
             seq.tokens.append(
                 TokenRecord(
-                    token_id=token,
-                    stats={name: values[position] for name, values in stats.items()},
-                    top_logprobs=tuple(alternatives),
+                    token_id=token, stats=dict(zip(names, per_token[position], strict=True)), top_logprobs=alternatives
                 )
             )
-            if seq.params.stop and self._hit_stop_string(seq):
+            if params.stop and self._hit_stop_string(seq):
                 continue
-            if len(seq.tokens) >= seq.params.max_new_tokens:
+            if len(seq.tokens) >= params.max_new_tokens:
                 seq.finish(FinishReason.LENGTH)
         if clock is not None:
             clock.lap(phase_timing.SAMPLING)
@@ -350,6 +381,8 @@ class DecodeBatch:
     # ------------------------------------------------------------------ membership
     def pop_done(self) -> list[SequenceState]:
         """Remove and return sequences that are finished and need no more rows."""
+        if all(seq.finish_reason is None for seq in self.sequences):  # most steps: nobody finished
+            return []
         done = [seq for seq in self.sequences if seq.finished and not seq.needs_final_row]
         if not done:
             return []
@@ -372,6 +405,7 @@ class DecodeBatch:
             self.cache = DynamicCache(config=self.context.model.config)
             self.attention_mask = self.attention_mask[:0]
             self.positions = self.positions[:0]
+            self.padded = False
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.attention_mask.device)
         self.attention_mask = self.attention_mask.index_select(0, index)
@@ -380,8 +414,9 @@ class DecodeBatch:
         real_columns = self.attention_mask.any(dim=0).nonzero()
         first = int(real_columns[0].item()) if len(real_columns) else 0
         self.attention_mask = self.attention_mask[:, first:]
+        self.padded = bool((self.attention_mask == 0).any())
         for layer in self.cache.layers:
-            _trim_layer(layer, index, first)
+            trim_layer(layer, index, first)
 
     def merge(self, other: DecodeBatch) -> None:
         """Take in the rows of another batch (typically just prefilled)."""
@@ -389,12 +424,12 @@ class DecodeBatch:
             return
         if not self.sequences:
             self.sequences, self.cache = other.sequences, other.cache
-            self.attention_mask, self.positions = other.attention_mask, other.positions
+            self.attention_mask, self.positions, self.padded = other.attention_mask, other.positions, other.padded
             return
         mine, theirs = self.attention_mask.shape[1], other.attention_mask.shape[1]
         width = max(mine, theirs)
         for own, new in zip(self.cache.layers, other.cache.layers, strict=True):
-            _merge_layer(own, new, mine, theirs)
+            merge_layer(own, new, mine, theirs)
         self.attention_mask = torch.cat(
             [
                 torch.nn.functional.pad(self.attention_mask, (width - mine, 0)),
@@ -402,6 +437,7 @@ class DecodeBatch:
             ]
         )
         self.positions = torch.cat([self.positions, other.positions])
+        self.padded = self.padded or other.padded or mine != theirs
         self.sequences = self.sequences + other.sequences
 
     def __len__(self) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from app.engine.batch_cache import padding_mask_suffices
 from app.engine.chat_prompt import PromptError, encode_chat
 from app.engine.decoding import DecodeContext, PromptPrefill, run_continuously, run_to_completion
 from app.engine.detokenizer import StreamDetokenizer
@@ -48,6 +49,7 @@ class Engine:
             num_layers=loaded.identity.num_layers,
             allow_fused_kernel=allow_fused_kernel,
             last_row=last_row,
+            step_mask_from_padding=padding_mask_suffices(loaded.model),
         )
 
     # ------------------------------------------------------------------ facts

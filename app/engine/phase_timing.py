@@ -36,6 +36,7 @@ class PhaseClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.decode_steps = 0
+        self.decode_rows = 0  # rows computed by those steps (their mean is the batch a step ran)
         self._mark = time.perf_counter()
 
     def lap(self, phase: str) -> None:
@@ -51,9 +52,10 @@ class PhaseClock:
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.decode_steps = 0
+        self.decode_rows = 0
 
     def snapshot(self) -> dict[str, object]:
-        return {"seconds": dict(self.seconds), "decode_steps": self.decode_steps}
+        return {"seconds": dict(self.seconds), "decode_steps": self.decode_steps, "decode_rows": self.decode_rows}
 
 
 def enabled_by_environment() -> bool:

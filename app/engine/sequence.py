@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import itemgetter
 
 import numpy as np
 import torch
@@ -123,9 +124,13 @@ class SequenceState:
 def trace_of(sequence: SequenceState) -> TokenTrace:
     """The trace of a sequence's kept tokens, as the uncertainty methods read it."""
     kept = sequence.kept_tokens
-    names = kept[0].stats.keys() if kept else TOKEN_STATISTICS.keys()
+    names = tuple(kept[0].stats) if kept else tuple(TOKEN_STATISTICS)
+    # One pass over the tokens for every statistic (a table, then its columns), not one pass per statistic.
+    table = np.array([itemgetter(*names)(token.stats) for token in kept], dtype=np.float64).reshape(
+        len(kept), len(names)
+    )
     return TokenTrace(
         token_ids=tuple(token.token_id for token in kept),
-        stats={name: np.array([token.stats[name] for token in kept], dtype=np.float64) for name in names},
+        stats={name: table[:, column].copy() for column, name in enumerate(names)},
         attention=sequence.kept_rows(),
     )

@@ -56,8 +56,17 @@ TOKEN_STATISTICS: Mapping[str, TokenStatistic] = {
 }
 
 
+def token_stats_tensor(log_probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Every registered statistic for each row, `[statistics, rows]` on the rows' device (nothing waits for it)."""
+    return torch.stack([stat.compute(log_probs, chosen) for stat in TOKEN_STATISTICS.values()])
+
+
+def stats_by_name(values: torch.Tensor) -> dict[str, list[float]]:
+    """`token_stats_tensor`'s values as Python floats by name: one transfer for all of them (a device sync on a
+    GPU unless the values are ready). Float32's `tolist` gives the Python floats a cast to float64 would."""
+    return dict(zip(TOKEN_STATISTICS, values.tolist(), strict=True))
+
+
 def compute_token_stats(log_probs: torch.Tensor, chosen: torch.Tensor) -> dict[str, list[float]]:
     """Every registered statistic for each row, as Python floats."""
-    # One transfer to Python for all of them (a device sync each on a GPU).
-    values = torch.stack([stat.compute(log_probs, chosen) for stat in TOKEN_STATISTICS.values()]).double().tolist()
-    return dict(zip(TOKEN_STATISTICS, values, strict=True))
+    return stats_by_name(token_stats_tensor(log_probs, chosen))

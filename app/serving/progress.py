@@ -39,6 +39,8 @@ class AnswerProgress:
         wants_confidences = stream_tokens or (self.early_stop and policy.needs_artifact)
         self.tad_stream = scorer.stream() if wants_confidences else None
         self.detokenizer = engine.stream_detokenizer() if stream_tokens else None
+        # Fixed for the answer's life: a whole answer without early stop has nothing to do between steps.
+        self.needs_steps = stream_tokens or self.early_stop
 
     def tad_pending(self, sequence: SequenceState) -> tuple[TadStream, int, list[np.ndarray]] | None:
         """What the next `on_step` will hand TAD's stream (the stream, the number of log-probs, the step

@@ -15,27 +15,34 @@ reach the request through an asyncio queue fed thread-safely.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from app.engine import phase_timing
 from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
-from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
+from app.engine.sequence import FinishReason, SequenceState
 from app.engine.teacher_forcing import ScoringPass
 from app.errors import DeadlineExceeded, Overloaded, ServiceError
 from app.serving.events import Event, Failure, Timing
+from app.serving.work_items import (
+    GenerationItem,
+    Outbox,
+    PendingWork,
+    SchedulerStats,
+    ScoringItem,
+    SequenceObserver,
+    WorkItem,
+)
 from app.uncertainty.answer import AnswerScorer
-from app.uncertainty.tad import TadStream, prime_streams
+from app.uncertainty.tad import prime_streams
+
+__all__ = ["GenerationItem", "Scheduler", "SchedulerStats", "ScoringItem", "SequenceObserver", "WorkItem"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,71 +52,6 @@ def _lap(phase: str) -> None:
     clock = phase_timing.CLOCK
     if clock is not None:
         clock.lap(phase)
-
-
-class SequenceObserver(Protocol):
-    """What a generation request wants done with its sequence between steps (on the worker thread)."""
-
-    def on_step(self, sequence: SequenceState) -> list[Event]:
-        """Events to send now; may finish the sequence (an early stop)."""
-        ...
-
-    def tad_pending(self, sequence: SequenceState) -> tuple[TadStream, int, list[np.ndarray]] | None:
-        """The TAD stream `on_step` will advance, with its number of log-probs and its step rows (None: no
-        stream), so that the scheduler can prime it with the step's others."""
-        ...
-
-    def on_finish(self, sequence: SequenceState, timing: Timing) -> list[Event]:
-        """The last events of a sequence that ended normally (its result comes last)."""
-        ...
-
-
-@dataclass(eq=False)
-class WorkItem:
-    """One request's place in the scheduler; all fields but `cancelled` belong to the worker."""
-
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[Event]
-    deadline: float
-    enqueued_at: float = field(default_factory=time.monotonic)
-    cancelled: bool = False
-    released: bool = False
-
-    def emit(self, event: Event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-
-@dataclass(eq=False)
-class GenerationItem(WorkItem):
-    request: GenerationRequest | None = None
-    observer: SequenceObserver | None = None
-    sequence: SequenceState | None = None
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-
-
-@dataclass(eq=False)
-class ScoringItem(WorkItem):
-    prompt_ids: tuple[int, ...] = ()
-    response_ids: tuple[int, ...] = ()
-    scorer: AnswerScorer | None = None  # the artifact the request started with (None: the scheduler's)
-
-
-@dataclass(eq=False)
-class PendingWork:
-    """A chunked prefill or teacher-forced scoring pass under way, and the items it answers."""
-
-    job: PromptPrefill | ScoringPass
-    items: list[GenerationItem] | list[ScoringItem]
-
-
-@dataclass
-class SchedulerStats:
-    """What the metrics read (written by the worker, read by the event loop)."""
-
-    queue_depth: int = 0
-    running: int = 0  # admitted: decoding or being prefilled
-    average_request_s: float = 1.0
 
 
 class Scheduler:
@@ -144,6 +86,10 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
+        self._stepped = 0  # items in `_items` whose observer needs each step (streams, early stop)
+        self._cancel_seen = False  # set by `cancel`: the next step looks for cancelled rows
+        self._earliest_deadline = math.inf  # of the running items: no row can be past its deadline before it
+        self._outbox = Outbox()
         self._prime_failure_logged = False
         self._pending: deque[PendingWork] = deque()  # chunked work under way, oldest first; the worker's own
         self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
@@ -211,6 +157,7 @@ class Scheduler:
         """The client went away: drop the item if still queued, else stop it at the next step."""
         with self._condition:
             item.cancelled = True
+            self._cancel_seen = True
             for queue in (self._waiting, self._scoring):
                 if item in queue:
                     queue.remove(item)  # type: ignore[arg-type]
@@ -253,6 +200,9 @@ class Scheduler:
                 logger.exception("scheduler step failed")
                 self._fail_everything(admitted, scoring)
                 self._model_step(succeeded=False)
+            finally:
+                self._outbox.flush()
+                _lap(phase_timing.HANDOFF)
 
     def _model_step(self, succeeded: bool) -> None:
         """Count a forward (a decode step, a prefill or scoring chunk) that succeeded or failed: only a
@@ -307,7 +257,7 @@ class Scheduler:
         if item.released:
             return
         self._release(item)
-        item.emit(event)
+        self._outbox.put(item, event)
 
     def _start_scoring(self, items: list[ScoringItem]) -> None:
         """Teacher-forced passes of at most `max_batch_size` answers each, shortest first (similar lengths
@@ -407,9 +357,17 @@ class Scheduler:
 
     def _join(self, items: list[GenerationItem], batch: DecodeBatch) -> None:
         """Prefilled sequences join the running batch; their first tokens go out."""
+        now = time.monotonic()
         for item, sequence in zip(items, batch.sequences, strict=True):
             item.sequence = sequence
             self._items[id(sequence)] = item
+            if sequence.tokens:  # the prefill chose the first token (unless it was a stop token)
+                item.first_token_at = now
+            item.stepped = item.observer is not None and getattr(item.observer, "needs_steps", True)
+            self._stepped += item.stepped
+            self._earliest_deadline = min(self._earliest_deadline, item.deadline)
+            # Cancelled while its prefill ran (a `cancel` seen by a step before it joined): look again.
+            self._cancel_seen = self._cancel_seen or item.cancelled
         joined = len(batch.sequences)  # the rows the prefill computed; the running ones got nothing new
         _lap(phase_timing.SCHEDULER)
         if self._batch is None or not self._batch.sequences:
@@ -420,14 +378,23 @@ class Scheduler:
         self._after_step(computed=joined)
 
     def _check_abandoned(self) -> None:
+        """Abandon rows whose client went away or whose deadline passed. Looked for only after a `cancel`
+        or once the earliest deadline has passed, not on every step."""
         assert self._batch is not None
         now = time.monotonic()
+        if not self._cancel_seen and now <= self._earliest_deadline:
+            return
+        self._cancel_seen = False
+        earliest = math.inf
         for sequence in self._batch.sequences:
             item = self._items[id(sequence)]
             if item.cancelled:
                 sequence.abandon(FinishReason.CANCELLED)
             elif now > item.deadline:
                 sequence.abandon(FinishReason.DEADLINE)
+            else:
+                earliest = min(earliest, item.deadline)
+        self._earliest_deadline = earliest
 
     def _after_step(self, computed: int) -> None:
         """After a forward (a decode step, or prefills joining) that computed `computed` rows: new tokens go
@@ -435,30 +402,35 @@ class Scheduler:
         assert self._batch is not None
         if self.on_batch is not None:  # once per forward: the batch size histogram counts rows computed together
             self.on_batch(computed)
-        now = time.monotonic()
-        _lap(phase_timing.SCHEDULER)
-        self._prime_tad_streams()
-        _lap(phase_timing.SCORING)
-        for sequence in self._batch.sequences:
-            item = self._items[id(sequence)]
-            if item.first_token_at is None and sequence.tokens:
-                item.first_token_at = now
-            try:
-                self._stream_progress(item, sequence)
-            except Exception:  # one answer's scoring or streaming must not fail its neighbours, as in _finish
-                logger.exception("streaming a request's progress failed")
-                self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
-                sequence.abandon(FinishReason.ERROR)  # leaves the batch at pop_done; its answer is sent
-        _lap(phase_timing.SCHEDULER)
+        if self._stepped:  # observers with something to do each step (streams, early stop); none for whole answers
+            _lap(phase_timing.SCHEDULER)
+            self._prime_tad_streams()
+            for sequence in self._batch.sequences:
+                item = self._items[id(sequence)]
+                if not item.stepped or item.observer is None:
+                    continue
+                try:
+                    for event in item.observer.on_step(sequence):
+                        self._outbox.put(item, event)
+                except Exception:  # one answer's scoring or streaming must not fail its neighbours, as in _finish
+                    logger.exception("streaming a request's progress failed")
+                    self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
+                    sequence.abandon(FinishReason.ERROR)  # leaves the batch at pop_done; its answer is sent
+            _lap(phase_timing.SCORING)
+        else:
+            _lap(phase_timing.SCHEDULER)
         for sequence in self._batch.pop_done():
             _lap(phase_timing.BATCH)
             item = self._items.pop(id(sequence))
+            self._stepped -= item.stepped
             try:
                 self._finish(item, sequence)
             except Exception:  # one answer that cannot be scored must not fail its neighbours
                 logger.exception("finishing a request failed")
                 self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
         _lap(phase_timing.BATCH)
+        self._outbox.flush()  # once per forward: the new tokens and answers reach their event loops together
+        _lap(phase_timing.HANDOFF)
 
     def _prime_tad_streams(self) -> None:
         """The streamed answers' TAD inputs of this step, batched (one product per MLP stage 2, not one each)."""
@@ -475,15 +447,6 @@ class Scheduler:
             if not self._prime_failure_logged:  # once: a bad answer would fail every step's priming
                 logger.exception("priming the step's TAD streams failed (logged once)")
             self._prime_failure_logged = True
-
-    def _stream_progress(self, item: GenerationItem, sequence: SequenceState) -> None:
-        if item.observer is not None:
-            _lap(phase_timing.SCHEDULER)
-            events = item.observer.on_step(sequence)
-            _lap(phase_timing.SCORING)
-            for event in events:
-                item.emit(event)
-            _lap(phase_timing.HANDOFF)
 
     def _finish(self, item: GenerationItem, sequence: SequenceState) -> None:
         if sequence.finish_reason is FinishReason.CANCELLED or item.cancelled:
@@ -508,9 +471,8 @@ class Scheduler:
         *events, last = item.observer.on_finish(sequence, timing)
         _lap(phase_timing.SCORING)
         for event in events:
-            item.emit(event)
+            self._outbox.put(item, event)
         self._answer(item, last)
-        _lap(phase_timing.HANDOFF)
 
     def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         failure = Failure(ServiceError("generation failed inside the model; see the server log"))
@@ -519,6 +481,7 @@ class Scheduler:
         for item in unique.values():
             self._answer(item, failure)
         self._items.clear()
+        self._stepped = 0
         self._batch = None
         self._pending.clear()
         self.stats.running = 0

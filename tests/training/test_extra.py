@@ -80,6 +80,7 @@ def test_every_command_stops_at_once() -> None:
         "blend": ["r", "--artifact", "a"],
         "lodo": ["r", "--test", "t", "--artifact", "a", "--out", "o"],
         "summary": ["r"],
+        "calibration-artifact": ["--out", "o", "--data", "d_train.jsonl"],
     }
     assert set(argvs) == set(COMMANDS)
     done = _without_extra(

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="an artifact with no regressor: the free scores' thresholds and a decision method (minutes)",
         description="Generate answers to a few hundred labelled training records (resumable; or reuse --run), "
         "choose the decision method on half of the records (MSP unless another free score beats it with a "
-        "paired 95%% interval excluding 0) and certify every threshold on the other half. The server loads the "
+        "paired 95% interval excluding 0) and certify every threshold on the other half. The server loads the "
         "artifact like any other: decisions on, TAD null until a regressor is trained.",
     )
     parser.add_argument("--out", type=Path, required=True, help="artifact folder to write")

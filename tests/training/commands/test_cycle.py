@@ -81,7 +81,8 @@ def test_full_cycle_through_the_cli(tmp_path: Path, tiny_model_dir: Path, tiny_d
         assert low <= high
     markdown = (report / "report.md").read_text()
     assert markdown.startswith("PRR at 50% rejection") and "ROC-AUC:" in markdown
-    assert markdown.count("| squad |") == 3  # PRR, ROC-AUC, default minus best baseline
+    # PRR, ROC-AUC, default minus best baseline, the default policy's outcome
+    assert markdown.count("| squad |") == 4
     assert (report / "rejection_squad.png").stat().st_size > 1000
 
 

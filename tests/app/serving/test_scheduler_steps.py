@@ -1,0 +1,189 @@
+"""What the scheduler does per step, and what it no longer does: observers with nothing to do between steps,
+events handed to the event loop once per forward, cancellations and deadlines looked for when due."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from app.engine.engine import Engine
+from app.engine.sampling import SamplingParams
+from app.engine.sequence import GenerationRequest, SequenceState
+from app.serving.events import Event, Timing
+from app.serving.scheduler import GenerationItem, Scheduler
+from app.serving.work_items import Outbox
+from app.uncertainty.answer import AnswerScorer
+
+
+class Observer:
+    """Counts its calls; with `needs_steps`, emits one event per step, else has nothing to do between steps."""
+
+    def __init__(self, needs_steps: bool) -> None:
+        self.needs_steps = needs_steps
+        self.steps = 0
+
+    def on_step(self, sequence: SequenceState) -> list[Event]:
+        self.steps += 1
+        return [("step", len(sequence.tokens))] if self.needs_steps else []  # type: ignore[list-item]
+
+    def tad_pending(self, sequence: SequenceState) -> None:
+        return None
+
+    def on_finish(self, sequence: SequenceState, timing: Timing) -> list[Event]:
+        return [("done", sequence, timing)]  # type: ignore[list-item]
+
+
+def _item(loop: asyncio.AbstractEventLoop, prompt: tuple[int, ...], tokens: int, observer: Any) -> GenerationItem:
+    return GenerationItem(
+        loop=loop,
+        events=asyncio.Queue(),
+        deadline=time.monotonic() + 60,
+        request=GenerationRequest(prompt_ids=prompt, params=SamplingParams(max_new_tokens=tokens)),
+        observer=observer,
+    )
+
+
+def _run(scheduler: Scheduler, body: Any) -> Any:
+    scheduler.start()
+    try:
+        return asyncio.run(body())
+    finally:
+        scheduler.stop()
+
+
+async def _events_until_done(item: GenerationItem) -> list[Any]:
+    events = []
+    while True:
+        event = await asyncio.wait_for(item.events.get(), 30)
+        events.append(event)
+        if event[0] == "done":  # type: ignore[index]
+            return events
+
+
+def test_an_observer_with_nothing_to_do_between_steps_is_not_called_until_its_answer_ends(engine: Engine) -> None:
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.2)
+    idle, busy = Observer(needs_steps=False), Observer(needs_steps=True)
+
+    async def body() -> list[list[Any]]:
+        loop = asyncio.get_running_loop()
+        items = [_item(loop, (5, 6, 7), 6, idle), _item(loop, (8, 9), 6, busy)]
+        for item in items:
+            scheduler.submit_generation(item)
+        return [await _events_until_done(item) for item in items]
+
+    quiet, stepped = _run(scheduler, body)
+    assert idle.steps == 0  # its answer ends through on_finish alone
+    assert [tag for tag, *_ in quiet] == ["done"]
+    assert busy.steps > 1 and [tag for tag, *_ in stepped].count("step") == busy.steps
+    for (_, sequence, _), prompt in zip((quiet[-1], stepped[-1]), ((5, 6, 7), (8, 9)), strict=True):
+        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=6))])[0]
+        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+
+
+def test_a_forwards_events_reach_the_event_loop_in_one_wake_up(engine: Engine) -> None:
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=4, max_queue=4, batch_window_s=0.2)
+    forwards: list[int] = []
+    scheduler.on_batch = forwards.append
+    wake_ups = 0
+
+    async def body() -> list[list[Any]]:
+        nonlocal wake_ups
+        loop = asyncio.get_running_loop()
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wake_ups
+            wake_ups += 1
+            return call_soon_threadsafe(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        items = [_item(loop, (5 + i, 6, 7), 5, Observer(needs_steps=True)) for i in range(4)]
+        for item in items:
+            scheduler.submit_generation(item)
+        return [await _events_until_done(item) for item in items]
+
+    answers = _run(scheduler, body)
+    events = sum(len(events) for events in answers)
+    assert events > len(forwards) * 2  # every row gets an event at every forward ...
+    assert wake_ups <= len(forwards) + 1  # ... and the loop is woken once per forward, not once per event
+    for events in answers:  # in order per request
+        steps = [count for tag, count, *_ in events if tag == "step"]
+        assert steps == sorted(steps)
+
+
+def test_a_running_request_cancelled_leaves_the_batch_and_its_neighbour_is_answered_as_alone(engine: Engine) -> None:
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.2)
+
+    async def body() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        long = _item(loop, (5, 6, 7), 10_000, Observer(needs_steps=False))
+        short = _item(loop, (8, 9), 12, Observer(needs_steps=False))
+        scheduler.submit_generation(long)
+        scheduler.submit_generation(short)
+        while long.sequence is None or len(long.sequence.tokens) < 3:
+            await asyncio.sleep(0.005)
+        scheduler.cancel(long)
+        answer = await _events_until_done(short)
+        deadline = time.monotonic() + 10
+        while scheduler.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert long.sequence.abandoned and len(long.sequence.tokens) < 10_000
+        return answer
+
+    (_, sequence, _), *_ = _run(scheduler, body)
+    assert scheduler.in_flight == 0
+    alone = engine.generate([GenerationRequest((8, 9), SamplingParams(max_new_tokens=12))])[0]
+    assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+
+
+def test_the_outbox_keeps_each_requests_order_and_skips_a_closed_loop() -> None:
+    async def body() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        closed = asyncio.new_event_loop()
+        closed.close()
+        outbox = Outbox()
+        items = [_item(loop, (1,), 1, None) for _ in range(2)]
+        gone = _item(closed, (1,), 1, None)
+        for event in range(3):
+            for item in (*items, gone):
+                outbox.put(item, event)  # type: ignore[arg-type]
+        outbox.flush()  # the closed loop's events are dropped, the others delivered
+        outbox.flush()  # nothing left: no wake-up
+        await asyncio.sleep(0)
+        return [[item.events.get_nowait() for _ in range(item.events.qsize())] for item in items]
+
+    assert asyncio.run(body()) == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_joins(engine: Engine) -> None:
+    """Its cancellation is seen by a step of the running batch while it is still being prefilled; the step
+    after it joins must still look for it, or it would decode for nobody until its deadline."""
+    scheduler = Scheduler(
+        engine, AnswerScorer(None), max_batch_size=4, max_queue=4, batch_window_s=0.0, prefill_chunk_tokens=8
+    )
+    long_prompt = tuple(5 + i % 30 for i in range(40))
+
+    async def body() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        running = _item(loop, (5, 6), 60, Observer(needs_steps=False))
+        scheduler.submit_generation(running)
+        while running.sequence is None or len(running.sequence.tokens) < 2:
+            await asyncio.sleep(0.002)
+        kept = _item(loop, long_prompt, 4, Observer(needs_steps=False))
+        dropped = _item(loop, long_prompt[1:], 10_000, Observer(needs_steps=False))
+        scheduler.submit_generation(kept)
+        scheduler.submit_generation(dropped)
+        while not scheduler._pending or scheduler._pending[0].job.done_columns == 0:  # type: ignore[union-attr]
+            await asyncio.sleep(0.001)
+        scheduler.cancel(dropped)
+        answers = [await _events_until_done(item) for item in (running, kept)]
+        deadline = time.monotonic() + 20
+        while scheduler.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert dropped.sequence is not None and dropped.sequence.abandoned
+        assert len(dropped.sequence.tokens) < 100
+        return answers
+
+    _run(scheduler, body)
+    assert scheduler.in_flight == 0

@@ -1,0 +1,37 @@
+"""The serving benchmark end to end, at its smallest: server and clients, `generate` beside them, the phases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.server_process import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*arguments: str) -> str:
+    command = [sys.executable, "-m", "benchmarks.serving", "--device", "cpu", "--port", str(free_port())]
+    sizes = ["--clients", "2", "--requests", "2", "--repeats", "1", "--prompt-tokens", "8", "--new-tokens", "4"]
+    done = subprocess.run(
+        [*command, *sizes, "--torch-threads", "1", *arguments], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_a_random_tiny_model_with_a_random_artifact_is_served_and_timed() -> None:
+    out = _run("--model", "tiny-llama", "--stream")
+    assert "decided by {'tad': 2}, every answer scored: True" in out
+    assert "streamed tokens with a TAD confidence: 8 of 8" in out
+    assert "forward" in out and "event loop CPU" in out and "generate, per step" in out
+    assert out.strip().splitlines()[-1].startswith("scheduler_vs_generate=")
+
+
+def test_a_model_folder_with_a_calibration_only_artifact_decides_with_its_free_score(
+    tiny_model_dir: Path, tiny_calibration_artifact: Path
+) -> None:
+    out = _run("--model", str(tiny_model_dir), "--artifact", str(tiny_calibration_artifact), "--no-phases")
+    assert "every answer scored: True" in out and "'tad'" not in out
+    assert out.strip().splitlines()[-1].startswith("scheduler_vs_generate=")
