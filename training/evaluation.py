@@ -20,6 +20,7 @@ from training.rejection import (
     accuracy,
     informative,
     interval,
+    mean_interval,
     oracle_curve,
     paired_bootstrap_prr,
     prediction_rejection_ratio,
@@ -91,12 +92,6 @@ def best_baseline(prr: dict[str, float]) -> str:
     """The baseline with the highest PRR among those in `prr` (the comparison every report makes)."""
     baselines = [m.value for m in BASELINES if m.value in prr]
     return max(baselines, key=lambda name: prr[name] if np.isfinite(prr[name]) else -np.inf)
-
-
-def mean_interval(drawn: Sequence[np.ndarray]) -> tuple[float, float] | None:
-    """95% interval of a difference's mean over datasets, from each dataset's bootstrap samples of it.
-    Datasets are resampled independently, so the mean's samples are theirs averaged resample by resample."""
-    return interval(np.mean(np.stack(drawn), axis=0)) if len(drawn) else None
 
 
 def _mean_interval(

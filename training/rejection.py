@@ -9,6 +9,7 @@ exactly as good as random order.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from sklearn.metrics import roc_auc_score
@@ -111,3 +112,9 @@ def interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float] | 
         return None
     tail = (1.0 - level) / 2.0 * 100.0
     return float(np.percentile(finite, tail)), float(np.percentile(finite, 100.0 - tail))
+
+
+def mean_interval(drawn: Sequence[np.ndarray]) -> tuple[float, float] | None:
+    """95% interval of a difference's mean over datasets, from each dataset's bootstrap samples of it.
+    Datasets are resampled independently, so the mean's samples are theirs averaged resample by resample."""
+    return interval(np.mean(np.stack(drawn), axis=0)) if len(drawn) else None

@@ -57,6 +57,8 @@ def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
         max_new_tokens=source.max_new_tokens,
         batch_size=source.batch_size,
         device=source.device,
+        # The artifact's features are those of answers generated in its dtype.
+        dtype=artifact.manifest.dtype,
         cache_dir=source.cache_dir,
         out_option=source.run_dir_option,
     )

@@ -5,10 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from app.uncertainty.artifact import Threshold
 from tests.training.test_run_source import altered_run
-from training.calibration import run_calibrate
+from training.calibration import default_keeping, kept_share_lower_bound, run_calibrate
 from training.cli import main
 from training.run_source import RunSource
 
@@ -76,3 +78,23 @@ def test_a_changed_calibration_run_names_the_run_dir_option(
     argv = ["calibrate", "--artifact", str(artifact), "--data", *data, "--model", str(tiny_model_dir)]
     with pytest.raises(SystemExit, match="use a new --run-dir folder"):
         main([*argv, "--run-dir", str(taken), "--limit", "1", "--max-new-tokens", "2"])
+
+
+def _error_threshold(threshold: float, target: float) -> Threshold:
+    return Threshold(threshold=threshold, kind="error", target=target, coverage=0.5, error=target, n=100)
+
+
+def test_keep_half_takes_the_strictest_target_whose_kept_share_is_bounded_above_half() -> None:
+    # 100 correct answers scored 0..99, 100 wrong ones scored 100..199: a threshold t accepts t+1 correct ones.
+    values = np.arange(200, dtype=float)
+    quality = np.array([1.0] * 100 + [0.0] * 100)
+    decided = {
+        "error@0.1": _error_threshold(54.0, 0.1),  # 55 kept: the point estimate passes, the lower bound does not
+        "error@0.2": _error_threshold(64.0, 0.2),  # 65 kept: lower bound about 0.56
+        "error@0.3": _error_threshold(90.0, 0.3),
+    }
+    assert kept_share_lower_bound(55, 100, 0.05) < 0.5 < kept_share_lower_bound(65, 100, 0.05)
+    assert default_keeping(decided, values, quality, 0.5, delta=0.05) == "error@0.2"
+    # With no target keeping enough, the loosest certified one.
+    assert default_keeping({"error@0.1": decided["error@0.1"]}, values, quality, 0.5, delta=0.05) == "error@0.1"
+    assert default_keeping({}, values, quality, 0.5, delta=0.05) is None

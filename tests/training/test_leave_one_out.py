@@ -52,6 +52,11 @@ def test_every_dataset_is_held_out_once(tiny_runs: dict[str, Path], tiny_artifac
         f"Trained on {tiny_runs['train']}; scored the held-out dataset's answers in {tiny_runs['dev']}."
         in (tmp_path / "lodo.md").read_text()
     )
+    # The mean over informative held-out datasets comes with its bootstrap interval (None when none is informative).
+    mean, ci = report["mean_tad_minus_msp_informative"], report["mean_tad_minus_msp_informative_ci95"]
+    assert (mean is None) == (ci is None)
+    if ci is not None:
+        assert ci[0] <= ci[1]
 
 
 def test_the_fold_unit_and_seed_come_from_the_artifacts_cv_record(

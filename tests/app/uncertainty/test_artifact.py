@@ -13,6 +13,7 @@ import pytest
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.uncertainty.artifact import ArtifactError, load_artifact
+from app.uncertainty.methods import REGISTRY
 
 
 @pytest.fixture
@@ -131,7 +132,7 @@ def test_other_model_is_refused(artifact_copy: Path) -> None:
         artifact.check_model(ModelIdentity(**{**own.model_dump(), "num_layers": own.num_layers + 1}))
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct-tad", "gemma3-270m-tad"])
+@pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b-tad", "smollm2-135m-instruct-tad", "gemma3-270m-tad"])
 def test_committed_artifacts_load_with_their_hashes_and_score(name: str) -> None:
     """Each artifact under models/ loads (every file's hash checked) and scores a sequence of its model's shape."""
     import numpy as np
@@ -145,3 +146,13 @@ def test_committed_artifacts_load_with_their_hashes_and_score(name: str) -> None
     rows = rng.uniform(0.0, 0.2, (6, spec.num_layers, spec.num_heads, spec.n_lags + 1)).astype(np.float32)
     confidences = artifact.scorer.confidences(logprobs, rows)
     assert confidences.shape == (6,) and np.all((confidences >= artifact.scorer.epsilon) & (confidences <= 1.0))
+
+
+def test_the_committed_calibration_only_artifact_loads_and_decides_with_a_free_score() -> None:
+    path = Path(__file__).resolve().parents[3] / "models" / "qwen2.5-coder-1.5b-calibration"
+    artifact = load_artifact(path)
+    assert not artifact.has_regressor and artifact.scorer is None
+    method = artifact.decision_method
+    assert not REGISTRY[method.value].needs_artifact
+    assert artifact.manifest.default_target in artifact.manifest.thresholds[method]
+    assert artifact.manifest.dtype == "bfloat16"
