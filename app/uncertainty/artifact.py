@@ -73,6 +73,19 @@ class FeatureInfo(BaseModel):
             )
         return products
 
+    @classmethod
+    def of(cls, spec: FeatureSpec) -> FeatureInfo:
+        """What a manifest records of the features `spec` describes (the inverse of `spec()`)."""
+        return cls(
+            order=spec.order,
+            n_lags=spec.n_lags,
+            num_layers=spec.num_layers,
+            num_heads=spec.num_heads,
+            convention=spec.convention,
+            stage1_size=spec.stage1_size,
+            stage2_size=spec.stage2_size,
+        )
+
     def spec(self) -> FeatureSpec:
         return FeatureSpec(
             n_lags=self.n_lags,
