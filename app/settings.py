@@ -94,6 +94,13 @@ class Settings(BaseSettings):
         description="prompt tokens a prefill or scoring pass runs between two decode steps of running answers "
         "(0: whole prompt)",
     )
+    cuda_graphs_length: int = Field(
+        0,
+        ge=0,
+        description="on CUDA: decode in a slot cache of this many tokens per sequence (prompt + answer, which "
+        "then caps the context), each decode step replayed from a CUDA graph; 0: the eager decode loop. "
+        "Full-attention models on one device (Llama, Qwen2/3, Phi-3, Granite); others keep the eager loop",
+    )
     request_timeout_s: float = Field(300.0, gt=0.0, description="per-request deadline")
     stream_keepalive_s: float = Field(
         15.0, ge=0.0, description="a stream silent this long sends an SSE comment, so proxies keep it open (0: never)"
@@ -103,7 +110,7 @@ class Settings(BaseSettings):
     # Reject policy (overridable per request): a fixed threshold on a method's sequence
     # uncertainty, or a threshold the artifact calibrated for a named target.
     reject_method: Method | None = Field(
-        None, description="default: the artifact's decision method (tad_blend where it has a blend, else tad)"
+        None, description="default: the artifact's decision method (tad for artifacts that do not name one)"
     )
     reject_threshold: FiniteFloat | None = None
     reject_target: str | None = Field("default", description="'default' = the artifact's default target")

@@ -17,14 +17,6 @@
 # earlier full-grid fits) and alphas below 0.01; 100 is in because within-group selection
 # may want a stronger stage-2 penalty. FIT_ARGS="" runs the full grid.
 #
-# BLEND=1 also measures a decision blend (TAD with the baselines, docs/method.md §5) on answers the
-# regressor was not fitted on: the next BLEND_LIMIT training records of each dataset and style after
-# the first TRAIN_LIMIT (runs smollm2-blend-<style>; TruthfulQA has none left), then `calibrate` sets
-# its thresholds. BLEND_CANDIDATE names a candidate (default: the grid's best on those answers when
-# it was measured; "" lets `blend` choose by its grid); BLEND_FORCE=1 installs it even when the
-# cross-validation rule does not keep it, which is how it was measured on dev (README: not adopted,
-# so the committed artifact has no blend and BLEND defaults to 0).
-#
 # Training answers are generated in chunks of CHUNK records per dataset and style (run folders
 # smollm2-train-<style>-<start>, each made with --skip <start> --limit CHUNK, so chunks never
 # overlap): raising TRAIN_LIMIT later adds chunks and keeps the ones already made. The chat style was
@@ -53,36 +45,30 @@ INFORMATIVE=(squad mmlu truthfulqa)
 # model is informative asked chat-style; they are evaluated, not calibrated on. CHAT_MORE adds the next
 # records of those with more than DEV_LIMIT + CHAT_EXTRA dev records (TruthfulQA has 204).
 CHAT_EXTRA=${CHAT_EXTRA:-200}
-BLEND=${BLEND:-0}
-BLEND_LIMIT=${BLEND_LIMIT:-150}
-BLEND_CANDIDATE=${BLEND_CANDIDATE-"tad + 0.3 mean(msp, perplexity, mean_token_entropy, rauq)"}
-BLEND_FORCE=${BLEND_FORCE:-1}
 CHAT_MORE=${CHAT_MORE:-300}
 INFORMATIVE_CHAT=(squad mmlu truthfulqa triviaqa)
 # The rest of the dev split where it is larger (README "Dev records nothing was chosen on"): task-style
 # records DEV_LIMIT + DEV_EXTRA .. + TASK_REST of SQuAD and MMLU, chat-style records DEV_LIMIT + CHAT_EXTRA +
-# CHAT_MORE .. + CHAT_REST of SQuAD, MMLU and TriviaQA (755 dev records). No configuration, centring
-# or blend was chosen with these answers in view; the reports include them and say so.
+# CHAT_MORE .. + CHAT_REST of SQuAD, MMLU and TriviaQA (755 dev records). No configuration or centring
+# was chosen with these answers in view; the reports include them and say so.
 TASK_REST=${TASK_REST:-500}
 CHAT_REST=${CHAT_REST:-400}
 NARROW_GRID="--conventions generating --variants leak-free authors --alphas 100 10 1 0.1 0.01 --stage1-alphas 10 1 0.1"
 # The ridge configuration, then stage 2 as the paper's MLP (one configuration of its grid, kept by fit on a
 # higher CV PRR: README "A stage-2 MLP") averaged with that ridge (README "Ridge and MLP averaged": the
 # trial rule did not keep the average against the MLP, the dev split did, hence --force-average). The
-# MLP's cross-validation is most of fit's 50 minutes; the blend measurement is left out (--no-combiner):
-# it would refit the MLP on every fold again, and it was measured on the ridge fit (README "The decision
-# blend, measured again").
+# MLP's cross-validation is most of fit's 50 minutes.
 RIDGE="--conventions generating --variants authors --stage1-alphas 10 --alphas 1 --weightings text --centrings group-0.25"
 # AVERAGE=0 fits the MLP artifact that preceded it (commit 912b41c); MLP=0 the ridge artifact before that
-# (commit c679ab3), blend measurement included.
+# (commit c679ab3).
 MLP=${MLP:-1}
 AVERAGE=${AVERAGE:-1}
 if [ "$MLP" != 1 ]; then
     CHOSEN="$RIDGE"
 elif [ "$AVERAGE" = 1 ]; then
-    CHOSEN="$RIDGE --mlp --mlp-grid small --mlp-average --force-average --no-combiner"
+    CHOSEN="$RIDGE --mlp --mlp-grid small --mlp-average --force-average"
 else
-    CHOSEN="$RIDGE --mlp --mlp-grid small --no-combiner"
+    CHOSEN="$RIDGE --mlp --mlp-grid small"
 fi
 if [ "$SEARCH" = 1 ]; then
     FIT_ARGS=${FIT_ARGS-"$NARROW_GRID"}
@@ -111,11 +97,6 @@ for style in task chat; do
         TRAIN_RUNS+=("$train_run")
         TRAIN_RUNS_OF[$style]+=" $train_run"
     done
-    if [ "$BLEND" = 1 ]; then
-        # shellcheck disable=SC2046
-        $PY -m training generate --data $(files train) --skip "$TRAIN_LIMIT" --limit "$BLEND_LIMIT" \
-            --prompt-style "$style" --out "$(run "smollm2-blend-$style")" --batch-size 16 --shard-size 50
-    fi
     # shellcheck disable=SC2046
     $PY -m training generate --data $(files dev) --limit "$DEV_LIMIT" --prompt-style "$style" \
         --out "$(run "smollm2-dev-$style")" --batch-size 16 --shard-size 50
@@ -146,12 +127,6 @@ extra_dev DEV_TASK_RUNS task-rest task "$((DEV_LIMIT + DEV_EXTRA))" "$TASK_REST"
 extra_dev DEV_CHAT_RUNS chat-rest chat "$((DEV_LIMIT + CHAT_EXTRA + CHAT_MORE))" "$CHAT_REST" squad mmlu triviaqa
 # shellcheck disable=SC2086
 $PY -m training fit "${TRAIN_RUNS[@]}" --out "$OUT" --fold-unit "$FOLD_UNIT" $FIT_ARGS
-if [ "$BLEND" = 1 ]; then
-    BLEND_ARGS=()
-    [ -n "$BLEND_CANDIDATE" ] && BLEND_ARGS+=(--candidate "$BLEND_CANDIDATE")
-    [ "$BLEND_FORCE" = 1 ] && BLEND_ARGS+=(--force)
-    $PY -m training blend "$(run smollm2-blend-task)" "$(run smollm2-blend-chat)" --artifact "$OUT" "${BLEND_ARGS[@]}"
-fi
 # Calibrate on the chat-style dev answers (what users send), evaluate on both styles. The default
 # policy is error@0.7: the strictest certifiable target (error@0.6) accepts 8% of answers.
 $PY -m training calibrate --artifact "$OUT" --run "$(run smollm2-dev-chat)" \

@@ -10,7 +10,7 @@
 #     times the others') get the first chunk only: most of the generation time otherwise.
 #  3. More dev answers on the informative datasets (DEV_EXTRA more per dataset, GSM8K_DEV_EXTRA for GSM8K).
 #  4. fit (FIT_ARGS: the paper's ridge grid, every aggregation, both variants, the trial rule for centring and
-#     row weighting, the combiner and blend measured out of fold; add --mlp to cross-validate the paper's MLP),
+#     row weighting; add --mlp to cross-validate the paper's MLP),
 #     calibrate on the extra chat dev answers, evaluate on every dev answer per style (and the default policy on
 #     the survey's chat answers alone, which calibration did not see), leave-one-dataset-out, the made-up-premise
 #     benchmark.

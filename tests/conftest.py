@@ -128,25 +128,6 @@ def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str,
 
 
 @pytest.fixture(scope="session")
-def tiny_blended_artifact(
-    tmp_path_factory: pytest.TempPathFactory, tiny_artifact: Path, tiny_runs: dict[str, Path]
-) -> Path:
-    """The tiny artifact with a decision blend (TAD and perplexity, installed by `blend --force`), calibrated."""
-    import shutil
-
-    from training.blending import run_blend
-    from training.calibration import run_calibrate
-    from training.run_source import RunSource
-
-    out = tmp_path_factory.mktemp("artifact") / "tiny-blended"
-    shutil.copytree(tiny_artifact, out)
-    run_blend(out, [tiny_runs["dev"]], force=True, candidate="tad + 0.3 perplexity", resamples=20)
-    source = RunSource(data=[], runs=[tiny_runs["dev"]], default_run_dir=out / "unused")
-    run_calibrate(out, source, coverages=[0.5, 0.8], errors=[0.9], delta=0.1)
-    return out
-
-
-@pytest.fixture(scope="session")
 def service_settings(tiny_model_dir: Path, tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         model=str(tiny_model_dir),

@@ -1,4 +1,4 @@
-"""`python -m training <command>`: generate, fit, evaluate, calibrate, calibration-artifact, blend, lodo, summary
+"""`python -m training <command>`: generate, fit, evaluate, calibrate, calibration-artifact, lodo, summary
 (each has --help)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 from types import ModuleType
 
 from training.arguments import UsageError
-from training.commands import blend, calibrate, calibration_artifact, evaluate, fit, generate, lodo, summary
+from training.commands import calibrate, calibration_artifact, evaluate, fit, generate, lodo, summary
 from training.extra import EXIT_STATUS, missing_extra_message
 
 # Each command module registers its parser (`register(subparsers)`), runs (`run(args)`) and says what an
 # interruption leaves (`INTERRUPTED`); in this order in --help.
 COMMANDS: dict[str, ModuleType] = {
-    module.NAME: module for module in (generate, fit, evaluate, calibrate, calibration_artifact, blend, lodo, summary)
+    module.NAME: module for module in (generate, fit, evaluate, calibrate, calibration_artifact, lodo, summary)
 }
 INTERRUPTED = {name: module.INTERRUPTED for name, module in COMMANDS.items()}
 

@@ -12,8 +12,8 @@ recognising the group. Two tools against that, both chosen by cross-validation i
   over all texts, so targets stay near [0, 1] where the scorer clips confidences), so the
   regressors learn only what separates right from wrong answers to the same kind of question.
   Partial centring removes a share of the group's offset (`group-0.5`, `group-0.25`): the
-  regressors are linear in their targets, so this is close to the fully centred model blended
-  with the raw one, a within-group ranking that keeps part of the between-group level a
+  regressors are linear in their targets, so this is close to a weighted mean of the fully centred
+  model and the raw one, a within-group ranking that keeps part of the between-group level a
   deployment with mixed traffic needs (fully centred, pooled PRR falls from about 0.64 to 0.20).
   Group means are taken over all texts given to `fit`, a held-out fold's included: a shift
   per group cannot reorder the group's held-out texts, and it moves the fitted model only
@@ -24,7 +24,7 @@ recognising the group. Two tools against that, both chosen by cross-validation i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from enum import StrEnum
 
@@ -95,10 +95,3 @@ def mean_prr_within(scores: np.ndarray, targets: np.ndarray, names: np.ndarray, 
         if math.isfinite(value):
             values.append(value)
     return float(np.mean(values)) if values else math.nan
-
-
-def selection_metric(selection: Selection, groups: frozenset[str]) -> Callable[[np.ndarray, Sequence[FitText]], float]:
-    """The held-out score `fit` maximises; within-group falls back to pooled when no group is informative."""
-    if selection is Selection.WITHIN_GROUP and groups:
-        return lambda scores, texts: within_group_prr(scores, texts, groups)
-    return lambda scores, texts: prediction_rejection_ratio(scores, np.array([t.target for t in texts]))

@@ -57,13 +57,8 @@ def baseline_table(traces: Sequence[TokenTrace]) -> dict[str, np.ndarray]:
 
 
 def artifact_methods(artifact: TadArtifact) -> list[str]:
-    """The registered methods the artifact can score (TAD only with a regressor, the blend only where it has one)."""
-    return [
-        m.name
-        for m in METHODS
-        if (not m.needs_artifact or artifact.has_regressor)
-        and (not m.needs_blend or artifact.manifest.blend is not None)
-    ]
+    """The registered methods the artifact can score (TAD only with a regressor)."""
+    return [m.name for m in METHODS if not m.needs_artifact or artifact.has_regressor]
 
 
 def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict[str, np.ndarray]:
@@ -72,7 +67,6 @@ def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict
     scorers = alternative_scorers(artifact)
     main = f"tad_{artifact.manifest.variant}" if artifact.has_regressor else None
     methods = artifact_methods(artifact)
-    blend = artifact.blend
     table: dict[str, list[float]] = {name: [] for name in [*methods, *scorers]}
     # Every stored TAD variant on every answer: minutes for a few thousand answers on CPU.
     for text in tqdm(texts, desc="scoring answers", unit="answer", leave=False):
@@ -86,7 +80,6 @@ def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict
             trace=trace,
             tad_confidences=confidences[main] if main is not None else None,
             tad_aggregation=artifact.manifest.aggregation,
-            blend=blend,
         )
         for name in methods:
             table[name].append(ranked(REGISTRY[name](answer)))

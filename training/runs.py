@@ -64,7 +64,7 @@ class TextTrace(TokenTrace):
 
     @property
     def group(self) -> str:
-        """Dataset/prompt style: the groups fit and blend rank within (training/groups.py)."""
+        """Dataset/prompt style: the groups fit ranks within (training/groups.py)."""
         return f"{self.dataset}/{self.prompt_style.value}"
 
     @property

@@ -107,6 +107,10 @@ def _last_keys(
     """
     n_slots = capture.n_lags + 1
     batch, kv_length = key.shape[0], key.shape[2]
+    if capture.key_columns is not None:  # a slot cache: each row's window ends at its own position
+        assert capture.window_mask is not None
+        columns = capture.key_columns[:, None, :, None].expand(batch, key.shape[1], n_slots, key.shape[3])
+        return key.gather(2, columns), capture.window_mask
     width = min(n_slots, kv_length)
     keys = key[:, :, kv_length - width :]
     if width < n_slots:
@@ -144,6 +148,10 @@ class AttentionCapture:
     _additive_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # Per key length: (the attention mask it was cut from, its window), reused by the layers of a step.
     _window_masks: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
+    # A slot cache's step (`app/engine/slot_decoding.py`): each row's N + 1 window columns `[batch, N + 1]`,
+    # oldest first, and their mask `[batch, 1, 1, N + 1]` (0 / -inf), in place of the keys' last columns.
+    key_columns: torch.Tensor | None = None
+    window_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.num_layers

@@ -184,7 +184,7 @@ class PromptPrefill:
 
 
 @dataclass(frozen=True)
-class _QueuedChoice:
+class QueuedChoice:
     """What choosing a step's tokens computes on the device before anything is read (`_queue_choice`)."""
 
     argmax: torch.Tensor  # [rows]
@@ -283,7 +283,7 @@ class DecodeBatch:
         if queued is not None:
             self._choose_next(logits, active, queued, greedy)
 
-    def _queue_choice(self, logits: torch.Tensor, active: list[int]) -> _QueuedChoice:
+    def _queue_choice(self, logits: torch.Tensor, active: list[int]) -> QueuedChoice:
         """The step's argmax and raw distribution, and, when every row is active and greedy (the usual case),
         the statistics of the argmax tokens: all queued on the device, none read yet."""
         argmax = torch.argmax(logits, dim=-1)
@@ -292,10 +292,10 @@ class DecodeBatch:
         sequences = self.sequences
         every_row_greedy = len(active) == len(sequences) and all(seq.request.params.greedy for seq in sequences)
         stats = token_stats_tensor(log_probs, argmax) if every_row_greedy else None
-        return _QueuedChoice(argmax, log_probs, stats)
+        return QueuedChoice(argmax, log_probs, stats)
 
     def _choose_next(
-        self, logits: torch.Tensor, active: list[int], queued: _QueuedChoice, greedy: list[int] | None = None
+        self, logits: torch.Tensor, active: list[int], queued: QueuedChoice, greedy: list[int] | None = None
     ) -> None:
         """Choose the next token of rows `active` (ascending) and record it with its statistics; `greedy`: each
         row's argmax when the caller has read it already.

@@ -15,6 +15,7 @@ from app.engine.decoding import DecodeContext, PromptPrefill, run_continuously, 
 from app.engine.detokenizer import StreamDetokenizer
 from app.engine.loading import LoadedModel, ModelIdentity
 from app.engine.sequence import GenerationRequest, SequenceState, trace_of
+from app.engine.slot_decoding import SlotDecodeBatch, slot_decoding_refusal
 from app.engine.teacher_forcing import ScoringPass, score_responses
 from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
@@ -24,11 +25,20 @@ class Engine:
     """Tokenisation, chat templates, batched generation with capture, teacher-forced scoring."""
 
     def __init__(
-        self, loaded: LoadedModel, n_lags: int, allow_fused_kernel: bool = True, last_row: bool = True
+        self,
+        loaded: LoadedModel,
+        n_lags: int,
+        allow_fused_kernel: bool = True,
+        last_row: bool = True,
+        cuda_graphs_length: int = 0,
     ) -> None:
         """`n_lags`: capture keys 0..n_lags back at every step (0 = no capture); `last_row`: also the last
-        token's own step row, which only the consuming convention reads (docs/method.md §2)."""
+        token's own step row, which only the consuming convention reads (docs/method.md §2);
+        `cuda_graphs_length`: on CUDA, decode in a slot cache of that many tokens per sequence with every
+        step replayed from a CUDA graph (`app/engine/slot_decoding.py`; 0: the eager loop)."""
         self.loaded = loaded
+        self.cuda_graphs_length = cuda_graphs_length
+        self._slot_batch: SlotDecodeBatch | None = None
         tokenizer = loaded.tokenizer
         stop_ids = set(tokenizer.all_special_ids)
         eos = loaded.model.generation_config.eos_token_id
@@ -83,7 +93,28 @@ class Engine:
         clone.loaded = self.loaded
         clone._token_bytes = self._token_bytes
         clone.context = replace(self.context, n_lags=n_lags)
+        clone.cuda_graphs_length = self.cuda_graphs_length
+        clone._slot_batch = None
         return clone
+
+    def graph_refusal(self) -> str | None:
+        """Why the decode step will not be a CUDA graph (None: it will)."""
+        if not self.cuda_graphs_length:
+            return "CUDA graphs are off"
+        if self.device.type != "cuda":
+            return f"the model runs on {self.device.type}, not CUDA"
+        refusal = slot_decoding_refusal(self.context)
+        return None if refusal is None else f"this model: {refusal}"
+
+    def running_batch(self, slots: int) -> SlotDecodeBatch | None:
+        """The batch a scheduler decodes in, emptied: one slot batch kept for the engine's life (its graphs stay
+        captured) when the decode step is a CUDA graph; None when it is not (the scheduler's own `DecodeBatch`)."""
+        if self.graph_refusal() is not None:
+            return None
+        if self._slot_batch is None or len(self._slot_batch.lengths) != slots:
+            self._slot_batch = SlotDecodeBatch(self.context, slots, self.cuda_graphs_length, cuda_graphs=True)
+        self._slot_batch.clear()
+        return self._slot_batch
 
     # ------------------------------------------------------------------ text
     def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict[str, Any]] | None = None) -> list[int]:

@@ -181,14 +181,6 @@ def _no_threshold_message(method: Method, artifact: TadArtifact | None, service:
     )
 
 
-def method_problem(method: Method, artifact: TadArtifact | None) -> str | None:
-    """Why the service's configured decision method cannot score answers, or None (a startup check)."""
-    reason = _unavailable(method, artifact)
-    if reason is None or (REGISTRY[method.value].needs_artifact and (artifact is None or not artifact.has_regressor)):
-        return None  # without an artifact, TAD methods give way to the fallback policy by design
-    return f"TAD_REJECT_METHOD={method.value} cannot decide: {reason}"
-
-
 def _unavailable(method: Method, artifact: TadArtifact | None) -> str | None:
     """Why a method cannot score answers in this service, or None if it can."""
     spec = REGISTRY[method.value]
@@ -196,8 +188,6 @@ def _unavailable(method: Method, artifact: TadArtifact | None) -> str | None:
         return "no TAD artifact is loaded"
     if spec.needs_artifact and artifact is not None and not artifact.has_regressor:
         return f"artifact {artifact.name} is calibration-only (it has no TAD regressor)"
-    if spec.needs_blend and artifact is not None and artifact.blend is None:
-        return "the artifact has no decision blend"
     return None
 
 

@@ -97,7 +97,6 @@ class AnswerProgress:
             trace=trace,
             tad_confidences=None if confidences is None else np.asarray(confidences[:scored]),
             tad_aggregation=self.scorer.aggregation,
-            blend=self.scorer.blend,
         )
         if self.policy.stops_early(method(answer), scored):
             sequence.finish(FinishReason.UNCERTAINTY, n_kept=scored)

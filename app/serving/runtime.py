@@ -23,7 +23,7 @@ from app.engine.loading import ModelLoadError, load_model
 from app.errors import NotReady
 from app.hashing import file_sha256
 from app.serving.metrics import ServiceMetrics
-from app.serving.policy import Policy, default_method, method_problem, resolve_policy
+from app.serving.policy import Policy, default_method, resolve_policy
 from app.serving.scheduler import Scheduler
 from app.settings import Settings
 from app.uncertainty.answer import AnswerScorer
@@ -129,7 +129,9 @@ class Runtime:
         # the last token's own step row: no extra step for it.
         n_lags = artifact.n_lags if artifact is not None else DEFAULT_N_LAGS
         last_row = artifact is not None and artifact.convention is Convention.CONSUMING
-        self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row)
+        self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row, cuda_graphs_length=settings.cuda_graphs_length)
+        if settings.cuda_graphs_length and (refusal := self.engine.graph_refusal()) is not None:
+            logger.warning("TAD_CUDA_GRAPHS_LENGTH is set but the decode loop stays eager: %s", refusal)
         self.serving = self._serving(artifact)
         self._check_policy()
         self.scheduler = Scheduler(
@@ -179,13 +181,8 @@ class Runtime:
             raise StartupError(problem)
 
     def _policy_problem(self, artifact: TadArtifact | None) -> str | None:
-        """A configured target the artifact does not have is a configuration error, and so is a blend
-        installed without its thresholds (`blend` was run, `calibrate` not yet), and a configured
-        method that cannot score answers here (tad_blend without a blend, RAUQ without capture)."""
-        if self.settings.reject_method is not None:
-            problem = method_problem(self.settings.reject_method, artifact)
-            if problem is not None:
-                return problem
+        """A configured target the artifact does not have is a configuration error. (A configured method that
+        cannot score answers here is not: without a TAD regressor TAD gives way to the fallback policy.)"""
         target = self.settings.reject_target
         if artifact is None or target is None or self.settings.reject_threshold is not None:
             return None

@@ -371,7 +371,12 @@ class Scheduler:
         joined = len(batch.sequences)  # the rows the prefill computed; the running ones got nothing new
         _lap(phase_timing.SCHEDULER)
         if self._batch is None or not self._batch.sequences:
-            self._batch = batch
+            running = self.engine.running_batch(self.max_batch_size)  # a CUDA graph's slot batch, or None
+            if running is None:
+                self._batch = batch
+            else:
+                running.merge(batch)
+                self._batch = running
         else:
             self._batch.merge(batch)
         _lap(phase_timing.BATCH)

@@ -164,7 +164,12 @@ class GenerationService:
         return ids
 
     def _context(self) -> int | None:
-        return getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
+        """The longest prompt plus answer: the model's context, or a CUDA graph's slot when that is shorter."""
+        context: int | None = getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
+        if self.engine.graph_refusal() is None:
+            slot = self.engine.cuda_graphs_length - 1  # the answer's last token is fed once more, for its own row
+            context = slot if context is None else min(context, slot)
+        return context
 
     def _check_context(self, prompt_tokens: int, answer_tokens: int, field: str) -> None:
         context = self._context()

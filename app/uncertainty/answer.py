@@ -26,7 +26,6 @@ class AnswerScorer:
     def __init__(self, artifact: TadArtifact | None) -> None:
         self.artifact = artifact
         self.tad = artifact.scorer if artifact is not None else None  # None without a regressor
-        self.blend = artifact.blend if artifact is not None else None
 
     @property
     def tad_available(self) -> bool:
@@ -46,9 +45,7 @@ class AnswerScorer:
                 confidences = self.tad.confidences_of(trace)
             else:
                 confidences = np.zeros(0)
-        answer = MethodInput(
-            trace=trace, tad_confidences=confidences, tad_aggregation=self.aggregation, blend=self.blend
-        )
+        answer = MethodInput(trace=trace, tad_confidences=confidences, tad_aggregation=self.aggregation)
         return ScoredAnswer(
             trace=trace, confidences=confidences, sequence=score_all(answer, tad_available=self.tad_available)
         )

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation
-from app.uncertainty.blend import Blend, BlendTerm
 from app.uncertainty.features import FEATURE_ORDER, Convention, FeatureSpec
 from app.uncertainty.methods import REGISTRY, Method
 from app.uncertainty.tad import TadScorer
@@ -127,33 +126,6 @@ class Threshold(BaseModel):
         return value
 
 
-class BlendTermInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    method: Method
-    weight: float = Field(allow_inf_nan=False)
-    mean: float = Field(allow_inf_nan=False)
-    scale: float = Field(gt=0.0, allow_inf_nan=False)
-
-
-class BlendInfo(BaseModel):
-    """The decision blend (`app/uncertainty/blend.py`), as `python -m training blend` chose it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    terms: list[BlendTermInfo] = Field(min_length=1)
-
-    @field_validator("terms")
-    @classmethod
-    def _not_itself(cls, terms: list[BlendTermInfo]) -> list[BlendTermInfo]:
-        if any(term.method is Method("tad_blend") for term in terms):
-            raise ValueError("a blend cannot contain tad_blend itself")
-        return terms
-
-    def blend(self) -> Blend:
-        return Blend(tuple(BlendTerm(t.method.value, t.weight, t.mean, t.scale) for t in self.terms))
-
-
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -174,13 +146,26 @@ class Manifest(BaseModel):
     variant: Literal["leak-free", "algorithm1-literal", "authors", "paper-exact"] | None = None
     thresholds: dict[Method, dict[str, Threshold]] = Field(default_factory=dict)
     default_target: str | None = None
-    blend: BlendInfo | None = None
     # The score the service decides with by default. `fit` writes TAD unless a free score beat it in
-    # cross-validation with an interval excluding 0; absent in older artifacts (then: the blend if any, else TAD).
+    # cross-validation with an interval excluding 0; absent in older artifacts (then: TAD).
     decision_method: Method | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_blend(cls, data: Any) -> Any:
+        """A decision blend was studied and not adopted. Manifests written before its removal still carry
+        `"blend": null`: read as if the key were absent (and no longer written). An artifact with a blend is
+        refused, since this code would decide on another score than it was calibrated for."""
+        if not isinstance(data, dict) or "blend" not in data:
+            return data
+        if data["blend"] is not None:
+            raise ValueError(
+                "the artifact has a decision blend (tad_blend), which this version does not support: refit it"
+            )
+        return {key: value for key, value in data.items() if key != "blend"}
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -191,10 +176,6 @@ class Manifest(BaseModel):
         else:
             if self.decision_method is None or REGISTRY[self.decision_method.value].needs_artifact:
                 raise ValueError("a calibration-only manifest (no regressor) needs a free decision_method")
-            if self.blend is not None:
-                raise ValueError("a blend includes TAD: a calibration-only manifest (no regressor) cannot have one")
-        if self.decision_method is Method("tad_blend") and self.blend is None:
-            raise ValueError("decision_method tad_blend needs a blend")
         return self
 
 
@@ -245,16 +226,12 @@ class TadArtifact:
         return self.manifest.features.convention
 
     @property
-    def blend(self) -> Blend | None:
-        return self.manifest.blend.blend() if self.manifest.blend is not None else None
-
-    @property
     def decision_method(self) -> Method:
         """What the service decides with unless told otherwise: the manifest's choice; for artifacts from
-        before it was recorded, the blend where the artifact has one, else TAD."""
+        before it was recorded, TAD."""
         if self.manifest.decision_method is not None:
             return self.manifest.decision_method
-        return Method("tad_blend") if self.manifest.blend is not None else Method("tad")
+        return Method("tad")
 
     def check_model(self, identity: ModelIdentity) -> None:
         """Refuse a model other than the one the regressor was trained on."""

@@ -18,7 +18,6 @@ from enum import StrEnum
 import numpy as np
 
 from app.uncertainty.aggregation import Aggregation, aggregate
-from app.uncertainty.blend import Blend
 from app.uncertainty.trace import TokenTrace
 
 
@@ -29,7 +28,6 @@ class MethodInput:
     trace: TokenTrace
     tad_confidences: np.ndarray | None = None  # c_i per token, when a TAD artifact is loaded
     tad_aggregation: Aggregation | None = None
-    blend: Blend | None = None  # the artifact's decision blend, when it has one
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,6 @@ class UncertaintyMethod:
     # NaN when undefined for this answer (e.g. empty); None when unavailable (what it needs is not loaded).
     compute: Callable[[MethodInput], float | None]
     needs_artifact: bool = False
-    needs_blend: bool = False  # only an artifact with a decision blend has it
     needs_attention: bool = False  # reads the captured attention rows
 
     def __call__(self, answer: MethodInput) -> float | None:
@@ -138,12 +135,6 @@ def _tad(answer: MethodInput) -> float:
     return aggregate(answer.tad_confidences, answer.tad_aggregation)
 
 
-def _tad_blend(answer: MethodInput) -> float | None:
-    if answer.blend is None:
-        return None  # an artifact without a blend
-    return answer.blend.score({name: REGISTRY[name](answer) for name in answer.blend.methods})
-
-
 METHODS: tuple[UncertaintyMethod, ...] = (
     UncertaintyMethod(
         "tad",
@@ -152,15 +143,6 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         ("logprob",),
         _tad,
         needs_artifact=True,
-    ),
-    UncertaintyMethod(
-        "tad_blend",
-        "TAD blended with baselines: sum_k w_k (u_k - mean_k) / scale_k over standardised scores "
-        "(the artifact chooses the terms; null for an artifact without a blend)",
-        ("logprob", "entropy"),
-        _tad_blend,
-        needs_artifact=True,
-        needs_blend=True,
     ),
     UncertaintyMethod(
         "msp",
@@ -231,11 +213,6 @@ def score_all(answer: MethodInput, tad_available: bool) -> SequenceUncertainty:
     for method in METHODS:
         if method.needs_artifact and not tad_available:
             values[Method(method.name)] = None
-        elif not method.needs_blend:
+        else:
             values[Method(method.name)] = method(answer)
-    # The blend reads the scores just computed rather than computing its terms (RAUQ included) again.
-    for method in METHODS:
-        if method.needs_blend and tad_available:
-            scores = {name.value: value for name, value in values.items()}
-            values[Method(method.name)] = None if answer.blend is None else answer.blend.score(scores)
-    return SequenceUncertainty({Method(m.name): values.get(Method(m.name)) for m in METHODS})
+    return SequenceUncertainty(values)

@@ -155,7 +155,6 @@ def test_answers_given_twice_are_refused(
         ["fit", "r", "--out", "o", "--folds", "1"],
         ["evaluate", "--artifact", "a", "--run", "r", "--out", "o", "--bootstrap", "-1"],
         ["lodo", "r", "--test", "t", "--artifact", "a", "--out", "o", "--bootstrap", "-1"],
-        ["blend", "r", "--artifact", "a", "--folds", "1"],
         ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "1.5"],
         ["calibrate", "--artifact", "a", "--run", "r", "--coverage", "0.5", "--delta", "nan"],
         ["fit", "r", "--out", "o", "--epsilon", "0"],

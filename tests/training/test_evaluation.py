@@ -23,7 +23,7 @@ def test_the_compared_artifacts_score_and_the_paired_difference_are_reported(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
 ) -> None:
     other = tmp_path / "other"
-    run_fit(FitOptions(runs=[tiny_runs["train"]], out=other, alphas=(100.0,), combiner=False))
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=other, alphas=(100.0,)))
     report = run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 50, other)
     assert report["compared_artifact"] == str(other)
     assert "mean_default_minus_compared_informative_ci95" in report

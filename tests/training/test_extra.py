@@ -77,7 +77,6 @@ def test_every_command_stops_at_once() -> None:
         "fit": ["r", "--out", "o"],
         "evaluate": ["--artifact", "a", "--run", "r", "--out", "o"],
         "calibrate": ["--artifact", "a", "--run", "r"],
-        "blend": ["r", "--artifact", "a"],
         "lodo": ["r", "--test", "t", "--artifact", "a", "--out", "o"],
         "summary": ["r"],
         "calibration-artifact": ["--out", "o", "--data", "d_train.jsonl"],

@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 
 from training.groups import (
-    Selection,
     TargetCentring,
     centred,
     informative_groups,
-    selection_metric,
     within_group_prr,
 )
 from training.rejection import prediction_rejection_ratio
@@ -99,20 +97,13 @@ def test_within_group_prr_is_the_mean_over_the_informative_groups_only() -> None
     assert within_group_prr(by_group, texts, groups) == pytest.approx(0.0, abs=1e-12)
 
 
-def test_within_group_selection_falls_back_to_pooled_without_an_informative_group() -> None:
-    texts = [_text("gsm8k/task", 0.0), _text("gsm8k/task", 0.0), _text("gsm8k/task", 1.0)]
-    scores = np.array([1.0, 2.0, 0.0])
-    pooled = prediction_rejection_ratio(scores, np.array([t.target for t in texts]))
-    assert selection_metric(Selection.WITHIN_GROUP, frozenset())(scores, texts) == pooled
-
-
 def test_fit_cross_validates_centring_and_records_its_choice(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     from app.uncertainty.artifact import load_artifact
     from training.fit.options import FitOptions
     from training.fit.pipeline import run_fit
     from training.fit.report import read_cv_record
 
-    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,), combiner=False))
+    manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=tmp_path / "a", alphas=(1.0,)))
     cv = read_cv_record(tmp_path / "a", manifest)
     assert list(cv["centrings"]) == [c.value for c in TargetCentring]
     kept_so_far = "none"

@@ -113,7 +113,6 @@ def test_fit_cross_validates_row_weighting_and_records_its_choice(tiny_runs: dic
             runs=[tiny_runs["train"]],
             out=tmp_path / "a",
             alphas=(1.0,),
-            combiner=False,
             centrings=(TargetCentring.NONE,),
         )
     )

@@ -58,13 +58,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="training variants to cross-validate (training/two_stage.py)",
     )
     parser.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
-    parser.add_argument(
-        "--no-combiner",
-        dest="combiner",
-        action="store_false",
-        help="skip measuring the sequence-level combiner (training/combiner.py) and the decision blend on "
-        "out-of-fold TAD scores",
-    )
     parser.add_argument("--mlp-width", type=int_at_least(1), default=256)
     parser.add_argument(
         "--mlp-average",
@@ -145,7 +138,6 @@ def options_of(args: argparse.Namespace) -> FitOptions:
         conventions=tuple(Convention(c) for c in args.conventions),
         variants=tuple(Variant(v) for v in args.variants),
         stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,
-        combiner=args.combiner,
         selection=Selection(args.selection),
         centrings=tuple(TargetCentring(c) for c in args.centrings),
         weightings=tuple(RowWeighting(w) for w in args.weightings),

@@ -17,7 +17,6 @@ fold's feature matrix; attention rows are memory-mapped from the run shards.
     cross_validation.py  folds, the candidates' held-out PRR, the choice per variant and convention, final fits
     trial_rule.py        when a trial (a centring, a weighting, an MLP average) replaces what was kept
     mlp.py               the optional stage-2 MLP: its grid search and which stage 2 is installed
-    out_of_fold.py       what is measured, never served: the combiner and the decision blend on out-of-fold TAD
     report.py            the cross-validation record (report/cv.json) and the manifest's summary of it
     artifact.py          writing the artifact folder and swapping it into place
     pipeline.py          run_fit: all of the above in order

@@ -44,7 +44,6 @@ class FitOptions:
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)
     stage1_alphas: Sequence[float] | None = None  # None: the same grid as stage 2
-    combiner: bool = True  # measure the sequence-level combiner (training/combiner.py) and blend's grid out of fold
     selection: Selection = Selection.WITHIN_GROUP
     # Tried in this order; each replaces the one kept so far only when the trial rule keeps it.
     centrings: Sequence[TargetCentring] = tuple(TargetCentring)

@@ -25,7 +25,6 @@ from training.fit.cross_validation import (
 )
 from training.fit.mlp import choose_stage2
 from training.fit.options import FitOptions
-from training.fit.out_of_fold import measure_combiner
 from training.fit.report import cv_record, manifest_summary, served_row
 from training.fit.texts import load_runs
 from training.fit.trial_rule import keep_by_trial_rule
@@ -42,13 +41,6 @@ def run_fit(options: FitOptions) -> Manifest:
     identity = ModelIdentity.model_validate(settings["identity"])
     results = cross_validate_conventions(texts, identity, lags, options)
     result, centrings, weightings = settle_trials(texts, results[choose_convention(results)], options)
-    combiner = (
-        measure_combiner(
-            result.texts, result.spec, result.data, result.chosen_row, options.epsilon, result.selection, options.seed
-        )
-        if options.combiner
-        else None
-    )
     chosen = Choice.of(result.chosen_row)
     others = [
         Choice.of(result.best[v.value]) for v in options.variants if v is not chosen.variant and v.value in result.best
@@ -57,7 +49,7 @@ def run_fit(options: FitOptions) -> Manifest:
         result.texts, result.spec, result.data, [chosen, *others], options.epsilon
     )
     stage2, mlp_record = choose_stage2(result, ridge, options)
-    record = cv_record(options, result, results, centrings, weightings, combiner, mlp_record)
+    record = cv_record(options, result, results, centrings, weightings, mlp_record)
     decision = decision_of(record, stage2.kind)
     record["decision"] = decision.as_dict()
     regressors: dict[str, Regressor] = {"regressor.joblib": stage2.regressor, "stage1.joblib": stage1}
@@ -159,8 +151,8 @@ def settle_trials(
 def training_record(
     options: FitOptions, texts: Sequence[FitText], settings: dict[str, Any], started: float
 ) -> dict[str, Any]:
-    """The manifest's `training`: what the fit read (its runs, by absolute path: blend checks them wherever it
-    runs), how long it took, and the versions that matter for unpickling the regressor and for the features."""
+    """The manifest's `training`: what the fit read (its runs, by absolute path), how long it took, and the
+    versions that matter for unpickling the regressor and for the features."""
     datasets: dict[str, int] = {}
     for text in texts:
         datasets[text.dataset] = datasets.get(text.dataset, 0) + 1

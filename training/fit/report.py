@@ -2,7 +2,7 @@
 manifest.
 
 The record (every candidate's held-out PRR per fold, the baselines, each convention, centring and weighting
-tried, the MLP grid, the combiner) is what a reader of the fit wants and what the server never reads: in
+tried, the MLP grid) is what a reader of the fit wants and what the server never reads: in
 the manifest, which the server parses at every start, it was most of the file (96% of the Gemma artifact's
 15,193 lines). The manifest keeps what describes the served configuration: the folds, the chosen ridge row and
 the best row per variant (`/info` shows both), and the served stage 2's CV PRR.
@@ -36,7 +36,6 @@ def cv_record(
     results: dict[Convention, ConventionResult],
     centrings: dict[str, Any],
     weightings: dict[str, Any],
-    combiner: dict[str, Any] | None,
     mlp: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """Every number of the fit's cross-validation: `result` is the configuration kept, `results` each
@@ -57,7 +56,6 @@ def cv_record(
         "best_per_variant": result.best,
         "convention": result.spec.convention.value,
         "conventions": {c.value: r.summary() for c, r in results.items()},
-        "combiner": combiner,
         "convention_rule": "generating unless consuming's CV PRR exceeds it by more than consuming's CV std",
         "baselines": {
             name: {

@@ -78,7 +78,6 @@ def _artifact_summary(runtime: RuntimeDep) -> dict[str, Any] | None:
         "thresholds": {m.value: {k: v.model_dump() for k, v in t.items()} for m, t in manifest.thresholds.items()},
         "default_target": manifest.default_target,
         "decision_method": artifact.decision_method.value,
-        "blend": manifest.blend.model_dump(mode="json") if manifest.blend is not None else None,
         "cv": {k: v for k, v in manifest.metrics.get("cv", {}).items() if k in ("chosen", "best_per_variant")},
         "training": {k: v for k, v in manifest.training.items() if k != "generation"},
         "files": manifest.files,

@@ -40,7 +40,7 @@ def _check_agreement(client: TestClient) -> tuple[int, int]:
 
 def test_with_an_artifact_schema_and_validation_agree(client: TestClient) -> None:
     allowed, refused = _check_agreement(client)
-    assert allowed and refused  # tad_blend (the tiny artifact has no blend) is refused whatever comes with it
+    assert allowed and refused  # a target the tiny artifact has not calibrated (error@0.7) is refused
 
 
 @pytest.mark.parametrize("gated", [False, True])

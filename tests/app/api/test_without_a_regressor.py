@@ -43,7 +43,7 @@ def prompt(served: tuple[str, TestClient]) -> str:
 
 
 def _check_scores(scores: dict[str, Any]) -> None:
-    assert scores["tad"] is None and scores["tad_blend"] is None
+    assert scores["tad"] is None
     for method in ("msp", "perplexity", "mean_token_entropy", "max_token_uncertainty", *ATTENTION_METHODS):
         assert isinstance(scores[method], float), method
 

@@ -7,6 +7,7 @@ import torch
 from transformers import PreTrainedModel
 
 from app.engine.engine import Engine
+from app.engine.sequence import SequenceState
 
 
 def eager_rows(
@@ -47,3 +48,13 @@ def prompts(engine: Engine) -> list[list[int]]:
             "name the largest river in africa and europe , then the oldest city of asia",
         )
     ]
+
+
+def assert_same_sequences(engine: Engine, a: SequenceState, b: SequenceState, tolerance: float = 1e-5) -> None:
+    """Same tokens, text and finish reason; log-probs, entropies and attention rows within `tolerance`."""
+    ta, tb = engine.trace(a), engine.trace(b)
+    assert ta.token_ids == tb.token_ids
+    assert a.text == b.text and a.finish_reason == b.finish_reason
+    np.testing.assert_allclose(ta.logprobs, tb.logprobs, atol=tolerance)
+    np.testing.assert_allclose(ta.entropies, tb.entropies, atol=tolerance)
+    np.testing.assert_allclose(ta.attention, tb.attention, atol=tolerance)

@@ -12,7 +12,7 @@ from app.engine.decoding import DecodeBatch, run_continuously, run_to_completion
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import FinishReason, GenerationRequest
-from tests.app.engine.eager_reference import prompts
+from tests.app.engine.eager_reference import assert_same_sequences, prompts
 
 TOLERANCE = 1e-5
 
@@ -21,20 +21,11 @@ def _requests(engine: Engine, **params: object) -> list[GenerationRequest]:
     return [GenerationRequest(tuple(p), SamplingParams(**params)) for p in prompts(engine)]  # type: ignore[arg-type]
 
 
-def _assert_same(engine: Engine, a, b) -> None:
-    ta, tb = engine.trace(a), engine.trace(b)
-    assert ta.token_ids == tb.token_ids
-    assert a.text == b.text and a.finish_reason == b.finish_reason
-    np.testing.assert_allclose(ta.logprobs, tb.logprobs, atol=TOLERANCE)
-    np.testing.assert_allclose(ta.entropies, tb.entropies, atol=TOLERANCE)
-    np.testing.assert_allclose(ta.attention, tb.attention, atol=TOLERANCE)
-
-
 def test_batched_equals_one_by_one(engine: Engine) -> None:
     requests = _requests(engine, max_new_tokens=12)
     batched = engine.generate(requests)
     for request, sequence in zip(requests, batched, strict=True):
-        _assert_same(engine, sequence, engine.generate([request])[0])
+        assert_same_sequences(engine, sequence, engine.generate([request])[0])
 
 
 def test_sequences_joining_a_running_batch_equal_alone(engine: Engine) -> None:
@@ -50,7 +41,7 @@ def test_sequences_joining_a_running_batch_equal_alone(engine: Engine) -> None:
         batch.step()
         batch.pop_done()
     for request, sequence in zip((first, second, third), everything, strict=True):
-        _assert_same(engine, sequence, engine.generate([request])[0])
+        assert_same_sequences(engine, sequence, engine.generate([request])[0])
 
 
 @pytest.mark.parametrize("min_join", [1, 2])
@@ -66,7 +57,7 @@ def test_continuous_batching_refills_rows_and_equals_alone(engine: Engine, min_j
     assert [index for index, _ in finished] != list(range(len(requests)))
     for index, sequence in finished:
         assert len(sequence.tokens) == requests[index].params.max_new_tokens
-        _assert_same(engine, sequence, engine.generate([requests[index]])[0])
+        assert_same_sequences(engine, sequence, engine.generate([requests[index]])[0])
 
 
 def test_continuous_batching_refuses_impossible_sizes_and_handles_nothing(engine: Engine) -> None:

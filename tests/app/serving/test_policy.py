@@ -9,24 +9,22 @@ import pytest
 from pydantic import ValidationError
 
 from app.errors import InvalidRequest
-from app.serving.policy import Policy, PolicyRequest, decide, method_problem, policy_choices, resolve_policy
+from app.serving.policy import Policy, PolicyRequest, decide, policy_choices, resolve_policy
 from app.settings import RejectAction, Settings
 from app.uncertainty.artifact import Threshold
 from app.uncertainty.methods import Method, SequenceUncertainty
 
 
 def _artifact(
-    thresholds: dict[Method, list[str]], blend: object = None, regressor: bool = True, decision: Method = Method.TAD
+    thresholds: dict[Method, list[str]], regressor: bool = True, decision: Method = Method.TAD
 ) -> SimpleNamespace:
-    """What resolve_policy reads of an artifact: its calibrated thresholds, default target, blend, regressor."""
+    """What resolve_policy reads of an artifact: its calibrated thresholds, default target, regressor."""
     entry = Threshold(threshold=0.5, kind="error", target=0.7, coverage=0.3, error=0.6, n=100)
     manifest = SimpleNamespace(
         thresholds={method: dict.fromkeys(targets, entry) for method, targets in thresholds.items()},
         default_target="error@0.7",
     )
-    return SimpleNamespace(
-        manifest=manifest, blend=blend, decision_method=decision, has_regressor=regressor, name="fake"
-    )
+    return SimpleNamespace(manifest=manifest, decision_method=decision, has_regressor=regressor, name="fake")
 
 
 ARTIFACT = _artifact(
@@ -60,7 +58,6 @@ def test_a_service_that_does_not_gate_leaves_a_named_method_ungated_too() -> Non
 @pytest.mark.parametrize(
     ("artifact", "method", "reason"),
     [
-        (ARTIFACT, Method.TAD_BLEND, "no decision blend"),
         (None, Method.TAD, "no TAD artifact"),
         (CALIBRATION_ONLY, Method.TAD, "calibration-only"),
     ],
@@ -111,33 +108,16 @@ def test_an_artifact_without_a_default_target_leaves_named_methods_ungated_as_th
     assert resolve_policy(Settings(), artifact, PolicyRequest(method=Method.MSP)).name == "none"  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("method", "artifact", "problem"),
-    [
-        (Method.TAD_BLEND, ARTIFACT, "no decision blend"),
-        (Method.RAUQ, None, None),  # attention is captured with or without an artifact
-        (Method.TAD, None, None),  # without an artifact TAD gives way to the fallback policy
-        (Method.TAD, CALIBRATION_ONLY, None),  # and so without a regressor
-        (Method.RAUQ, ARTIFACT, None),
-    ],
-)
-def test_a_configured_method_that_cannot_decide_is_a_startup_problem(
-    method: Method, artifact: object, problem: str | None
-) -> None:
-    found = method_problem(method, artifact)  # type: ignore[arg-type]
-    assert (found is None) if problem is None else (problem in found)
-
-
 def test_policy_choices_state_what_resolve_policy_refuses() -> None:
     with_artifact = policy_choices(Settings(), ARTIFACT)  # type: ignore[arg-type]
-    assert with_artifact.refused == (Method.TAD_BLEND,)
+    assert with_artifact.refused == ()
     # Calibrated for the service's target (error@0.7): TAD and MSP; every other method needs its own.
     assert Method.RAUQ in with_artifact.need_threshold and Method.PERPLEXITY in with_artifact.need_threshold
     assert Method.TAD not in with_artifact.need_threshold and Method.MSP not in with_artifact.need_threshold
     assert not with_artifact.threshold_needs_method
 
     without = policy_choices(Settings(), None)
-    assert {Method.TAD, Method.TAD_BLEND} == set(without.refused)
+    assert without.refused == (Method.TAD,)
     assert Method.MSP not in without.refused and without.need_threshold == ()
     assert without.threshold_needs_method  # the service's own method (TAD) cannot decide without an artifact
 

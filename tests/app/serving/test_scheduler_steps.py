@@ -187,3 +187,40 @@ def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_
 
     _run(scheduler, body)
     assert scheduler.in_flight == 0
+
+
+def test_with_a_slot_batch_the_scheduler_decodes_in_its_slots_and_answers_equal_alone(
+    engine: Engine, monkeypatch: Any
+) -> None:
+    """What the scheduler does with the CUDA graph's slot batch (`Engine.running_batch`), its step run eagerly here:
+    rows join its free slots and leave them, and every answer equals its request generated alone."""
+    from app.engine.slot_decoding import SlotDecodeBatch
+
+    slot_batch = SlotDecodeBatch(engine.context, slots=2, max_length=128, cuda_graphs=False)
+    handed_out: list[SlotDecodeBatch] = []
+
+    def running_batch(slots: int) -> SlotDecodeBatch:
+        assert slots == 2
+        slot_batch.clear()
+        handed_out.append(slot_batch)
+        return slot_batch
+
+    monkeypatch.setattr(engine, "running_batch", running_batch)
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=2, max_queue=8, batch_window_s=0.0)
+    prompts = [(5, 6, 7), (8, 9), (10, 11, 12, 13), (14,), (15, 16)]
+    lengths = [6, 3, 8, 2, 5]
+
+    async def body() -> list[list[Any]]:
+        loop = asyncio.get_running_loop()
+        items = [_item(loop, p, n, Observer(needs_steps=True)) for p, n in zip(prompts, lengths, strict=True)]
+        for item in items:
+            scheduler.submit_generation(item)
+        return [await _events_until_done(item) for item in items]
+
+    answers = _run(scheduler, body)
+    assert handed_out and all(batch is slot_batch for batch in handed_out)
+    for events, prompt, length in zip(answers, prompts, lengths, strict=True):
+        sequence = events[-1][1]
+        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=length))])[0]
+        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+        assert len(sequence.attention_rows) == len(alone.attention_rows)

@@ -12,7 +12,7 @@ import pytest
 
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
-from app.uncertainty.artifact import ArtifactError, load_artifact
+from app.uncertainty.artifact import ArtifactError, load_artifact, write_manifest
 from app.uncertainty.methods import REGISTRY
 
 
@@ -95,6 +95,25 @@ def test_features_of_studies_not_adopted_are_refused(
     manifest["features"][field] = value
     _write_manifest(artifact_copy, manifest)
     with pytest.raises(ArtifactError, match=message):
+        load_artifact(artifact_copy)
+
+
+def test_a_manifest_with_a_null_blend_loads_and_one_with_a_blend_is_refused(artifact_copy: Path) -> None:
+    """Manifests written before the decision blend was removed carry `"blend": null`: they load, and the key is
+    not written back; an artifact with a blend installed would be decided on another score than it was
+    calibrated for. Any other unknown key is still refused."""
+    manifest = _manifest(artifact_copy)
+    assert "blend" not in manifest
+    _write_manifest(artifact_copy, {**manifest, "blend": None})
+    loaded = load_artifact(artifact_copy)
+    write_manifest(artifact_copy, loaded.manifest)
+    assert _manifest(artifact_copy) == manifest
+    blend = {"terms": [{"method": "tad", "weight": 0.7, "mean": 0.0, "scale": 1.0}]}
+    _write_manifest(artifact_copy, {**manifest, "blend": blend})
+    with pytest.raises(ArtifactError, match=r"decision blend \(tad_blend\)"):
+        load_artifact(artifact_copy)
+    _write_manifest(artifact_copy, {**manifest, "unknown": None})
+    with pytest.raises(ArtifactError, match="unknown"):
         load_artifact(artifact_copy)
 
 

@@ -101,7 +101,7 @@ def test_runs_made_when_chat_was_called_bare_are_read_with_new_ones(
         str(restyled(tiny_runs["dev"], tmp_path / "dev-new", "chat", shards=[1])),
     ]
     artifact = tmp_path / "artifact"
-    quick = ["--alphas", "1", "--variants", "leak-free", "--no-combiner", "--centrings", "none"]
+    quick = ["--alphas", "1", "--variants", "leak-free", "--centrings", "none"]
     main(["fit", *train, "--out", str(artifact), *quick])
     assert load_artifact(artifact).manifest.training["texts"] == 48
     main(["calibrate", "--artifact", str(artifact), "--run", *dev, "--coverage", "0.5", "--error", "0.9"])
@@ -131,7 +131,7 @@ def test_runs_made_when_chat_was_called_bare_are_read_with_new_ones(
 
 
 def test_help_on_every_command(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ([], ["generate"], ["fit"], ["evaluate"], ["calibrate"], ["blend"], ["lodo"], ["summary"]):
+    for command in ([], ["generate"], ["fit"], ["evaluate"], ["calibrate"], ["lodo"], ["summary"]):
         with pytest.raises(SystemExit) as stop:
             main([*command, "--help"])
         assert stop.value.code == 0

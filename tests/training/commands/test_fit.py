@@ -27,7 +27,7 @@ def test_fit_prints_the_served_configuration_and_its_cv_prr(
     tiny_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "artifact"
-    quick = ["--alphas", "1", "--variants", "leak-free", "--no-combiner", "--centrings", "none"]
+    quick = ["--alphas", "1", "--variants", "leak-free", "--centrings", "none"]
     main(["fit", str(tiny_runs["train"]), "--out", str(out), *quick])
     printed = capsys.readouterr().out
     assert printed.startswith(f"wrote {out}: ridge ") and "CV PRR " in printed

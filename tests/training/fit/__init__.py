@@ -9,6 +9,5 @@ from training.two_stage import Variant
 QUICK_FIT: dict[str, Any] = {
     "alphas": (1.0,),
     "variants": (Variant.LEAK_FREE,),
-    "combiner": False,
     "centrings": (TargetCentring.NONE,),
 }

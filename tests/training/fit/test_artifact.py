@@ -23,7 +23,6 @@ def test_a_refit_into_the_same_folder_keeps_only_its_own_alternatives(
 
     quick = {
         "alphas": (1.0,),
-        "combiner": False,
         "centrings": (TargetCentring.NONE,),
         "weightings": (RowWeighting.TOKEN,),
     }

@@ -101,7 +101,6 @@ def _crafted_options(tiny_runs: dict[str, Path], tmp_path: Path, force: bool) ->
         mlp_grid={},
         mlp_average=True,
         mlp_average_force=force,
-        combiner=False,
     )
 
 

@@ -25,14 +25,14 @@ def _same(a: object, b: object) -> bool:
 @pytest.fixture(scope="module")
 def fitted(tiny_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fit") / "artifact"
-    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "combiner": True}))
+    run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **QUICK_FIT))
     return out
 
 
 def test_fit_writes_the_record_to_the_report_and_a_summary_to_the_manifest(fitted: Path) -> None:
     manifest = load_artifact(fitted).manifest
     record = json.loads((fitted / CV_REPORT).read_text())
-    assert {"grid", "baselines", "conventions", "centrings", "weightings", "combiner", "mlp"} <= set(record)
+    assert {"grid", "baselines", "conventions", "centrings", "weightings", "mlp"} <= set(record)
     summary = manifest.metrics["cv"]
     assert set(summary) == SUMMARY and summary["report"] == "report/cv.json"
     assert _same(summary["chosen"], record["chosen"]) and _same(summary["best_per_variant"], record["best_per_variant"])

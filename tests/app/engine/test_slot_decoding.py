@@ -1,0 +1,118 @@
+"""Decoding over a slot cache (the step a CUDA graph captures, run eagerly here) equals `DecodeBatch`.
+
+Sequences of different prompt lengths share the slots, join and leave mid-run and reuse freed slots;
+tokens, statistics and attention rows equal each request generated alone (float32, 1e-5), on every
+tested architecture the slot cache supports; the others are refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from app.engine.decoding import DecodeBatch
+from app.engine.engine import Engine
+from app.engine.loading import load_model
+from app.engine.sampling import SamplingParams
+from app.engine.sequence import FinishReason, GenerationRequest, SequenceState
+from app.engine.slot_decoding import SlotDecodeBatch, slot_decoding_refusal
+from tests.app.engine.eager_reference import assert_same_sequences, prompts
+from tests.fixtures.architectures import ARCHITECTURES, write_architecture
+
+REFUSED = {"mistral", "gemma2", "gemma3"}  # sliding-window layers
+
+
+def _requests(engine: Engine, lengths: tuple[int, ...], **params: object) -> list[GenerationRequest]:
+    texts = prompts(engine)
+    return [
+        GenerationRequest(tuple(texts[i % len(texts)]), SamplingParams(max_new_tokens=n, **params))  # type: ignore[arg-type]
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _run_in_slots(engine: Engine, requests: list[GenerationRequest], slots: int, max_length: int = 256) -> list:
+    """Continuous batching as the scheduler does it: prefill what fits, merge into free slots, step, pop."""
+    batch = SlotDecodeBatch(engine.context, slots=slots, max_length=max_length, cuda_graphs=False)
+    waiting = list(enumerate(requests))
+    done: dict[int, SequenceState] = {}
+    while waiting or batch.sequences:
+        free = slots - len(batch.sequences)
+        if waiting and free:
+            taken, waiting = waiting[:free], waiting[free:]
+            prefilled = DecodeBatch.prefill(engine.context, [request for _, request in taken])
+            done.update((index, sequence) for (index, _), sequence in zip(taken, prefilled.sequences, strict=True))
+            batch.merge(prefilled)
+            batch.pop_done()
+        if batch.sequences:
+            batch.step()
+            batch.pop_done()
+    return [done[index] for index in range(len(requests))]
+
+
+def test_slots_equal_alone_with_joins_leaves_and_reused_slots(engine: Engine) -> None:
+    requests = _requests(engine, (3, 9, 1, 6, 12, 4, 7))
+    for request, sequence in zip(requests, _run_in_slots(engine, requests, slots=3), strict=True):
+        assert len(sequence.tokens) == request.params.max_new_tokens
+        assert_same_sequences(engine, sequence, engine.generate([request])[0])
+
+
+def test_seeded_sampling_in_slots_equals_alone(engine: Engine) -> None:
+    requests = [
+        replace(request, params=replace(request.params, seed=seed))
+        for seed, request in enumerate(_requests(engine, (8, 5, 8), temperature=0.9, top_p=0.9))
+    ]
+    for request, sequence in zip(requests, _run_in_slots(engine, requests, slots=2), strict=True):
+        assert_same_sequences(engine, sequence, engine.generate([request])[0])
+
+
+def test_without_capture_same_tokens_and_no_rows(engine: Engine) -> None:
+    plain = engine.with_lags(0)
+    requests = _requests(plain, (6, 6))
+    for request, sequence in zip(requests, _run_in_slots(plain, requests, slots=2), strict=True):
+        assert sequence.attention_rows == []
+        assert engine.trace(sequence).token_ids == engine.trace(plain.generate([request])[0]).token_ids
+
+
+def test_a_sequence_that_would_outgrow_its_slot_ends_with_length(engine: Engine) -> None:
+    request = _requests(engine, (500,))[0]
+    max_length = len(request.prompt_ids) + 8
+    (sequence,) = _run_in_slots(engine, [request], slots=1, max_length=max_length)
+    assert sequence.finish_reason is FinishReason.LENGTH
+    assert len(request.prompt_ids) + len(sequence.tokens) == max_length - 1  # the last one fed for its own row
+    alone = engine.generate([replace(request, params=replace(request.params, max_new_tokens=len(sequence.tokens)))])[0]
+    assert_same_sequences(engine, sequence, alone)
+
+
+def test_merging_more_rows_than_free_slots_or_a_prompt_longer_than_a_slot_is_refused(engine: Engine) -> None:
+    batch = SlotDecodeBatch(engine.context, slots=1, max_length=256, cuda_graphs=False)
+    with pytest.raises(RuntimeError, match="free slots"):
+        batch.merge(DecodeBatch.prefill(engine.context, _requests(engine, (2, 2))))
+    small = SlotDecodeBatch(engine.context, slots=1, max_length=4, cuda_graphs=False)
+    with pytest.raises(ValueError, match="does not fit"):
+        small.merge(DecodeBatch.prefill(engine.context, _requests(engine, (2,))))
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_supported_architecture_equals_alone(name: str, tmp_path: Path) -> None:
+    engine = Engine(load_model(str(write_architecture(name, tmp_path / "model")), dtype="float32"), n_lags=6)
+    refusal = slot_decoding_refusal(engine.context)
+    if name in REFUSED:
+        assert refusal is not None and "mask" in refusal
+        with pytest.raises(ValueError, match="cannot decode over a slot cache"):
+            SlotDecodeBatch(engine.context, slots=2, max_length=64, cuda_graphs=False)
+        return
+    assert refusal is None
+    requests = _requests(engine, (5, 9, 3, 7))
+    for request, sequence in zip(requests, _run_in_slots(engine, requests, slots=2), strict=True):
+        assert_same_sequences(engine, sequence, engine.generate([request])[0])
+
+
+def test_off_cuda_the_engine_keeps_the_eager_loop_and_says_why(engine: Engine) -> None:
+    assert engine.graph_refusal() == "CUDA graphs are off"
+    assert engine.running_batch(2) is None
+    asked = Engine(engine.loaded, n_lags=engine.n_lags, cuda_graphs_length=256)
+    assert asked.graph_refusal() == "the model runs on cpu, not CUDA"
+    assert asked.running_batch(2) is None
+    assert asked.with_lags(0).cuda_graphs_length == 256
