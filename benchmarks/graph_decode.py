@@ -176,6 +176,40 @@ def time_decoding(args: argparse.Namespace) -> None:
     print(f"graph_vs_limit={graph / limit:.3f}")
 
 
+def profile_step(args: argparse.Namespace) -> None:
+    """Where a replayed step's GPU time goes: kernels of `--profile-steps` replays, by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = CONFIGS[args.model]()
+    if args.layers:
+        config.num_hidden_layers = args.layers
+    torch.manual_seed(0)
+    model = build_model(config, torch.bfloat16, args.device, register_capture_attention())
+    engine = make_engine(model, id_tokenizer(config.vocab_size), args.model, args.n_lags)
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, config.vocab_size, (args.batch, args.prompt_tokens), generator=generator)
+    requests = [
+        GenerationRequest(tuple(row.tolist()), SamplingParams(max_new_tokens=args.new_tokens)) for row in prompts
+    ]
+    batch = SlotDecodeBatch(engine.context, args.batch, args.prompt_tokens + args.new_tokens + 8, cuda_graphs=True)
+    batch.merge(DecodeBatch.prefill(engine.context, requests))
+    for _ in range(3):  # the graph is captured at the first
+        batch.step()
+    synchronize()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as profiled:
+        for _ in range(args.profile_steps):
+            batch.step()
+        synchronize()
+    events = [e for e in profiled.key_averages() if e.device_time_total > 0]
+    total = sum(e.device_time_total for e in events if e.device_type.name == "CUDA")
+    kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
+    print(f"\n## profile: {args.profile_steps} replayed steps, batch {args.batch}")
+    steps = args.profile_steps
+    print(f"GPU time per step {total / steps / 1000:.2f} ms, kernels per step {kernels / steps:.0f}")
+    print(profiled.key_averages().table(sort_by="device_time_total", row_limit=25, max_name_column_width=70))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true")
@@ -186,6 +220,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--n-lags", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="kernels of a few replayed steps (torch.profiler)")
+    parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--device", default="cuda", help="cpu only to try the script out (no graph there)")
     parser.add_argument("--layers", type=int, default=0, help="override the layer count (quick trials)")
     args = parser.parse_args()
@@ -193,6 +229,8 @@ def main() -> None:
         check(args)
     if args.time:
         time_decoding(args)
+    if args.profile:
+        profile_step(args)
 
 
 if __name__ == "__main__":
