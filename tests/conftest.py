@@ -115,7 +115,7 @@ def tiny_runs(
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> Path:
     """A TAD artifact fitted and calibrated on the tiny model's runs."""
-    from training.calibration import run_calibrate
+    from training.calibration import CalibrationTargets, run_calibrate
     from training.fit.options import FitOptions
     from training.fit.pipeline import run_fit
     from training.run_source import RunSource
@@ -123,7 +123,7 @@ def tiny_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str,
     out = tmp_path_factory.mktemp("artifact") / "tiny-tad"
     run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, alphas=(1.0, 0.01)))
     source = RunSource(data=[], runs=[tiny_runs["dev"]], default_run_dir=out / "unused")
-    run_calibrate(out, source, coverages=[0.5, 0.8], errors=[0.9], delta=0.1)
+    run_calibrate(out, source, CalibrationTargets(coverages=[0.5, 0.8], errors=[0.9], delta=0.1))
     return out
 
 

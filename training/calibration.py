@@ -64,21 +64,31 @@ def default_keeping(
     return errors[-1][1] if errors else None
 
 
+@dataclass(frozen=True)
+class CalibrationTargets:
+    """What to certify: coverage targets, error targets at confidence 1 - `delta`, how thresholds are searched
+    (`order`), and the default target (a target's name, "keep-half", or None: the first feasible one)."""
+
+    coverages: Sequence[float]
+    errors: Sequence[float]
+    delta: float
+    seed: int = 0
+    default_target: str | None = None
+    order: str = "natural"
+
+
 def calibrate_thresholds(
     table: dict[str, np.ndarray],
     quality: np.ndarray,
     methods: Sequence[Method],
     decision: Method,
-    coverages: Sequence[float],
-    errors: Sequence[float],
-    delta: float,
-    seed: int = 0,
-    default_target: str | None = None,
-    order: str = "natural",
+    targets: CalibrationTargets,
 ) -> Calibration:
     """Thresholds of every method for each target on these answers (`table`: each method's scores), the
     default target for the `decision` method (`default_target` "keep-half": `default_keeping` at 0.5), and
     the thresholds' out-of-sample behaviour on random halves."""
+    coverages, errors, delta, seed = targets.coverages, targets.errors, targets.delta, targets.seed
+    order, default_target = targets.order, targets.default_target
 
     def choose(values: np.ndarray, labels: np.ndarray, chosen_order: str) -> dict[str, Threshold]:
         entries = {coverage_name(c): coverage_threshold(values, labels, c) for c in coverages}
@@ -145,17 +155,8 @@ def calibrate_thresholds(
     return Calibration(thresholds, default, record)
 
 
-def run_calibrate(
-    artifact_dir: Path,
-    source: RunSource,
-    coverages: Sequence[float],
-    errors: Sequence[float],
-    delta: float,
-    seed: int = 0,
-    default_target: str | None = None,
-    order: str = "natural",
-) -> Manifest:
-    if not coverages and not errors:
+def run_calibrate(artifact_dir: Path, source: RunSource, targets: CalibrationTargets) -> Manifest:
+    if not targets.coverages and not targets.errors:
         # Nothing to choose: writing would replace every calibrated threshold with none.
         raise SystemExit("give at least one --coverage or --error target")
     artifact = load_artifact(artifact_dir)
@@ -169,9 +170,7 @@ def run_calibrate(
     quality = np.array([t.target for t in texts])
     methods = [Method(name) for name in artifact_methods(artifact)]
     # The default target is certified for what the service decides with.
-    calibration = calibrate_thresholds(
-        table, quality, methods, artifact.decision_method, coverages, errors, delta, seed, default_target, order
-    )
+    calibration = calibrate_thresholds(table, quality, methods, artifact.decision_method, targets)
     manifest = artifact.manifest.model_copy(
         update={
             "thresholds": calibration.thresholds,

@@ -29,7 +29,7 @@ from app.numeric import finite_tree
 from app.uncertainty.artifact import FeatureInfo, Manifest, write_manifest
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES, Method
-from training.calibration import calibrate_thresholds
+from training.calibration import KEEP_HALF, CalibrationTargets, calibrate_thresholds
 from training.decision_rule import DecisionRule, choose
 from training.method_scores import baseline_table
 from training.rejection import accuracy, informative, interval, paired_bootstrap_prr, prediction_rejection_ratio
@@ -138,11 +138,7 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
         quality[certifying],
         list(BASELINES),
         decision,
-        options.coverages,
-        options.errors,
-        options.delta,
-        options.seed,
-        default_target="keep-half",
+        CalibrationTargets(options.coverages, options.errors, options.delta, options.seed, default_target=KEEP_HALF),
     )
     spec = FeatureSpec(
         n_lags=int(settings["n_lags"]),

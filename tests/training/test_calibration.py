@@ -10,7 +10,7 @@ import pytest
 
 from app.uncertainty.artifact import Threshold
 from tests.training.test_run_source import altered_run
-from training.calibration import default_keeping, kept_share_lower_bound, run_calibrate
+from training.calibration import CalibrationTargets, default_keeping, kept_share_lower_bound, run_calibrate
 from training.cli import main
 from training.run_source import RunSource
 
@@ -31,7 +31,7 @@ def test_a_run_with_no_answers_is_refused_and_the_manifest_is_untouched(
     before = (artifact / "manifest.json").read_text()
     source = RunSource(data=[], runs=[_empty_run(tiny_runs["dev"], tmp_path)], default_run_dir=tmp_path / "unused")
     with pytest.raises(SystemExit, match="hold no answers"):
-        run_calibrate(artifact, source, coverages=[0.5], errors=[0.3], delta=0.1)
+        run_calibrate(artifact, source, CalibrationTargets(coverages=[0.5], errors=[0.3], delta=0.1))
     assert (artifact / "manifest.json").read_text() == before
 
 
@@ -41,7 +41,7 @@ def test_no_targets_at_all_are_refused(tiny_runs: dict[str, Path], tiny_artifact
     before = (artifact / "manifest.json").read_text()
     source = RunSource(data=[], runs=[tiny_runs["dev"]], default_run_dir=tmp_path / "unused")
     with pytest.raises(SystemExit, match="at least one"):
-        run_calibrate(artifact, source, coverages=[], errors=[], delta=0.1)
+        run_calibrate(artifact, source, CalibrationTargets(coverages=[], errors=[], delta=0.1))
     with pytest.raises(SystemExit) as exit_info:
         main(["calibrate", "--artifact", str(artifact), "--run", str(tiny_runs["dev"]), "--coverage", "--error"])
     assert exit_info.value.code == 2

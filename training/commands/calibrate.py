@@ -44,12 +44,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> None:
     if not args.coverage and not args.error:
         raise UsageError("give at least one --coverage or --error target (none would remove every threshold)")
-    from training.calibration import run_calibrate
+    from training.calibration import CalibrationTargets, run_calibrate
 
     source = run_source_of(args, args.run_dir or args.artifact / "calibration-run", "--run-dir")
-    manifest = run_calibrate(
-        args.artifact, source, args.coverage, args.error, args.delta, args.seed, args.default_target, args.order
-    )
+    targets = CalibrationTargets(args.coverage, args.error, args.delta, args.seed, args.default_target, args.order)
+    manifest = run_calibrate(args.artifact, source, targets)
     decision = manifest.metrics["calibration"]["decision_method"]
     for name, entry in manifest.thresholds.get(decision, {}).items():
         print(
