@@ -34,6 +34,10 @@ class ArtifactError(RuntimeError):
     """The artifact is missing, corrupt, or does not belong to the loaded model."""
 
 
+# What a manifest records of a `FeatureSpec` and reads back into one (the sizes are checked, not read).
+_SPEC_FIELDS = ("n_lags", "num_layers", "num_heads", "order", "convention")
+
+
 class FeatureInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -75,24 +79,11 @@ class FeatureInfo(BaseModel):
     @classmethod
     def of(cls, spec: FeatureSpec) -> FeatureInfo:
         """What a manifest records of the features `spec` describes (the inverse of `spec()`)."""
-        return cls(
-            order=spec.order,
-            n_lags=spec.n_lags,
-            num_layers=spec.num_layers,
-            num_heads=spec.num_heads,
-            convention=spec.convention,
-            stage1_size=spec.stage1_size,
-            stage2_size=spec.stage2_size,
-        )
+        shared = {name: getattr(spec, name) for name in _SPEC_FIELDS}
+        return cls(**shared, stage1_size=spec.stage1_size, stage2_size=spec.stage2_size)
 
     def spec(self) -> FeatureSpec:
-        return FeatureSpec(
-            n_lags=self.n_lags,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            order=self.order,
-            convention=self.convention,
-        )
+        return FeatureSpec(**{name: getattr(self, name) for name in _SPEC_FIELDS})
 
 
 class RegressorInfo(BaseModel):
