@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 
 from app.engine.attention_capture import register_capture_attention
 from app.engine.decoding import DecodeBatch, run_to_completion
@@ -114,19 +115,25 @@ def check(args: argparse.Namespace) -> None:
             print(f"| {str(dtype).removeprefix('torch.')} | {label} | {same} | {logprob:.2e} | {rows:.2e} |")
 
 
-def time_decoding(args: argparse.Namespace) -> None:
+def random_setup(args: argparse.Namespace) -> tuple[PreTrainedModel, Engine, torch.Tensor, list[GenerationRequest]]:
+    """The random bf16 model of `--model`'s shape, its engine, `--batch` random prompts and their requests."""
     config = CONFIGS[args.model]()
     if args.layers:
         config.num_hidden_layers = args.layers
     torch.manual_seed(0)
     model = build_model(config, torch.bfloat16, args.device, register_capture_attention())
     engine = make_engine(model, id_tokenizer(config.vocab_size), args.model, args.n_lags)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, config.vocab_size, (args.batch, args.prompt_tokens), generator=generator)
     requests = [
         GenerationRequest(tuple(row.tolist()), SamplingParams(max_new_tokens=args.new_tokens)) for row in prompts
     ]
+    return model, engine, prompts, requests
+
+
+def time_decoding(args: argparse.Namespace) -> None:
+    model, engine, prompts, requests = random_setup(args)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     slots = SlotDecodeBatch(engine.context, args.batch, args.prompt_tokens + args.new_tokens + 8, cuda_graphs=True)
     inputs = prompts.to(args.device)
 
@@ -180,17 +187,7 @@ def profile_step(args: argparse.Namespace) -> None:
     """Where a replayed step's GPU time goes: kernels of `--profile-steps` replays, by total time."""
     from torch.profiler import ProfilerActivity, profile
 
-    config = CONFIGS[args.model]()
-    if args.layers:
-        config.num_hidden_layers = args.layers
-    torch.manual_seed(0)
-    model = build_model(config, torch.bfloat16, args.device, register_capture_attention())
-    engine = make_engine(model, id_tokenizer(config.vocab_size), args.model, args.n_lags)
-    generator = torch.Generator().manual_seed(0)
-    prompts = torch.randint(2, config.vocab_size, (args.batch, args.prompt_tokens), generator=generator)
-    requests = [
-        GenerationRequest(tuple(row.tolist()), SamplingParams(max_new_tokens=args.new_tokens)) for row in prompts
-    ]
+    _, engine, _, requests = random_setup(args)
     batch = SlotDecodeBatch(engine.context, args.batch, args.prompt_tokens + args.new_tokens + 8, cuda_graphs=True)
     batch.merge(DecodeBatch.prefill(engine.context, requests))
     for _ in range(3):  # the graph is captured at the first
