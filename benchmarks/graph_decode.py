@@ -134,7 +134,9 @@ def random_setup(args: argparse.Namespace) -> tuple[PreTrainedModel, Engine, tor
 def time_decoding(args: argparse.Namespace) -> None:
     model, engine, prompts, requests = random_setup(args)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    slots = SlotDecodeBatch(engine.context, args.batch, args.prompt_tokens + args.new_tokens + 8, cuda_graphs=True)
+    length = args.prompt_tokens + args.new_tokens + 8
+    slots = SlotDecodeBatch(engine.context, args.batch, length, cuda_graphs=True)
+    in_step = SlotDecodeBatch(engine.context, args.batch, length, cuda_graphs=True, lookahead=False)
     inputs = prompts.to(args.device)
 
     def plain() -> None:
@@ -147,6 +149,7 @@ def time_decoding(args: argparse.Namespace) -> None:
     methods: dict[str, Callable[[], object]] = {
         "plain generate": plain,
         "engine, eager (capture)": lambda: run_to_completion(engine.context, requests),
+        "slots, CUDA graph, results read in the step (capture)": lambda: decode_in_slots(engine, requests, in_step),
         "slots, CUDA graph (capture)": lambda: decode_in_slots(engine, requests, slots),
     }
     for name, run in list(methods.items()):  # warm-up; the slot batch captures its graphs here

@@ -339,11 +339,17 @@ class DecodeBatch:
         self._record(kept, chosen, log_probs, stats)
 
     def _record(
-        self, kept: list[int], chosen: list[int], log_probs: torch.Tensor, stats: dict[str, list[float]]
+        self,
+        kept: list[int],
+        chosen: list[int],
+        log_probs: torch.Tensor,
+        stats: dict[str, list[float]],
+        sequences: list[SequenceState] | None = None,
     ) -> None:
-        """Each kept row's chosen token (by position in `kept`) with its statistics; stop tokens and lengths."""
+        """Each kept row's chosen token (by position in `kept`) with its statistics; stop tokens and lengths.
+        `kept` indexes `sequences` (default: the batch's)."""
         clock = phase_timing.CLOCK
-        sequences = self.sequences
+        sequences = self.sequences if sequences is None else sequences
         names = tuple(stats)
         per_token = list(zip(*stats.values(), strict=True))
         stop_ids = self.context.stop_token_ids

@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.engine import phase_timing
@@ -32,7 +33,7 @@ from app.engine.batch_cache import padding_mask_suffices
 from app.engine.decoding import DecodeBatch, DecodeContext, QueuedChoice
 from app.engine.sequence import FinishReason, SequenceState
 from app.engine.slot_cache import SlotCache
-from app.engine.token_stats import token_stats_tensor
+from app.engine.token_stats import stats_by_name, token_stats_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +61,63 @@ class _StepOutputs:
     rows: torch.Tensor | None  # [slots, 1, layers, heads, n_lags + 1] attention rows
 
 
+@dataclass
+class _HostBuffers:
+    """Where a step's greedy results are copied for the host to read (pinned on a GPU, so the copy is async)."""
+
+    argmax: torch.Tensor
+    stats: torch.Tensor
+    rows: torch.Tensor | None
+
+    @classmethod
+    def like(cls, outputs: _StepOutputs, pinned: bool) -> _HostBuffers:
+        def empty(tensor: torch.Tensor) -> torch.Tensor:
+            return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pinned)
+
+        return cls(empty(outputs.argmax), empty(outputs.stats), None if outputs.rows is None else empty(outputs.rows))
+
+
+@dataclass
+class _Launched:
+    """One step run or queued: the sequences and slots it computed, each slot's length after it, its outputs."""
+
+    sequences: list[SequenceState]
+    slots: list[int]
+    lengths: list[int]
+    outputs: _StepOutputs
+    host: _HostBuffers | None = None
+    ready: torch.cuda.Event | None = None
+
+    def copy_for_host(self, buffers: _HostBuffers) -> None:
+        """Queue the copies of the argmax, statistics and rows into `buffers` (before any later step is queued)."""
+        self.host = buffers
+        buffers.argmax.copy_(self.outputs.argmax, non_blocking=True)
+        buffers.stats.copy_(self.outputs.stats, non_blocking=True)
+        if buffers.rows is not None and self.outputs.rows is not None:
+            buffers.rows.copy_(self.outputs.rows, non_blocking=True)
+        if self.outputs.argmax.device.type == "cuda":
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+    def read(self, index: torch.Tensor | slice) -> tuple[list[int], torch.Tensor, np.ndarray | None]:
+        """The copied argmax, statistics `[statistics, rows]` and attention rows of `index`, once they have landed."""
+        assert self.host is not None
+        if self.ready is not None:
+            self.ready.synchronize()  # the copies only: a step queued after them keeps running
+        host = self.host
+        # Copied out: the buffers are written again two steps later, and the rows stay with their sequences.
+        rows = host.rows[index][:, 0].numpy().copy() if host.rows is not None else None
+        return host.argmax[index].tolist(), host.stats[:, index], rows
+
+
 class SlotDecodeBatch(DecodeBatch):
     """Sequences in the slots of a `SlotCache`; `merge` takes in prefilled rows, `pop_done` frees slots."""
 
-    def __init__(self, context: DecodeContext, slots: int, max_length: int, cuda_graphs: bool) -> None:
+    def __init__(
+        self, context: DecodeContext, slots: int, max_length: int, cuda_graphs: bool, lookahead: bool | None = None
+    ) -> None:
+        """`lookahead`: queue the next step before reading this one's results while every row is greedy (`step`);
+        default: with CUDA graphs."""
         refusal = slot_decoding_refusal(context)
         if refusal is not None:
             raise ValueError(f"this model cannot decode over a slot cache: {refusal}")
@@ -84,6 +138,11 @@ class SlotDecodeBatch(DecodeBatch):
         self._pool: Any = None  # the graphs' shared memory pool, once the first is captured
         self._order: torch.Tensor | slice | None = None  # the sequences' slots, as an index (None: not built)
         self._dtype = next(context.model.parameters()).dtype
+        self._order_slots: list[int] = []
+        self.lookahead = self.cuda_graphs if lookahead is None else lookahead
+        self._in_flight: _Launched | None = None  # a step queued ahead, its results not read yet
+        self._buffers: list[_HostBuffers | None] = [None, None]
+        self._buffer_turn = 0
 
     # ------------------------------------------------------------------ the captured step
     def _body(self, width: int) -> _StepOutputs:
@@ -114,20 +173,22 @@ class SlotDecodeBatch(DecodeBatch):
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         stats = token_stats_tensor(log_probs, argmax)
         positions.add_(1).clamp_(max=cache.max_length - 1)
+        self.tokens.copy_(argmax.view(-1, 1))  # the next step's inputs, for greedy rows (lookahead)
         return _StepOutputs(logits, argmax, log_probs, stats, rows)
 
     def _capture(self, width: int) -> tuple[torch.cuda.CUDAGraph, _StepOutputs]:
         """The step at `width` as a CUDA graph, after one eager warm-up on a side stream (kernels pick their
         algorithms, the allocator settles). The warm-up writes the slots' current keys, which the replay that
-        follows writes again identically; the positions it advanced are put back."""
+        follows writes again identically; the positions it advanced and the inputs it replaced are put back."""
         positions = self.slot_cache.positions
-        saved = positions.clone()
+        saved, saved_tokens = positions.clone(), self.tokens.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
             self._body(width)
         torch.cuda.current_stream().wait_stream(stream)
         positions.copy_(saved)
+        self.tokens.copy_(saved_tokens)
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             outputs = self._body(width)
@@ -155,60 +216,117 @@ class SlotDecodeBatch(DecodeBatch):
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> None:
-        """Feed every sequence its last token: record that token's attention row, choose the next."""
-        sequences = self.sequences
-        if not sequences:
-            return
-        pad = self.context.pad_token_id
-        inputs = [pad] * len(self.lengths)
-        for seq, slot in zip(sequences, self.slot_of, strict=True):
-            inputs[slot] = seq.tokens[-1].token_id if seq.tokens else pad
-        self.tokens.copy_(torch.tensor(inputs, dtype=torch.long).view(-1, 1))
+        """Feed every sequence its last token: record that token's attention row, choose the next.
+
+        With `lookahead`, while every running sequence is greedy (and asks for no alternatives), the next
+        replay is launched before this one's results are read: the graph leaves each row's argmax as the
+        next step's input, so the device runs step t + 1 while the host records step t. A row that ends at
+        step t then has one step computed for nothing (its results are dropped; under the consuming
+        convention it is the step that computes its last token's own row, which is kept, as the eager loop
+        would compute it)."""
+        launched = self._in_flight
+        self._in_flight = None
+        if launched is None:
+            if not self.sequences:
+                return
+            launched = self._launch(inputs_from_host=True)
+        if self.lookahead and self._all_greedy():
+            self._in_flight = self._launch(inputs_from_host=False)
+        self._record_launch(launched)
+
+    def _all_greedy(self) -> bool:
+        return bool(self.sequences) and all(
+            seq.finish_reason is None and seq.request.params.greedy and not seq.request.params.top_logprobs
+            for seq in self.sequences
+        )
+
+    def _launch(self, inputs_from_host: bool) -> _Launched:
+        """Run (or queue, on a GPU) one step for the running sequences; its results copied where the host reads
+        them once they are ready (`_Launched.ready`). `inputs_from_host`: the rows' last tokens written from
+        the host; else the previous replay's argmax already in place (and merged rows' first tokens)."""
+        sequences, slots = list(self.sequences), list(self.slot_of)
+        if inputs_from_host:
+            pad = self.context.pad_token_id
+            inputs = [pad] * len(self.lengths)
+            for seq, slot in zip(sequences, slots, strict=True):
+                inputs[slot] = seq.tokens[-1].token_id if seq.tokens else pad
+            self.tokens.copy_(torch.tensor(inputs, dtype=torch.long).view(-1, 1))
         clock = phase_timing.CLOCK
         if clock is not None:
             clock.decode_steps += 1
             clock.decode_rows += len(sequences)
             clock.lap(phase_timing.SCHEDULER)
         outputs = self._run(self._width())
-        for slot in self.slot_of:
+        for slot in slots:
             self.lengths[slot] += 1
+        launched = _Launched(sequences, slots, [self.lengths[slot] for slot in slots], outputs)
+        if all(seq.request.params.greedy and not seq.request.params.top_logprobs for seq in sequences):
+            launched.copy_for_host(self._host_buffers(outputs))
         if clock is not None:
             clock.lap(phase_timing.FORWARD)
-        order = self._sequence_order()
+        return launched
+
+    def _record_launch(self, launched: _Launched) -> None:
+        """What a step computed, into its sequences: attention rows, chosen tokens and their statistics."""
+        clock = phase_timing.CLOCK
+        sequences = launched.sequences
         active = [index for index, seq in enumerate(sequences) if seq.finish_reason is None]
-        every_row_greedy = len(active) == len(sequences) and all(seq.request.params.greedy for seq in sequences)
-        argmax = outputs.argmax[order]
-        queued = QueuedChoice(argmax, outputs.log_probs[order], outputs.stats[:, order] if every_row_greedy else None)
-        greedy = argmax.tolist()
+        if launched.host is not None:  # every row greedy: its argmax, statistics and rows, copied to the host
+            argmax, stats, rows = launched.read(self._index_of(launched.slots, on_host=True))
+        else:  # the latest step, read on the device (sampling reads its logits)
+            order = self._index_of(launched.slots, on_host=False)
+            outputs = launched.outputs
+            every_row_greedy = len(active) == len(sequences) and all(seq.request.params.greedy for seq in sequences)
+            device_argmax = outputs.argmax[order]
+            queued = QueuedChoice(
+                device_argmax, outputs.log_probs[order], outputs.stats[:, order] if every_row_greedy else None
+            )
+            argmax = device_argmax.tolist()
+            rows = outputs.rows[order][:, 0].cpu().numpy() if outputs.rows is not None else None
         if clock is not None:
             clock.lap(phase_timing.SAMPLING)
-        if outputs.rows is not None:
-            rows = outputs.rows[order][:, 0].cpu().numpy()
+        if rows is not None:
             for index, seq in enumerate(sequences):
-                if len(seq.attention_rows) < len(seq.tokens) and not seq.abandoned:
+                wanted = seq.needs_final_row if seq.finished else len(seq.attention_rows) < len(seq.tokens)
+                if wanted and not seq.abandoned:
                     seq.attention_rows.append(rows[index])
             if clock is not None:
                 clock.lap(phase_timing.CAPTURE)
-        if active:
-            self._choose_next(outputs.logits[order], active, queued, greedy)
+        if active and launched.host is not None:
+            chosen = [argmax[index] for index in active]
+            self._record(active, chosen, launched.outputs.log_probs, stats_by_name(stats[:, active]), sequences)
+        elif active:
+            self._choose_next(outputs.logits[order], active, queued, argmax)
         limit = self.slot_cache.max_length - 2  # room for the last token's own row
-        for seq, slot in zip(sequences, self.slot_of, strict=True):
-            if seq.finish_reason is None and self.lengths[slot] >= limit:
+        for seq, length in zip(sequences, launched.lengths, strict=True):
+            if seq.finish_reason is None and length >= limit:
                 seq.finish(FinishReason.LENGTH)
 
-    def _sequence_order(self) -> torch.Tensor | slice:
-        """Index of the sequences' slots into a step's outputs (a slice, no copy, when they hold slots 0..n-1)."""
-        if self._order is None:
-            if self.slot_of == list(range(len(self.slot_of))):
-                self._order = slice(0, len(self.slot_of))
-            else:
-                self._order = torch.tensor(self.slot_of, dtype=torch.long, device=self.tokens.device)
+    def _host_buffers(self, outputs: _StepOutputs) -> _HostBuffers:
+        """One of two sets of host buffers, in turn: a step's results are read while the next step's are copied."""
+        self._buffer_turn ^= 1
+        buffers = self._buffers[self._buffer_turn]
+        if buffers is None:
+            pinned = self.tokens.device.type == "cuda"
+            buffers = self._buffers[self._buffer_turn] = _HostBuffers.like(outputs, pinned)
+        return buffers
+
+    def _index_of(self, slots: list[int], on_host: bool) -> torch.Tensor | slice:
+        """Index of `slots` into a step's outputs (a slice, no copy, when they are 0..n-1)."""
+        if slots == list(range(len(slots))):
+            return slice(0, len(slots))
+        if on_host:
+            return torch.tensor(slots, dtype=torch.long)
+        if self._order is None or self._order_slots != slots:
+            self._order = torch.tensor(slots, dtype=torch.long, device=self.tokens.device)
+            self._order_slots = slots
         return self._order
 
     # ------------------------------------------------------------------ membership
     def clear(self) -> None:
         """Every slot free (after a failure dropped the running sequences); the captured graphs stay valid."""
         self.sequences, self.slot_of, self._order = [], [], None
+        self._in_flight = None
         self.lengths = [0] * len(self.lengths)
         self._free = list(range(len(self.lengths) - 1, -1, -1))
 
@@ -239,14 +357,19 @@ class SlotDecodeBatch(DecodeBatch):
             raise ValueError(f"a prompt of {width} tokens does not fit a slot of {cache.max_length}")
         slots = [self._free.pop() for _ in range(rows)]
         layers: list[Any] = list(other.cache.layers)  # a prefill's DynamicCache: keys and values per layer
+        slot_index = torch.tensor(slots, dtype=torch.long, device=self.tokens.device)
         cache.place(
-            torch.tensor(slots, dtype=torch.long, device=self.tokens.device),
+            slot_index,
             [layer.keys for layer in layers],
             [layer.values for layer in layers],
             lengths,
         )
         for slot, length in zip(slots, lengths_host, strict=True):
             self.lengths[slot] = int(length)
+        pad = self.context.pad_token_id
+        first = [seq.tokens[-1].token_id if seq.tokens else pad for seq in other.sequences]
+        # Queued after any step in flight, whose graph leaves its argmax in every slot's input.
+        self.tokens.index_copy_(0, slot_index, torch.tensor(first, dtype=torch.long).view(-1, 1).to(self.tokens.device))
         self.sequences = self.sequences + other.sequences
         self.slot_of = self.slot_of + slots
         self._order = None

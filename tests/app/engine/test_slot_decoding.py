@@ -32,9 +32,11 @@ def _requests(engine: Engine, lengths: tuple[int, ...], **params: object) -> lis
     ]
 
 
-def _run_in_slots(engine: Engine, requests: list[GenerationRequest], slots: int, max_length: int = 256) -> list:
+def _run_in_slots(
+    engine: Engine, requests: list[GenerationRequest], slots: int, max_length: int = 256, lookahead: bool = False
+) -> list:
     """Continuous batching as the scheduler does it: prefill what fits, merge into free slots, step, pop."""
-    batch = SlotDecodeBatch(engine.context, slots=slots, max_length=max_length, cuda_graphs=False)
+    batch = SlotDecodeBatch(engine.context, slots=slots, max_length=max_length, cuda_graphs=False, lookahead=lookahead)
     waiting = list(enumerate(requests))
     done: dict[int, SequenceState] = {}
     while waiting or batch.sequences:
@@ -51,19 +53,24 @@ def _run_in_slots(engine: Engine, requests: list[GenerationRequest], slots: int,
     return [done[index] for index in range(len(requests))]
 
 
-def test_slots_equal_alone_with_joins_leaves_and_reused_slots(engine: Engine) -> None:
+@pytest.mark.parametrize("last_row", [True, False], ids=["consuming", "generating"])
+@pytest.mark.parametrize("lookahead", [False, True], ids=["in-step", "lookahead"])
+def test_slots_equal_alone_with_joins_leaves_and_reused_slots(engine: Engine, lookahead: bool, last_row: bool) -> None:
+    engine = Engine(engine.loaded, n_lags=engine.n_lags, last_row=last_row)
     requests = _requests(engine, (3, 9, 1, 6, 12, 4, 7))
-    for request, sequence in zip(requests, _run_in_slots(engine, requests, slots=3), strict=True):
+    for request, sequence in zip(requests, _run_in_slots(engine, requests, 3, lookahead=lookahead), strict=True):
         assert len(sequence.tokens) == request.params.max_new_tokens
         assert_same_sequences(engine, sequence, engine.generate([request])[0])
 
 
-def test_seeded_sampling_in_slots_equals_alone(engine: Engine) -> None:
-    requests = [
+@pytest.mark.parametrize("lookahead", [False, True], ids=["in-step", "lookahead"])
+def test_seeded_sampling_and_greedy_rows_in_slots_equal_alone(engine: Engine, lookahead: bool) -> None:
+    sampled = [
         replace(request, params=replace(request.params, seed=seed))
         for seed, request in enumerate(_requests(engine, (8, 5, 8), temperature=0.9, top_p=0.9))
     ]
-    for request, sequence in zip(requests, _run_in_slots(engine, requests, slots=2), strict=True):
+    requests = [*_requests(engine, (6, 9)), *sampled, *_requests(engine, (4,), top_logprobs=3)]
+    for request, sequence in zip(requests, _run_in_slots(engine, requests, 2, lookahead=lookahead), strict=True):
         assert_same_sequences(engine, sequence, engine.generate([request])[0])
 
 
@@ -75,10 +82,11 @@ def test_without_capture_same_tokens_and_no_rows(engine: Engine) -> None:
         assert engine.trace(sequence).token_ids == engine.trace(plain.generate([request])[0]).token_ids
 
 
-def test_a_sequence_that_would_outgrow_its_slot_ends_with_length(engine: Engine) -> None:
+@pytest.mark.parametrize("lookahead", [False, True], ids=["in-step", "lookahead"])
+def test_a_sequence_that_would_outgrow_its_slot_ends_with_length(engine: Engine, lookahead: bool) -> None:
     request = _requests(engine, (500,))[0]
     max_length = len(request.prompt_ids) + 8
-    (sequence,) = _run_in_slots(engine, [request], slots=1, max_length=max_length)
+    (sequence,) = _run_in_slots(engine, [request], slots=1, max_length=max_length, lookahead=lookahead)
     assert sequence.finish_reason is FinishReason.LENGTH
     assert len(request.prompt_ids) + len(sequence.tokens) == max_length - 1  # the last one fed for its own row
     alone = engine.generate([replace(request, params=replace(request.params, max_new_tokens=len(sequence.tokens)))])[0]
@@ -105,7 +113,7 @@ def test_every_supported_architecture_equals_alone(name: str, tmp_path: Path) ->
         return
     assert refusal is None
     requests = _requests(engine, (5, 9, 3, 7))
-    for request, sequence in zip(requests, _run_in_slots(engine, requests, slots=2), strict=True):
+    for request, sequence in zip(requests, _run_in_slots(engine, requests, 2, lookahead=True), strict=True):
         assert_same_sequences(engine, sequence, engine.generate([request])[0])
 
 

@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
@@ -189,14 +191,15 @@ def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_
     assert scheduler.in_flight == 0
 
 
+@pytest.mark.parametrize("lookahead", [False, True], ids=["in-step", "lookahead"])
 def test_with_a_slot_batch_the_scheduler_decodes_in_its_slots_and_answers_equal_alone(
-    engine: Engine, monkeypatch: Any
+    engine: Engine, monkeypatch: Any, lookahead: bool
 ) -> None:
     """What the scheduler does with the CUDA graph's slot batch (`Engine.running_batch`), its step run eagerly here:
     rows join its free slots and leave them, and every answer equals its request generated alone."""
     from app.engine.slot_decoding import SlotDecodeBatch
 
-    slot_batch = SlotDecodeBatch(engine.context, slots=2, max_length=128, cuda_graphs=False)
+    slot_batch = SlotDecodeBatch(engine.context, slots=2, max_length=128, cuda_graphs=False, lookahead=lookahead)
     handed_out: list[SlotDecodeBatch] = []
 
     def running_batch(slots: int) -> SlotDecodeBatch:
