@@ -15,7 +15,9 @@ step reads the same weights whatever the batch, so empty rows cost little). A se
 outgrow its slot finishes with reason `length`.
 
 Host work left per step: the rows' last tokens in, the chosen tokens, statistics and attention rows out,
-and what `DecodeBatch` does with them (stop tokens, stop strings, sampling of non-greedy rows). On a CPU
+and what `DecodeBatch` does with them (stop tokens, stop strings, sampling of non-greedy rows). While
+every row is greedy that work overlaps the next step: the graph leaves each row's argmax as its next
+input and the next replay is queued before this step's results are read (lookahead, `step`). On a CPU
 the same step runs eagerly (no graph), which is what the tests compare against `DecodeBatch`.
 """
 
@@ -136,7 +138,7 @@ class SlotDecodeBatch(DecodeBatch):
         self._lags = torch.arange(context.n_lags, -1, -1, device=device)  # a window's columns, oldest first
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, _StepOutputs]] = {}
         self._pool: Any = None  # the graphs' shared memory pool, once the first is captured
-        self._order: torch.Tensor | slice | None = None  # the sequences' slots, as an index (None: not built)
+        self._order: torch.Tensor | slice | None = None  # `_order_slots` as a device index (None: not built)
         self._dtype = next(context.model.parameters()).dtype
         self._order_slots: list[int] = []
         self.lookahead = self.cuda_graphs if lookahead is None else lookahead
