@@ -65,7 +65,7 @@ class SlotCache(Cache):
         head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
         parameter = next(model.parameters())
         shape = (slots, kv_heads, max_length, head_dim)
-        self.slots, self.max_length = slots, max_length
+        self.max_length = max_length
         self.view_length = max_length
         self.positions = torch.zeros(slots, dtype=torch.long, device=parameter.device)
         self.slot_layers = [
@@ -90,9 +90,9 @@ class SlotCache(Cache):
         source = (torch.arange(width, device=lengths.device)[None, :] + (width - lengths)[:, None]).clamp_(
             max=width - 1
         )
+        columns = source[:, None, :, None]
         for layer, new_keys, new_values in zip(self.slot_layers, keys, values, strict=True):
             assert layer.keys is not None and layer.values is not None
-            columns = source[:, None, :, None]
             layer.keys[:, :, :width].index_copy_(0, slots, new_keys.gather(2, columns.expand_as(new_keys)))
             layer.values[:, :, :width].index_copy_(0, slots, new_values.gather(2, columns.expand_as(new_values)))
         self.positions.index_copy_(0, slots, lengths)

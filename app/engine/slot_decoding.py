@@ -112,6 +112,11 @@ class _Launched:
         return host.argmax[index].tolist(), host.stats[:, index], rows
 
 
+def _read_on_host(seq: SequenceState) -> bool:
+    """A row whose step results are its argmax and statistics alone: greedy, no alternatives asked for."""
+    return seq.request.params.greedy and not seq.request.params.top_logprobs
+
+
 class SlotDecodeBatch(DecodeBatch):
     """Sequences in the slots of a `SlotCache`; `merge` takes in prefilled rows, `pop_done` frees slots."""
 
@@ -138,7 +143,7 @@ class SlotDecodeBatch(DecodeBatch):
         self._lags = torch.arange(context.n_lags, -1, -1, device=device)  # a window's columns, oldest first
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, _StepOutputs]] = {}
         self._pool: Any = None  # the graphs' shared memory pool, once the first is captured
-        self._order: torch.Tensor | slice | None = None  # `_order_slots` as a device index (None: not built)
+        self._order: torch.Tensor | None = None  # `_order_slots` as a device index (None: not built)
         self._dtype = next(context.model.parameters()).dtype
         self._order_slots: list[int] = []
         self.lookahead = self.cuda_graphs if lookahead is None else lookahead
@@ -237,10 +242,8 @@ class SlotDecodeBatch(DecodeBatch):
         self._record_launch(launched)
 
     def _all_greedy(self) -> bool:
-        return bool(self.sequences) and all(
-            seq.finish_reason is None and seq.request.params.greedy and not seq.request.params.top_logprobs
-            for seq in self.sequences
-        )
+        """Every running row still choosing, greedily: the next step's inputs are its argmax."""
+        return bool(self.sequences) and all(seq.finish_reason is None and _read_on_host(seq) for seq in self.sequences)
 
     def _launch(self, inputs_from_host: bool) -> _Launched:
         """Run (or queue, on a GPU) one step for the running sequences; its results copied where the host reads
@@ -262,7 +265,7 @@ class SlotDecodeBatch(DecodeBatch):
         for slot in slots:
             self.lengths[slot] += 1
         launched = _Launched(sequences, slots, [self.lengths[slot] for slot in slots], outputs)
-        if all(seq.request.params.greedy and not seq.request.params.top_logprobs for seq in sequences):
+        if all(_read_on_host(seq) for seq in sequences):
             launched.copy_for_host(self._host_buffers(outputs))
         if clock is not None:
             clock.lap(phase_timing.FORWARD)
@@ -327,7 +330,7 @@ class SlotDecodeBatch(DecodeBatch):
     # ------------------------------------------------------------------ membership
     def clear(self) -> None:
         """Every slot free (after a failure dropped the running sequences); the captured graphs stay valid."""
-        self.sequences, self.slot_of, self._order = [], [], None
+        self.sequences, self.slot_of = [], []
         self._in_flight = None
         self.lengths = [0] * len(self.lengths)
         self._free = list(range(len(self.lengths) - 1, -1, -1))
@@ -342,7 +345,6 @@ class SlotDecodeBatch(DecodeBatch):
         for slot in freed:
             self.lengths[slot] = 0
         self._free = sorted([*self._free, *freed], reverse=True)
-        self._order = None
 
     def merge(self, other: DecodeBatch) -> None:
         """Take in the rows of a just-prefilled `DecodeBatch` (left-padded cache): each into a free slot."""
@@ -374,4 +376,3 @@ class SlotDecodeBatch(DecodeBatch):
         self.tokens.index_copy_(0, slot_index, torch.tensor(first, dtype=torch.long).view(-1, 1).to(self.tokens.device))
         self.sequences = self.sequences + other.sequences
         self.slot_of = self.slot_of + slots
-        self._order = None
