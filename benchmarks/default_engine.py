@@ -10,7 +10,7 @@ import torch
 
 from app.engine.engine import Engine
 from app.engine.loading import LoadedModel, load_model
-from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL
+from app.settings import DEFAULT_MODEL, MODEL_ARTIFACTS
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.features import DEFAULT_N_LAGS, Convention
 
@@ -19,10 +19,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument(
         "--artifact",
-        type=lambda text: Path(text) if text else None,
-        default=DEFAULT_ARTIFACT,
-        help="the TAD artifact; '' for none: capture then reads what the server captures without one "
-        "(RAUQ and Attention Score), at the default lags",
+        default=None,
+        help="the TAD artifact (default: the catalog model's committed one, as the server picks it; none for "
+        "other models); '' for none: capture then reads what the server captures without one (RAUQ and "
+        "Attention Score), at the default lags",
     )
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tad-serve")
     parser.add_argument("--device", default="auto")
@@ -30,12 +30,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None)
 
 
+def artifact_path(args: argparse.Namespace) -> Path | None:
+    """The artifact `--artifact` names ('' for none), else the one the server would pick for `--model`."""
+    if args.artifact is None:
+        return MODEL_ARTIFACTS.get(args.model)
+    return Path(args.artifact) if args.artifact else None
+
+
 def load_capturing_engine(args: argparse.Namespace) -> tuple[LoadedModel, TadArtifact | None, Engine]:
     """The model, its artifact (None for `--artifact ''`) and the engine capturing what the server captures
     with it, but with stop tokens off: every answer runs to exactly the length a benchmark asks for."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    artifact = load_artifact(args.artifact) if args.artifact is not None else None
+    path = artifact_path(args)
+    artifact = load_artifact(path) if path is not None else None
     loaded = load_model(
         args.model,
         device=args.device,
