@@ -20,6 +20,13 @@ MODEL_ARTIFACTS: dict[str, Path] = {
     "gemma3-270m": REPO_ROOT / "models" / "gemma3-270m-tad",
 }
 DEFAULT_ARTIFACT = MODEL_ARTIFACTS[DEFAULT_MODEL]
+
+
+def committed_artifact(model: str) -> Path | None:
+    """The committed artifact a model spec is served with when none is named (None unless a catalog name)."""
+    return MODEL_ARTIFACTS.get(model.strip().lower())
+
+
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tad-serve"
 
 
@@ -134,7 +141,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _artifact_follows_the_model(self) -> Settings:
         if "artifact_dir" not in self.model_fields_set:
-            self.artifact_dir = MODEL_ARTIFACTS.get(self.model.strip().lower())
+            self.artifact_dir = committed_artifact(self.model)
         return self
 
     @field_validator("artifact_dir", mode="before")

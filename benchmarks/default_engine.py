@@ -10,7 +10,7 @@ import torch
 
 from app.engine.engine import Engine
 from app.engine.loading import LoadedModel, load_model
-from app.settings import DEFAULT_MODEL, MODEL_ARTIFACTS
+from app.settings import DEFAULT_MODEL, committed_artifact
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.features import DEFAULT_N_LAGS, Convention
 
@@ -33,7 +33,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def artifact_path(args: argparse.Namespace) -> Path | None:
     """The artifact `--artifact` names ('' for none), else the one the server would pick for `--model`."""
     if args.artifact is None:
-        return MODEL_ARTIFACTS.get(args.model)
+        return committed_artifact(args.model)
     return Path(args.artifact) if args.artifact else None
 
 

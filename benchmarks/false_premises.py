@@ -23,7 +23,7 @@ from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.serving.policy import Policy, resolve_policy
-from app.settings import DEFAULT_ARTIFACT, DEFAULT_CACHE_DIR, DEFAULT_MODEL, Settings
+from app.settings import DEFAULT_CACHE_DIR, DEFAULT_MODEL, Settings, committed_artifact
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import Manifest, load_artifact
 from app.uncertainty.features import Convention
@@ -71,10 +71,14 @@ def rules_of(manifest: Manifest, policy: Policy) -> list[Rule]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    parser.add_argument("--artifact", type=Path, default=None, help="default: the catalog model's committed one")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     parser.add_argument("--show", action="store_true", help="print every answer")
     args = parser.parse_args()
+    if args.artifact is None:
+        args.artifact = committed_artifact(args.model)
+        if args.artifact is None:
+            parser.error(f"--artifact: {args.model} has no committed artifact; name one")
 
     artifact = load_artifact(args.artifact)
     loaded = load_model(args.model, cache_dir=args.cache_dir, artifact_dtype=artifact.manifest.dtype)
