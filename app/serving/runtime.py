@@ -296,6 +296,14 @@ class Runtime:
             return self.settings.served_model_name
         return self.engine.identity.name if self.engine else self.settings.model
 
+    def serves(self, name: str) -> bool:
+        """Whether a request's `model` names this server's model: the name it serves under, or, when no
+        served name is configured, also the model spec it was started with (`TAD_MODEL=qwen2.5-coder-1.5b`),
+        which is what someone who typed that spec sends, as vLLM serves a model under the name it was given."""
+        if name == self.model_name:
+            return True
+        return not self.settings.served_model_name and name.strip() == self.settings.model.strip()
+
     def require_ready(self) -> tuple[Engine, Scheduler]:
         if self.state is State.DRAINING:
             raise NotReady("the service is shutting down", retry_after_s=10)

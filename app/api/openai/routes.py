@@ -35,7 +35,7 @@ class ModelNotFound(ServiceError):
 
 def _check_model(service: GenerationService, requested: str) -> None:
     served = service.served.model
-    if requested != served:
+    if not service.runtime.serves(requested):
         raise ModelNotFound(f"model '{requested}' is not served here; this server serves '{served}'", param="model")
 
 
@@ -148,7 +148,7 @@ async def models(runtime: RuntimeDep) -> ModelList:
 )
 async def model(model_id: str, runtime: RuntimeDep) -> ModelCard:
     runtime.require_ready()
-    if model_id != runtime.model_name:
+    if not runtime.serves(model_id):
         raise ModelNotFound(f"model {model_id!r} is not served here; GET /v1/models lists the one that is")
     return _model_card(runtime)
 

@@ -27,6 +27,15 @@ def test_models(client: openai.OpenAI) -> None:
         client.models.retrieve("gpt-9")
 
 
+def test_the_model_spec_the_server_was_started_with_names_its_model_too(
+    client: openai.OpenAI, service_settings: Settings
+) -> None:
+    # `TAD_MODEL=qwen2.5-coder-1.5b` serves "qwen2.5-coder-1.5b-instruct-q4_k_m"; a client that sends the
+    # name it started the server with is asking for that model (here the spec is the tiny model's folder).
+    reply = client.chat.completions.create(model=service_settings.model, messages=MESSAGES, max_tokens=2)
+    assert reply.model == "model"
+
+
 def test_null_means_not_set_as_in_the_openai_api(client: openai.OpenAI) -> None:
     nulls = {"n": None, "stream": None, "logprobs": None, "presence_penalty": None, "frequency_penalty": None}
     completion = client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=3, extra_body=nulls)
