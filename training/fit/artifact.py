@@ -2,7 +2,7 @@
 
 It is written into a sibling folder and moved to `--out` when complete: a fit killed midway leaves
 `--out` as it was, never regressors without their manifest. A refit in place (as
-scripts/train_default.sh does) keeps what lay beside the old artifact's own files: its reports and
+scripts/train_smollm2.sh does) keeps what lay beside the old artifact's own files: its reports and
 calibration runs.
 """
 
@@ -57,7 +57,7 @@ def write_artifact(
 
 def install_artifact(staging: Path, out: Path) -> None:
     """Move the finished artifact `staging` (a sibling of `out`) to `out`, replacing an artifact already there
-    (a refit in place, as scripts/train_default.sh does). Renames only: at every moment `out` is the old
+    (a refit in place, as scripts/train_smollm2.sh does). Renames only: at every moment `out` is the old
     artifact, the new one, or (between two renames) absent, never a mix. What lies beside the old artifact's
     own files (reports, calibration runs) is carried over to the new one."""
     # A fit killed between the renames left the old artifact aside: finish what it was doing first.

@@ -56,7 +56,7 @@ def test_a_fit_killed_while_writing_leaves_the_previous_artifact_and_the_next_re
         run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))
     monkeypatch.undo()
     assert load_artifact(out).manifest.regressor.params["alpha"] == 1.0
-    # The next refit in place (as scripts/train_default.sh does) replaces it and keeps what lies beside it.
+    # The next refit in place (as scripts/train_smollm2.sh does) replaces it and keeps what lies beside it.
     (out / "report").mkdir(exist_ok=True)  # the fit wrote its cv.json there
     (out / "report" / "report.md").write_text("kept")
     manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))

@@ -138,11 +138,13 @@ class Playground:
         """Errors the page logged since the last call (script errors, failed loads, CSP refusals)."""
         return [entry["message"] for entry in self.driver.get_log("browser") if entry["level"] == "SEVERE"]
 
-    def screenshot(self, path: Path, focus: WebElement | None = None) -> Path:
-        """The whole page (the window grows to the document's height first), `focus`'s tooltip open."""
+    def screenshot(self, path: Path, focus: WebElement | None = None, height: int | None = None) -> Path:
+        """The whole page (the window grows to the document's height first), or its top `height` pixels,
+        `focus`'s tooltip open."""
         width = self.driver.get_window_size()["width"]
-        height = self.driver.execute_script("return document.documentElement.scrollHeight")
-        self.driver.set_window_size(width, min(max(int(height) + 40, 600), 6000))
+        if height is None:
+            height = int(self.driver.execute_script("return document.documentElement.scrollHeight")) + 40
+        self.driver.set_window_size(width, min(max(height, 600), 6000))
         if focus is not None:  # resizing closes the tooltip: open it again where the token now is
             self.driver.execute_script("arguments[0].blur()", focus)
             self.focus(focus)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuilds a default artifact for SmolLM2-135M-Instruct and its reports from the shared data:
+# Rebuilds the artifact for SmolLM2-135M-Instruct and its reports from the shared data:
 # all seven datasets, asked both ways (the task's instruction, and chat-style: the question alone, as
 # users ask), up to TRAIN_LIMIT training records per dataset and style; dev answers for calibration
 # and evaluation; then fit (conventions x variants x alphas, target centring, row weighting),
