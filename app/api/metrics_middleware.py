@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from starlette.routing import BaseRoute, Match
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
+from app.api.openapi import CLIENT_CLOSED_REQUEST
 from app.serving.metrics import ServiceMetrics
 
 
@@ -45,17 +46,36 @@ class MetricsMiddleware:
         status = {"code": 500}
         tracked = scope.get("path", "").startswith("/v1/")
 
+        responded = False
+        disconnected = False
+
         async def send_wrapper(message: Message) -> None:
+            nonlocal responded
             if message["type"] == "http.response.start":
                 status["code"] = int(message["status"])
+                responded = True
             await send(message)
+
+        async def receive_wrapper() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+            return message
 
         if tracked:
             self.metrics.in_flight.inc()
             self.counter(+1)
+        failed = False
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
+        except Exception:
+            failed = True
+            raise
         finally:
+            if not responded and disconnected and not failed:
+                # The client left before any response (e.g. mid-body): not a server error to alert on.
+                status["code"] = CLIENT_CLOSED_REQUEST
             if tracked:
                 self.metrics.in_flight.dec()
                 self.counter(-1)

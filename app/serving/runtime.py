@@ -238,7 +238,9 @@ class Runtime:
             try:
                 engine, _ = self.require_ready()
                 path = self.settings.artifact_dir
-                if path is None or not (path / MANIFEST_NAME).is_file():
+                if path is None:
+                    raise ArtifactReloadError("TAD_ARTIFACT_DIR is not set: there is no artifact to reload")
+                if not (path / MANIFEST_NAME).is_file():
                     raise ArtifactReloadError(f"no artifact at {path}")
                 try:
                     artifact = load_artifact(path, manifest_sha256=self.settings.artifact_manifest_sha256)

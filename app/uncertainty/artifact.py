@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import joblib
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.hashing import file_sha256
@@ -245,9 +246,18 @@ def read_manifest(path: Path) -> Manifest:
     if not manifest_path.is_file():
         raise ArtifactError(f"no {MANIFEST_NAME} in artifact folder {path}")
     try:
-        return Manifest.model_validate(json.loads(manifest_path.read_text()))
-    except (json.JSONDecodeError, ValidationError) as error:
-        raise ArtifactError(f"invalid {manifest_path}: {error}") from error
+        data = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ArtifactError(f"{manifest_path} is not valid JSON (line {error.lineno}, column {error.colno})") from error
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as error:
+        # Each problem by field and pydantic's message only: its full text quotes the manifest's values.
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'the manifest'}: {item['msg']}"
+            for item in error.errors(include_url=False, include_input=False)
+        )
+        raise ArtifactError(f"invalid {manifest_path}: {problems}") from error
 
 
 def verify_files(path: Path, manifest: Manifest) -> None:
@@ -290,8 +300,25 @@ def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact
         raise ArtifactError(
             f"{path}: the regressor takes {n_features} features, the feature spec has {spec.stage2_size}"
         )
+    check_regressor(regressor, spec.stage2_size, path / manifest.regressor.file)
     scorer = TadScorer(regressor=regressor, spec=spec, epsilon=manifest.epsilon)
     return TadArtifact(path=path, manifest=manifest, scorer=scorer)
+
+
+def check_regressor(regressor: object, n_features: int, source: Path) -> None:
+    """One prediction on a feature row of zeros, so that a file holding something other than a stage-2
+    regressor (or one for other features) is refused at load, not on every request that needs TAD."""
+    predict = getattr(regressor, "predict", None)
+    if not callable(predict):
+        raise ArtifactError(f"{source} does not hold a regressor with predict() (it holds: {type(regressor).__name__})")
+    try:
+        prediction = np.asarray(predict(np.zeros((1, n_features))), dtype=np.float64)
+    except Exception as error:  # whatever the object raises: the artifact is unusable either way
+        raise ArtifactError(
+            f"{source}: the regressor fails on a row of {n_features} features ({type(error).__name__})"
+        ) from error
+    if prediction.shape not in ((1,), (1, 1)):
+        raise ArtifactError(f"{source}: the regressor predicts shape {prediction.shape} for one row, not one value")
 
 
 def write_manifest(path: Path, manifest: Manifest) -> Manifest:

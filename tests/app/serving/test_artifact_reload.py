@@ -100,6 +100,33 @@ def test_an_artifact_that_fails_to_unpickle_is_a_409_not_a_500(
     assert 'tad_artifact_reloads_total{outcome="refused"} 1.0' in client.get("/metrics").text
 
 
+def test_a_regressor_file_holding_no_regressor_is_refused_and_tad_keeps_working(
+    client: TestClient, served: Path
+) -> None:
+    # Hashes that match but a pickle of something else: refused at reload, not a 500 on every request after.
+    import joblib
+
+    from app.uncertainty.artifact import write_manifest
+
+    payload = {"messages": long_chat(client, 8), "max_new_tokens": 8}
+    serving_before = _confidences(client, payload)
+    joblib.dump(5, served / "regressor.joblib")
+    write_manifest(served, read_manifest(served))
+    response = client.post(RELOAD)
+    assert response.status_code == 409, response.text
+    assert "does not hold a regressor" in response.json()["error"]["message"]
+    assert _confidences(client, payload) == serving_before
+
+
+def test_an_unreadable_manifest_is_refused_without_parser_or_pydantic_text(client: TestClient, served: Path) -> None:
+    (served / "manifest.json").write_text("{not json")
+    message = client.post(RELOAD).json()["error"]["message"]
+    assert "is not valid JSON (line 1, column 2)" in message and "Expecting" not in message
+    (served / "manifest.json").write_text("[]")
+    message = client.post(RELOAD).json()["error"]["message"]
+    assert "invalid" in message and "pydantic" not in message and "input_value" not in message
+
+
 def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClient, served: Path) -> None:
     manifest = json.loads((served / "manifest.json").read_text())
     manifest["features"]["n_lags"] += 1

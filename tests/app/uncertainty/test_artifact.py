@@ -8,11 +8,12 @@ import shutil
 from pathlib import Path
 
 import joblib
+import numpy as np
 import pytest
 
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
-from app.uncertainty.artifact import ArtifactError, load_artifact, write_manifest
+from app.uncertainty.artifact import ArtifactError, load_artifact, read_manifest, write_manifest
 from app.uncertainty.methods import REGISTRY
 
 
@@ -131,7 +132,43 @@ def test_invalid_or_absent_manifest(artifact_copy: Path, tmp_path: Path) -> None
     with pytest.raises(ArtifactError, match=r"no manifest\.json"):
         load_artifact(tmp_path / "nowhere")
     (artifact_copy / "manifest.json").write_text("{not json")
-    with pytest.raises(ArtifactError, match="invalid"):
+    with pytest.raises(ArtifactError, match=r"manifest\.json is not valid JSON \(line 1, column 2\)$"):
+        load_artifact(artifact_copy)
+
+
+def test_an_invalid_manifest_is_named_by_field_without_quoting_its_values(artifact_copy: Path) -> None:
+    # The message reaches an operator through POST /admin/reload-artifact: pydantic's own text would quote
+    # the manifest's content and link its documentation.
+    manifest = _manifest(artifact_copy)
+    del manifest["llm"]
+    manifest["epsilon"] = "secret-looking value"
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError) as refused:
+        load_artifact(artifact_copy)
+    message = str(refused.value)
+    assert "llm: Field required" in message and "epsilon:" in message
+    assert "secret-looking" not in message and "pydantic.dev" not in message and "input_value" not in message
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [(5, r"does not hold a regressor .*\(it holds: int\)"), ("text", r"\(it holds: str\)")],
+)
+def test_a_regressor_file_that_holds_no_regressor_is_refused_at_load(
+    artifact_copy: Path, payload: object, message: str
+) -> None:
+    joblib.dump(payload, artifact_copy / "regressor.joblib")
+    write_manifest(artifact_copy, read_manifest(artifact_copy))
+    with pytest.raises(ArtifactError, match=message):
+        load_artifact(artifact_copy)
+
+
+def test_a_regressor_for_other_features_is_refused_at_load(artifact_copy: Path) -> None:
+    from sklearn.linear_model import Ridge
+
+    joblib.dump(Ridge().fit(np.zeros((2, 3)), [0.0, 1.0]), artifact_copy / "regressor.joblib")
+    write_manifest(artifact_copy, read_manifest(artifact_copy))
+    with pytest.raises(ArtifactError, match=r"regressor(\.joblib)?.*(takes 3 features|fails on a row)"):
         load_artifact(artifact_copy)
 
 
