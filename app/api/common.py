@@ -119,7 +119,9 @@ class PolicyOverride(StrictModel):
         None, strict=False, description="whose sequence uncertainty is compared (default: the service's)"
     )
     threshold: float | None = Field(None, description="reject when uncertainty > threshold")
-    target: str | None = Field(None, description="a target the artifact calibrated, e.g. 'error@0.3', 'coverage@0.8'")
+    target: str | None = Field(
+        None, max_length=64, description="a target the artifact calibrated, e.g. 'error@0.3', 'coverage@0.8'"
+    )
     action: RejectAction | None = Field(
         None,
         strict=False,

@@ -113,7 +113,13 @@ def _resolve_threshold(settings: Settings, artifact: TadArtifact | None, overrid
             known = sorted(artifact.manifest.thresholds.get(method, {})) if artifact else []
             raise InvalidRequest(
                 f"no calibrated threshold '{override.target}' for method {method.value}"
-                + (f" (available: {', '.join(known)})" if known else " (the artifact has none)"),
+                + (
+                    f" (available: {', '.join(known)})"
+                    if known
+                    else " (the artifact has none)"
+                    if artifact
+                    else " (no artifact is loaded: send policy.threshold)"
+                ),
                 param="policy.target",
             )
         return resolved

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from app.api.common import (
     MAX_TEXT_CHARS,
@@ -73,7 +73,7 @@ class OpenAIMessage(StrictModel):
 
 
 class _SamplingFields(StrictModel):
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=256)
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1.0, as in the OpenAI API")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     # OpenAI's API takes null for these as "not set"; so do these routes.
@@ -154,13 +154,21 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("must be false or null")
         return value
 
-    @model_validator(mode="after")
-    def _logprob_options(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs: true")
-        if all(is_blank(m.text()) for m in self.messages):
+    # Field validators, not a model one, so that a 422's `param` names the field (a model validator's
+    # errors are located at the body). `logprobs` is declared before `top_logprobs`: its value is in `info.data`.
+    @field_validator("messages")
+    @classmethod
+    def _some_text(cls, messages: list[OpenAIMessage]) -> list[OpenAIMessage]:
+        if all(is_blank(m.text()) for m in messages):
             raise ValueError("messages must contain some text")
-        return self
+        return messages
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, top_logprobs: int | None, info: ValidationInfo) -> int | None:
+        if top_logprobs and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs: true")
+        return top_logprobs
 
 
 # The schema's limit on each prompt in the list: the field's own max_length counts a list's items, not its text.

@@ -149,7 +149,8 @@ async def models(runtime: RuntimeDep) -> ModelList:
 async def model(model_id: str, runtime: RuntimeDep) -> ModelCard:
     runtime.require_ready()
     if not runtime.serves(model_id):
-        raise ModelNotFound(f"model {model_id!r} is not served here; GET /v1/models lists the one that is")
+        shown = model_id if len(model_id) <= 256 else f"{model_id[:256]}..."
+        raise ModelNotFound(f"model {shown!r} is not served here; GET /v1/models lists the one that is", param="model")
     return _model_card(runtime)
 
 

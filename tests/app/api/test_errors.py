@@ -51,6 +51,7 @@ def assert_error(response, status: int, param: str | None = None, error_type: st
         ({"prompt": "a", "policy": {"threshold": 1, "target": "error@0.3"}}, "policy"),
         ({"prompt": "a", "policy": {"method": "oracle"}}, "policy.method"),
         ({"prompt": "the " * 250}, "prompt"),
+        ({"prompt": "a", "policy": {"target": "error@" + "9" * 100}}, "policy.target"),
     ],
 )
 def test_generate_rejects_bad_input_naming_the_field(client: TestClient, payload: dict, param: str) -> None:
@@ -346,3 +347,15 @@ def test_an_operators_logprob_limit_names_the_field_the_route_takes(service_sett
         chat = {"model": model, "messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 3}
         assert_error(client.post("/v1/chat/completions", json=chat), 422, "top_logprobs")
         assert_error(client.post("/v1/generate", json={"prompt": "a", "top_logprobs": 3}), 422, "top_logprobs")
+
+
+def test_error_messages_do_not_repeat_long_client_input(client: TestClient) -> None:
+    long_name = "m" * 5000
+    chat = {"model": long_name, "messages": CHAT}
+    error = assert_error(client.post("/v1/chat/completions", json=chat), 422, "model")
+    assert long_name[:300] not in error["message"]
+    error = assert_error(client.get(f"/v1/models/{long_name}"), 404, "model")
+    assert len(error["message"]) < 400
+    target = {"prompt": "a", "policy": {"target": "t" * 5000}}
+    error = assert_error(client.post("/v1/generate", json=target), 422, "policy.target")
+    assert "t" * 100 not in error["message"]

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from app.api.streaming import stream_response
 from app.settings import RejectAction, Settings
@@ -59,3 +63,33 @@ def test_a_response_that_ends_before_its_stream_is_read_cancels_the_generation()
     with contextlib.suppress(Exception):
         asyncio.run(response(scope, receive, gone))
     assert cancelled == [item]
+
+
+def test_a_client_gone_before_a_withheld_burst_is_noticed_not_written_to(
+    service_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A withheld stream sends nothing until the decision, then every held token at once. If the client has
+    # left, that burst used to go whole to the closed socket, asyncio logging a warning per failed write.
+    import httpx
+
+    from tests.app.live_server import live_server
+
+    request = {
+        "prompt": "the",
+        "max_new_tokens": service_settings.max_new_tokens_limit,
+        "stream": True,
+        "policy": {"method": "msp", "threshold": 1e9, "action": "withhold"},  # accepted, so the burst comes
+    }
+    with (
+        live_server(service_settings) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+        caplog.at_level(logging.WARNING, logger="asyncio"),
+    ):
+        for _ in range(3):
+            with client.stream("POST", "/v1/generate", json=request) as response:
+                assert response.status_code == 200
+                next(response.iter_lines())  # then leave
+            time.sleep(1.0)
+        assert client.get("/ready").status_code == 200
+    failed_writes = [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
+    assert failed_writes == []

@@ -49,6 +49,12 @@ def test_a_named_method_without_a_threshold_for_the_target_is_refused_not_ungate
     assert resolve_policy(Settings(), ARTIFACT, PolicyRequest(method=Method.RAUQ, threshold=2.0)).threshold == 2.0  # type: ignore[arg-type]
 
 
+def test_a_target_without_an_artifact_says_there_is_none_to_calibrate_it() -> None:
+    with pytest.raises(InvalidRequest, match=r"no artifact is loaded: send policy.threshold") as refused:
+        resolve_policy(Settings(), None, PolicyRequest(method=Method.MSP, target="error@0.5"))
+    assert refused.value.param == "policy.target"
+
+
 def test_a_service_that_does_not_gate_leaves_a_named_method_ungated_too() -> None:
     settings = Settings(reject_target=None)
     policy = resolve_policy(settings, ARTIFACT, PolicyRequest(method=Method.RAUQ))  # type: ignore[arg-type]

@@ -144,6 +144,15 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
             model="model", messages=MESSAGES, extra_body={"tad": {"policy": {"target": "error@0.01"}}}
         )
     assert target.value.body["param"] == "tad.policy.target"
+    # Checks across fields still name the field the client must change.
+    with pytest.raises(openai.UnprocessableEntityError) as needs_logprobs:
+        client.chat.completions.create(model="model", messages=MESSAGES, top_logprobs=3)
+    assert needs_logprobs.value.body["param"] == "top_logprobs"
+    with pytest.raises(openai.UnprocessableEntityError) as no_text:
+        client.chat.completions.create(
+            model="model", messages=[{"role": "user", "content": [{"type": "text", "text": " "}]}]
+        )
+    assert no_text.value.body["param"] == "messages"
 
 
 def test_a_previous_answer_sent_back_as_dumped_and_harmless_options_are_served(client: openai.OpenAI) -> None:
