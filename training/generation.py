@@ -29,7 +29,7 @@ from app.engine.sequence import GenerationRequest
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
-from training.runs import RUN_FILE, TextTrace, read_run_settings, shard_done, write_shard
+from training.runs import RUN_FILE, TextTrace, read_run_settings, shard_done, write_plan, write_shard
 from training.targets import RESCORE_HINT, TARGETS_VERSION
 from training.tasks import PromptStyle, build_prompt, score_answer
 from training.tasks import max_new_tokens as default_length
@@ -62,6 +62,8 @@ class GenerateOptions:
     prompt_style: PromptStyle = PromptStyle.TASK
     # The option that names `out` in the caller's command line, for messages (calibrate's is --run-dir).
     out_option: str = "--out"
+    # The model an artifact was trained for (evaluate, calibrate): another one is refused before generating.
+    expected_model_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,26 @@ def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0, 
     staging.replace(path)
 
 
+def without_duplicate_ids(records: list[LocatedRecord], bad: list[BadRecord]) -> list[LocatedRecord]:
+    """The records with each dataset/id once: a later one is a bad record (every command after `generate`
+    refuses an answer key seen twice, so keeping it would make the run unusable)."""
+    first: dict[tuple[str, str], LocatedRecord] = {}
+    kept = []
+    for located in records:
+        key = (located.dataset, located.record.id)
+        if key in first:
+            seen = first[key]
+            item = BadRecord(
+                located.path, located.line, f"duplicate id {located.record.id!r} (first at {seen.path}:{seen.line})"
+            )
+            logger.warning("skipping %s", item)
+            bad.append(item)
+            continue
+        first[key] = located
+        kept.append(located)
+    return kept
+
+
 def plan_shards(records: Sequence[LocatedRecord], shard_size: int) -> list[list[LocatedRecord]]:
     return [list(records[i : i + shard_size]) for i in range(0, len(records), shard_size)]
 
@@ -277,7 +299,9 @@ def answer_records(
 def run_generate(options: GenerateOptions, distribution: Distribution | None = None) -> Path:
     distribution = distribution or Distribution.detect()
     bad: list[BadRecord] = []
-    records = list(read_records(options.data, limit=options.limit, bad=bad, skip=options.skip))
+    records = without_duplicate_ids(
+        list(read_records(options.data, limit=options.limit, bad=bad, skip=options.skip)), bad
+    )
     bad_in_data = len(bad)
     if not records:
         # Not an error (a --skip past the end is a finished extension), but an empty run is almost always a
@@ -290,9 +314,15 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         check_unchanged(out, model_free, options.out_option, ignored=LOADED_MODEL_SETTINGS)
     device = distribution.device or options.device
     loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)
+    if options.expected_model_sha256 is not None and loaded.identity.sha256 != options.expected_model_sha256:
+        raise SystemExit(
+            f"--model {options.model} ({loaded.identity.name}) is not the model the artifact was trained for: "
+            "its answers cannot be scored with this artifact"
+        )
     dtype = str(loaded.model.dtype).removeprefix("torch.")
     settings = run_settings(loaded.identity, dtype, model_free)
     check_or_write_settings(out, settings, distribution.rank, options.out_option)
+    write_plan(out, len(shards), distribution.rank)
     mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]
     todo = [i for i in mine if not shard_done(out, i)]
     logger.info(

@@ -61,5 +61,8 @@ def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
         dtype=artifact.manifest.dtype,
         cache_dir=source.cache_dir,
         out_option=source.run_dir_option,
+        # Answers of another model would be scored with this artifact's thresholds (calibrate would rewrite
+        # them): refused once the model is loaded, before anything is generated.
+        expected_model_sha256=artifact.manifest.llm.sha256,
     )
     return [run_generate(options)]

@@ -16,6 +16,7 @@ temporary name and renamed), so an interrupted run never leaves a half shard beh
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,8 +30,12 @@ from numpy.typing import ArrayLike
 from app.uncertainty.trace import TokenTrace
 from training.tasks import PromptStyle
 
+logger = logging.getLogger(__name__)
+
 SHARDS = "shards"
 RUN_FILE = "run.json"
+# How many shards `generate` planned (runs made before it was written have none: not checked).
+PLAN_FILE = "plan.json"
 STAT_PREFIX = "stat-"
 
 
@@ -120,7 +125,29 @@ def write_shard(run_dir: Path, index: int, texts: Sequence[TextTrace], attention
 
 
 def read_shard(path: Path) -> list[TextTrace]:
+    """A completed shard's texts; a damaged one (a file cut short, an entry missing what every command
+    reads) is named with what to do, not met later as a numpy or key error."""
+    try:
+        texts = _read_shard(path)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        raise SystemExit(
+            f"shard {path} is damaged ({type(error).__name__}: {error}): delete the folder and rerun the same "
+            "generate command, which makes that shard again"
+        ) from None
+    return texts
+
+
+REQUIRED_META = ("key", "dataset", "target")
+
+
+def _read_shard(path: Path) -> list[TextTrace]:
     metas = json.loads((path / "texts.json").read_text())
+    if not isinstance(metas, list):
+        raise ValueError("texts.json is not a list")
+    for meta in metas:
+        missing = [name for name in REQUIRED_META if not isinstance(meta, dict) or name not in meta]
+        if missing:
+            raise KeyError(f"an entry of texts.json has no {', '.join(missing)}")
     offsets = np.load(path / "offsets.npy")
     token_ids = np.load(path / "token_ids.npy")
     stats = {
@@ -216,8 +243,34 @@ def completed_shards(run_dir: Path) -> list[Path]:
     )
 
 
+def write_plan(run_dir: Path, shards: int, rank: int = 0) -> None:
+    """Record how many shards the run will hold (every data-parallel process plans the same)."""
+    staging = run_dir / f"{PLAN_FILE}.{rank}.tmp"
+    staging.write_text(json.dumps({"shards": shards}) + "\n")
+    staging.replace(run_dir / PLAN_FILE)
+
+
+def planned_shards(run_dir: Path) -> int | None:
+    path = run_dir / PLAN_FILE
+    try:
+        return int(json.loads(path.read_text())["shards"]) if path.is_file() else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def iter_texts(run_dirs: Sequence[Path]) -> Iterator[TextTrace]:
-    """Every text of every completed shard of the runs (data-parallel shards included)."""
+    """Every text of every completed shard of the runs (data-parallel shards included); a run whose
+    `generate` has not finished is used as it is, with a warning naming what it lacks."""
     for run_dir in run_dirs:
-        for shard in completed_shards(Path(run_dir)):
+        shards = completed_shards(Path(run_dir))
+        planned = planned_shards(Path(run_dir))
+        if planned is not None and len(shards) < planned:
+            logger.warning(
+                "run %s holds %d of its %d shards: its generate has not finished (rerun it to complete the "
+                "run); using the answers it has",
+                run_dir,
+                len(shards),
+                planned,
+            )
+        for shard in shards:
             yield from read_shard(shard)

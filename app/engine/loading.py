@@ -155,8 +155,16 @@ def weights_sha256(source: ModelSource) -> str:
 
 
 def resolve_device(device: str) -> str:
+    """`auto`: cuda where there is one, else cpu; any other name is checked here, so that a typo or a GPU
+    that is not there is one clear error, not a traceback from the first tensor moved."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ModelLoadError(f"device {device!r} is not a device name: use auto, cpu, cuda or cuda:<index>") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r}: no CUDA device is available here (use auto or cpu)")
     return device
 
 

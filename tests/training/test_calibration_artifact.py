@@ -66,3 +66,27 @@ def test_dev_records_and_a_missing_source_are_refused(
         main(["calibration-artifact", "--out", str(tmp_path / "a")])
     assert refused.value.code == 2 and "--data" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    "extra", [["--limit", "3"], ["--model", "other"], ["--dtype", "bfloat16"], ["--prompt-style", "task"]]
+)
+def test_generation_options_with_run_are_refused_not_ignored(
+    extra: list[str], tmp_path: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["calibration-artifact", "--out", str(tmp_path / "a"), "--run", str(tiny_runs["train"]), *extra])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "only apply when generating" in err and extra[0] in err
+
+
+def test_a_trained_artifact_at_out_is_refused_before_generating(
+    tmp_path: Path, tiny_artifact: Path, tiny_data: dict[str, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    trained = Path(shutil.copytree(tiny_artifact, tmp_path / "trained"))
+    with pytest.raises(SystemExit) as refused:
+        main(["calibration-artifact", "--out", str(trained), "--data", *map(str, tiny_data["train"])])
+    assert refused.value.code == 2 and "holds a trained artifact" in capsys.readouterr().err
+    assert not (trained / "calibration-run").exists()

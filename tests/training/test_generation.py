@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import training.generation as generate_module
 from training.generation import GenerateOptions, run_generate
@@ -186,3 +187,64 @@ def test_a_run_made_when_chat_was_called_bare_is_continued_as_chat(
     assert len(list(iter_texts([out]))) == 4
     with pytest.raises(SystemExit, match=r"different settings \(prompt_style\)"):
         run_generate(replace(chat, prompt_style=PromptStyle.TASK))
+
+
+def test_a_duplicate_id_is_a_bad_record_not_a_second_answer(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+) -> None:
+    # Every command after generate refuses an answer key seen twice: the run must not hold one.
+    lines = tiny_data["dev"][0].read_text().splitlines()[:2]
+    twice = tmp_path / "twice_dev.jsonl"
+    twice.write_text("\n".join([lines[0], lines[1], lines[0]]) + "\n")
+    out = tmp_path / "run"
+    run_generate(_options(tiny_model_dir, [twice], out))
+    assert [t.meta["line"] for t in iter_texts([out])] == [1, 2]
+    (report,) = (out / "bad_records.0.txt").read_text().splitlines()
+    assert report.startswith(f"{twice}:3") and f"first at {twice}:1" in report
+
+
+def test_a_run_whose_generate_has_not_finished_is_read_with_a_warning(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    out = tmp_path / "run"
+    run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out))
+    with caplog.at_level("WARNING", logger="training.runs"):
+        complete = list(iter_texts([out]))
+    assert not caplog.records
+    shards = completed_shards(out)
+    shutil.rmtree(shards[-1])  # what a generate killed before its last shard leaves
+    with caplog.at_level("WARNING", logger="training.runs"):
+        partial = list(iter_texts([out]))
+    assert len(partial) < len(complete)
+    assert f"holds {len(shards) - 1} of its {len(shards)} shards" in caplog.text
+
+
+def test_a_damaged_shard_is_named_not_met_as_a_numpy_or_key_error(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+) -> None:
+    out = tmp_path / "run"
+    run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=8))
+    shard = completed_shards(out)[0]
+    attention = shard / "attention.npy"
+    attention.write_bytes(attention.read_bytes()[:200])
+    with pytest.raises(SystemExit, match=rf"shard {shard} is damaged .*rerun the same generate"):
+        list(iter_texts([out]))
+    metas = json.loads((shard / "texts.json").read_text())
+    del metas[0]["target"]
+    (shard / "texts.json").write_text(json.dumps(metas))
+    with pytest.raises(SystemExit, match="has no target"):
+        list(iter_texts([out]))
+
+
+def test_another_device_than_this_machine_has_is_one_clear_error(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+) -> None:
+    from app.engine.loading import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="not a device name"):
+        run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], tmp_path / "bogus", device="bogus"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="no CUDA device"):
+            run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], tmp_path / "cuda", device="cuda"))

@@ -69,3 +69,16 @@ def test_a_path_that_is_not_a_run_is_refused(
     source = RunSource(data=[], runs=[path], default_run_dir=tmp_path / "unused")
     with pytest.raises(SystemExit, match=r"does not exist|not a folder|not a generation run"):
         obtain_runs(source, load_artifact(tiny_artifact))
+
+
+def test_generating_with_another_model_than_the_artifacts_is_refused_before_any_answer(
+    tiny_artifact: Path, tiny_data: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    # calibrate --data would otherwise rewrite the artifact's thresholds from another model's answers.
+    from tests.fixtures.tiny_model import write_tiny_model
+
+    other = write_tiny_model(tmp_path / "other-model", seed=1)
+    source = RunSource(data=tiny_data["dev"][:1], runs=[], default_run_dir=tmp_path / "run", model=str(other))
+    with pytest.raises(SystemExit, match="not the model the artifact was trained for"):
+        obtain_runs(source, load_artifact(tiny_artifact))
+    assert not list((tmp_path / "run").glob("shards/*"))
