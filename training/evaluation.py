@@ -292,6 +292,8 @@ def run_evaluate(
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(report_markdown(report))
+    for stale in out.glob("rejection_*.png"):  # an earlier report's datasets that this one may not have
+        stale.unlink()
     for name, data in arrays.items():
         plot_curves(name, data, out / f"rejection_{name}.png")
     return report

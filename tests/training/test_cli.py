@@ -220,3 +220,11 @@ def test_options_of_studies_not_adopted_are_gone(argv: list[str], capsys: pytest
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments" in err or "invalid choice: 'rescore'" in err
+
+
+def test_a_default_target_that_was_not_asked_for_is_refused_before_calibrating(
+    tiny_artifact: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["calibrate", "--artifact", str(tiny_artifact), "--run", str(tiny_runs["dev"]), "--error", "0.3"]
+    err = _fails([*argv, "--default-target", "error@0.42"], capsys, code=2)
+    assert "--default-target error@0.42 is not one of the targets asked for (coverage@0.5" in err

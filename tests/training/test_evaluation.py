@@ -74,3 +74,14 @@ def test_an_artifact_of_another_model_is_refused(
     (other / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(SystemExit, match="different model"):
         run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 0, other)
+
+
+def test_a_rerun_into_the_same_folder_leaves_no_curve_of_the_earlier_report(
+    tiny_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "rejection_gone_dataset.png").write_bytes(b"an earlier report's curve")
+    run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), out, 0)
+    curves = {path.name for path in out.glob("rejection_*.png")}
+    assert "rejection_gone_dataset.png" not in curves and "rejection_overall.png" in curves

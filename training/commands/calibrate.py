@@ -44,8 +44,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> None:
     if not args.coverage and not args.error:
         raise UsageError("give at least one --coverage or --error target (none would remove every threshold)")
-    from training.calibration import CalibrationTargets, run_calibrate
+    from training.calibration import KEEP_HALF, CalibrationTargets, run_calibrate
+    from training.thresholds import coverage_name, error_name
 
+    asked = [*map(coverage_name, args.coverage), *map(error_name, args.error)]
+    if args.default_target not in (None, KEEP_HALF, *asked):
+        # Checked before generating and calibrating, which take minutes on a real model.
+        raise UsageError(
+            f"--default-target {args.default_target} is not one of the targets asked for ({', '.join(asked)}) "
+            f"nor {KEEP_HALF}"
+        )
     source = run_source_of(args, args.run_dir or args.artifact / "calibration-run", "--run-dir")
     targets = CalibrationTargets(args.coverage, args.error, args.delta, args.seed, args.default_target, args.order)
     manifest = run_calibrate(args.artifact, source, targets)
