@@ -38,6 +38,12 @@ def run_fit(options: FitOptions) -> Manifest:
     started = time.monotonic()
     check_out(options.out, options.runs)
     texts, settings, lags = load_runs(options.runs, options.n_lags)
+    if len({t.target for t in texts}) < 2:
+        # Every PRR would be undefined and every regressor a constant: nothing to rank answers with.
+        raise SystemExit(
+            f"all {len(texts)} answers have the same quality ({texts[0].target:g}): fit needs right and wrong "
+            "answers (other data, or more records)"
+        )
     identity = ModelIdentity.model_validate(settings["identity"])
     results = cross_validate_conventions(texts, identity, lags, options)
     result, centrings, weightings = settle_trials(texts, results[choose_convention(results)], options)

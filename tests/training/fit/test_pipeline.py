@@ -86,3 +86,15 @@ def test_the_artifact_records_its_decision_method_and_the_dtype_of_its_answers(
     adopted = decision["interval"] is not None and decision["interval"][0] > 0
     assert decision["chosen"] == (decision["challenger"] if adopted else "tad")
     assert manifest.dtype == "float32"  # the tiny runs were generated in float32
+
+
+def test_answers_all_alike_are_refused_not_fitted_to_a_nan(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    import json
+
+    run = Path(shutil.copytree(tiny_runs["train"], tmp_path / "all-wrong"))
+    for texts in run.glob("shards/*/texts.json"):
+        metas = json.loads(texts.read_text())
+        texts.write_text(json.dumps([{**meta, "target": 0.0} for meta in metas]))
+    with pytest.raises(SystemExit, match=r"answers have the same quality \(0\): fit needs right and wrong"):
+        run_fit(FitOptions(runs=[run], out=tmp_path / "a", **QUICK_FIT))
+    assert not (tmp_path / "a").exists()
