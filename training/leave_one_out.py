@@ -122,6 +122,14 @@ def run_lodo(
         texts = [t for t in texts if t.dataset in kept]
         tests = [t for t in tests if t.dataset in kept]
     datasets = sorted({t.dataset for t in tests} & {t.dataset for t in texts})
+    if len({t.dataset for t in texts}) < 2 or not datasets:
+        # Each held-out dataset is fitted on the others and scored on its test answers: there must be others,
+        # and a dataset both sides hold (otherwise the tables would be empty).
+        raise SystemExit(
+            "lodo needs training runs holding at least two datasets, and test runs holding one of them "
+            f"(training: {', '.join(sorted({t.dataset for t in texts})) or 'none'}; "
+            f"test: {', '.join(sorted({t.dataset for t in tests})) or 'none'})"
+        )
     if held_out is not None:
         missing = sorted(set(held_out) - set(datasets))
         if missing:

@@ -192,6 +192,32 @@ def test_one_dataset_is_refused(tiny_runs: dict[str, Path], tiny_artifact: Path,
         _lodo(tiny_runs, tiny_artifact, tmp_path, "--datasets", "squad")
 
 
+def test_training_runs_of_one_dataset_are_refused_not_reported_empty(
+    tiny_runs: dict[str, Path],
+    tiny_artifact: Path,
+    tiny_model_dir: Path,
+    tiny_data: dict[str, list[Path]],
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import N_LAGS
+
+    options = GenerateOptions(
+        data=tiny_data["train"][:1],
+        out=tmp_path / "one",
+        model=str(tiny_model_dir),
+        dtype="float32",
+        n_lags=N_LAGS,
+        max_new_tokens=10,
+        batch_size=8,
+        shard_size=16,
+    )
+    one = run_generate(options)
+    test = ["--test", str(tiny_runs["dev"]), "--artifact", str(tiny_artifact), "--out", str(tmp_path / "lodo")]
+    with pytest.raises(SystemExit, match="lodo needs training runs holding at least two datasets"):
+        main(["lodo", str(one), *test])
+    assert not (tmp_path / "lodo" / "lodo.json").exists()
+
+
 @pytest.mark.parametrize("side", ["train", "test"])
 @pytest.mark.parametrize(
     ("setting", "value", "message"), [("model_sha256", "0" * 64, "another model"), ("n_lags", 1, "stores 1 lags")]
