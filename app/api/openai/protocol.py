@@ -8,7 +8,7 @@ rather than silently ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -72,6 +72,17 @@ class OpenAIMessage(StrictModel):
         return "\n".join(part.text for part in self.content)
 
 
+# What the schema says of checks across fields (validation enforces the same; design.md).
+STREAM_OPTIONS_NEED_STREAM: dict[str, Any] = {
+    "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+TOP_LOGPROBS_NEED_LOGPROBS: dict[str, Any] = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
+
+
 class _SamplingFields(StrictModel):
     model: str = Field(min_length=1, max_length=256)
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1.0, as in the OpenAI API")
@@ -89,6 +100,14 @@ class _SamplingFields(StrictModel):
     )
     user: str | None = None
     tad: TadOptions | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        # OpenAI's API (and vLLM) refuse it too: the options would be silently ignored.
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed with stream: true")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -110,11 +129,8 @@ class ChatCompletionRequest(_SamplingFields):
     model_config = ConfigDict(
         extra="forbid",
         strict=True,
-        # Validation: top_logprobs > 0 needs logprobs: true. The schema says the same.
-        json_schema_extra={
-            "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
-            "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
-        },
+        # Validation: top_logprobs > 0 needs logprobs: true, stream_options needs stream: true.
+        json_schema_extra={"allOf": [TOP_LOGPROBS_NEED_LOGPROBS, STREAM_OPTIONS_NEED_STREAM]},
     )
 
     messages: list[OpenAIMessage] = Field(
@@ -176,6 +192,8 @@ PromptText = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
 class CompletionRequest(_SamplingFields):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"allOf": [STREAM_OPTIONS_NEED_STREAM]})
+
     prompt: str | list[PromptText] = Field(
         max_length=MAX_TEXT_CHARS,
         description="one prompt (a string, or a list holding one string), not blank",

@@ -153,6 +153,9 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
             model="model", messages=[{"role": "user", "content": [{"type": "text", "text": " "}]}]
         )
     assert no_text.value.body["param"] == "messages"
+    with pytest.raises(openai.UnprocessableEntityError) as not_streaming:
+        client.chat.completions.create(model="model", messages=MESSAGES, stream_options={"include_usage": True})
+    assert not_streaming.value.body["param"] == "stream_options"
 
 
 def test_a_previous_answer_sent_back_as_dumped_and_harmless_options_are_served(client: openai.OpenAI) -> None:
