@@ -312,6 +312,10 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     model_free = settings_before_loading(options)  # hashes the data files: once
     if (out / RUN_FILE).is_file():  # the model-free settings now: a loaded model would tell nothing more of them
         check_unchanged(out, model_free, options.out_option, ignored=LOADED_MODEL_SETTINGS)
+    elif out.is_dir() and any(not item.name.endswith(".tmp") for item in out.iterdir()):
+        # Not a run (no run.json) yet not empty: a run written into it would mix with what is there.
+        # (A `.tmp` is another data-parallel process writing run.json this moment.)
+        raise SystemExit(f"{options.out_option} {out} is a folder with other files in it: give a new or empty one")
     device = distribution.device or options.device
     loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)
     if options.expected_model_sha256 is not None and loaded.identity.sha256 != options.expected_model_sha256:

@@ -248,3 +248,18 @@ def test_another_device_than_this_machine_has_is_one_clear_error(
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match="no CUDA device"):
             run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], tmp_path / "cuda", device="cuda"))
+
+
+def test_a_folder_that_is_not_a_run_is_not_written_into(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+) -> None:
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone's files")
+    with pytest.raises(SystemExit, match=r"--out .*notes is a folder with other files in it"):
+        run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=4))
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], empty, limit=4))
+    assert (empty / "run.json").is_file()
