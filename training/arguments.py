@@ -95,24 +95,30 @@ def add_artifact_and_run_options(parser: argparse.ArgumentParser) -> None:
     add_generation_options(parser)
 
 
+def refuse_generation_options(given: dict[str, object]) -> None:
+    """With --run nothing is generated: options that shape a generation (given: set to other than their
+    default, else None or []) are refused, since dropping them silently would report on other answers than
+    the user asked for."""
+    ignored = [option for option, value in given.items() if value not in (None, [])]
+    if ignored:
+        raise UsageError(f"{', '.join(ignored)} only apply when generating: with --run, leave them out")
+
+
 def run_source_of(args: argparse.Namespace, default_run_dir: Path, run_dir_option: str) -> RunSource:
     """Where evaluate and calibrate get their traces: --run, or a run generated on --data (in
     `default_run_dir`, which the command's `run_dir_option` sets)."""
     from training.run_source import RunSource  # imports the engine: not for --help
 
     if args.run:
-        # They shape a generation; with --run nothing is generated, and dropping them silently would report
-        # on other answers than the user asked for.
-        given = {
-            "--data": args.data,
-            "--model": args.model,
-            "--limit": args.limit,
-            "--max-new-tokens": args.max_new_tokens,
-            "--run-dir": getattr(args, "run_dir", None),
-        }
-        ignored = [option for option, value in given.items() if value not in (None, [])]
-        if ignored:
-            raise SystemExit(f"{', '.join(ignored)} only apply when generating: with --run, leave them out")
+        refuse_generation_options(
+            {
+                "--data": args.data,
+                "--model": args.model,
+                "--limit": args.limit,
+                "--max-new-tokens": args.max_new_tokens,
+                "--run-dir": getattr(args, "run_dir", None),
+            }
+        )
 
     return RunSource(
         run_dir_option=run_dir_option,

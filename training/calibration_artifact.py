@@ -181,10 +181,15 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
     return _write(options.out, manifest, report)
 
 
+def refuse_trained_artifact(out: Path, error: type[Exception] = SystemExit) -> None:
+    """A calibration-only artifact never replaces a trained one (its regressor would be orphaned)."""
+    if (out / "regressor.joblib").exists():
+        raise error(f"{out} holds a trained artifact: write the calibration-only one elsewhere")
+
+
 def _write(out: Path, manifest: Manifest, report: dict[str, Any]) -> Manifest:
     """The manifest and its report, into `out` (created; an existing artifact's regressor is not kept)."""
-    if (out / "regressor.joblib").exists():
-        raise SystemExit(f"{out} holds a trained artifact: write the calibration-only one elsewhere")
+    refuse_trained_artifact(out)
     (out / REPORT).parent.mkdir(parents=True, exist_ok=True)
     staging = (out / REPORT).with_name(f"{REPORT.name}.{os.getpid()}.tmp")
     staging.write_text(json.dumps(finite_tree(report), indent=2, allow_nan=False) + "\n")

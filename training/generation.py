@@ -29,7 +29,7 @@ from app.engine.sequence import GenerationRequest
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
-from training.runs import RUN_FILE, TextTrace, read_run_settings, shard_done, write_plan, write_shard
+from training.runs import RUN_ENTRIES, RUN_FILE, TextTrace, read_run_settings, shard_done, write_plan, write_shard
 from training.targets import RESCORE_HINT, TARGETS_VERSION
 from training.tasks import PromptStyle, build_prompt, score_answer
 from training.tasks import max_new_tokens as default_length
@@ -312,9 +312,11 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     model_free = settings_before_loading(options)  # hashes the data files: once
     if (out / RUN_FILE).is_file():  # the model-free settings now: a loaded model would tell nothing more of them
         check_unchanged(out, model_free, options.out_option, ignored=LOADED_MODEL_SETTINGS)
-    elif out.is_dir() and any(not item.name.endswith(".tmp") for item in out.iterdir()):
-        # Not a run (no run.json) yet not empty: a run written into it would mix with what is there.
-        # (A `.tmp` is another data-parallel process writing run.json this moment.)
+    elif out.is_dir() and any(
+        item.name not in RUN_ENTRIES and not item.name.endswith(".tmp") for item in out.iterdir()
+    ):
+        # Not a run (no run.json) yet not empty: a run written into it would mix with what is there. (A
+        # `.tmp`, or a run's own entry, is another data-parallel process starting the same run this moment.)
         raise SystemExit(f"{options.out_option} {out} is a folder with other files in it: give a new or empty one")
     device = distribution.device or options.device
     loaded = load_model(options.model, device=device, dtype=options.dtype, cache_dir=options.cache_dir)

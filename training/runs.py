@@ -36,6 +36,10 @@ SHARDS = "shards"
 RUN_FILE = "run.json"
 # How many shards `generate` planned (runs made before it was written have none: not checked).
 PLAN_FILE = "plan.json"
+# A run folder's own entries (besides per-rank temporary files and bad-record reports).
+RUN_ENTRIES = frozenset({RUN_FILE, PLAN_FILE, SHARDS})
+# What every command reads of a text's entry in texts.json.
+REQUIRED_META = ("key", "dataset", "target")
 STAT_PREFIX = "stat-"
 
 
@@ -129,15 +133,14 @@ def read_shard(path: Path) -> list[TextTrace]:
     reads) is named with what to do, not met later as a numpy or key error."""
     try:
         texts = _read_shard(path)
+    except PermissionError:
+        raise  # not damage: the files are there, this user cannot read them
     except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
         raise SystemExit(
-            f"shard {path} is damaged ({type(error).__name__}: {error}): delete the folder and rerun the same "
-            "generate command, which makes that shard again"
-        ) from None
+            f"shard {path} is damaged ({type(error).__name__}: {error}): move the folder aside and rerun the "
+            "same generate command, which makes that shard again"
+        ) from error
     return texts
-
-
-REQUIRED_META = ("key", "dataset", "target")
 
 
 def _read_shard(path: Path) -> list[TextTrace]:

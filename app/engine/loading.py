@@ -160,11 +160,15 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        kind = torch.device(device).type
+        parsed = torch.device(device)
     except RuntimeError:
         raise ModelLoadError(f"device {device!r} is not a device name: use auto, cpu, cuda or cuda:<index>") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r}: no CUDA device is available here (use auto or cpu)")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelLoadError(f"device {device!r}: no CUDA device is available here (use auto or cpu)")
+        if parsed.index is not None and parsed.index >= count:
+            raise ModelLoadError(f"device {device!r}: this machine has {count} CUDA device(s), numbered from 0")
     return device
 
 

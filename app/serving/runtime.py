@@ -304,7 +304,7 @@ class Runtime:
         which is what someone who typed that spec sends, as vLLM serves a model under the name it was given."""
         if name == self.model_name:
             return True
-        return not self.settings.served_model_name and name.strip() == self.settings.model.strip()
+        return not self.settings.served_model_name and name == self.settings.model
 
     def require_ready(self) -> tuple[Engine, Scheduler]:
         if self.state is State.DRAINING:

@@ -317,8 +317,8 @@ def check_regressor(regressor: object, n_features: int, source: Path) -> None:
         raise ArtifactError(
             f"{source}: the regressor fails on a row of {n_features} features ({type(error).__name__})"
         ) from error
-    if prediction.shape not in ((1,), (1, 1)):
-        raise ArtifactError(f"{source}: the regressor predicts shape {prediction.shape} for one row, not one value")
+    if prediction.size != 1:  # the scorer reads one value per row (app/uncertainty/tad.py)
+        raise ArtifactError(f"{source}: the regressor predicts {prediction.size} values for one row, not one")
 
 
 def write_manifest(path: Path, manifest: Manifest) -> Manifest:

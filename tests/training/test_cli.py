@@ -123,7 +123,7 @@ def test_generation_options_with_run_are_refused_not_ignored(
 ) -> None:
     argv = [command, "--artifact", str(tiny_artifact), "--run", str(tiny_runs["dev"]), *extra]
     argv += ["--out", str(tmp_path / "report")] if command == "evaluate" else ["--coverage", "0.5"]
-    err = _fails(argv, capsys)
+    err = _fails(argv, capsys, code=2)
     assert "only apply when generating" in err and extra[0] in err
 
 

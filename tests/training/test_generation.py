@@ -229,7 +229,9 @@ def test_a_damaged_shard_is_named_not_met_as_a_numpy_or_key_error(
     shard = completed_shards(out)[0]
     attention = shard / "attention.npy"
     attention.write_bytes(attention.read_bytes()[:200])
-    with pytest.raises(SystemExit, match=rf"shard {shard} is damaged .*rerun the same generate"):
+    with pytest.raises(
+        SystemExit, match=rf"shard {shard} is damaged .*move the folder aside and rerun the same generate"
+    ):
         list(iter_texts([out]))
     metas = json.loads((shard / "texts.json").read_text())
     del metas[0]["target"]

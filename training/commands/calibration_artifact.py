@@ -14,6 +14,7 @@ from training.arguments import (
     int_at_least,
     open_unit,
     prompt_style,
+    refuse_generation_options,
 )
 from training.tasks import PromptStyle
 
@@ -70,25 +71,24 @@ def run(args: argparse.Namespace) -> None:
     if bool(args.data) == bool(args.run):
         raise UsageError("give --data files to generate on, or --run to reuse runs (not both)")
     if args.run:
-        # They shape a generation; with --run nothing is generated (evaluate and calibrate refuse them too).
-        given = {
-            "--model": args.model,
-            "--limit": args.limit,
-            "--max-new-tokens": args.max_new_tokens,
-            "--run-dir": args.run_dir,
-            "--dtype": None if args.dtype == "auto" else args.dtype,
-            "--prompt-style": None if args.prompt_style is PromptStyle.CHAT else args.prompt_style,
-        }
-        ignored = [option for option, value in given.items() if value is not None]
-        if ignored:
-            raise UsageError(f"{', '.join(ignored)} only apply when generating: with --run, leave them out")
+        refuse_generation_options(
+            {
+                "--model": args.model,
+                "--limit": args.limit,
+                "--max-new-tokens": args.max_new_tokens,
+                "--run-dir": args.run_dir,
+                "--dtype": None if args.dtype == "auto" else args.dtype,
+                "--prompt-style": None if args.prompt_style is PromptStyle.CHAT else args.prompt_style,
+            }
+        )
     dev = [str(path) for path in args.data if Path(path).name.endswith("_dev.jsonl")]
     if dev:
         # The dev split is what an artifact is judged on: choosing on it would grade the artifact by its own data.
         raise UsageError(f"records come from a train split, never from dev: {', '.join(dev)}")
-    if (args.out / "regressor.joblib").exists():
-        # Checked before generating (minutes to hours on a real model), and before a run folder lands inside it.
-        raise UsageError(f"{args.out} holds a trained artifact: write the calibration-only one elsewhere")
+    from training.calibration_artifact import refuse_trained_artifact
+
+    # Before generating (minutes to hours on a real model), and before a run folder lands inside it.
+    refuse_trained_artifact(args.out, UsageError)
     from app.settings import DEFAULT_MODEL
     from training.calibration_artifact import CalibrationArtifactOptions, build_calibration_artifact
     from training.generation import GenerateOptions, run_generate

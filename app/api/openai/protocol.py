@@ -72,6 +72,8 @@ class OpenAIMessage(StrictModel):
         return "\n".join(part.text for part in self.content)
 
 
+MAX_MODEL_NAME = 256  # characters; a longer one is no model's name, and error messages repeat it
+
 # What the schema says of checks across fields (validation enforces the same; design.md).
 STREAM_OPTIONS_NEED_STREAM: dict[str, Any] = {
     "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
@@ -84,7 +86,7 @@ TOP_LOGPROBS_NEED_LOGPROBS: dict[str, Any] = {
 
 
 class _SamplingFields(StrictModel):
-    model: str = Field(min_length=1, max_length=256)
+    model: str = Field(min_length=1, max_length=MAX_MODEL_NAME)
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1.0, as in the OpenAI API")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     # OpenAI's API takes null for these as "not set"; so do these routes.
@@ -105,7 +107,8 @@ class _SamplingFields(StrictModel):
     @classmethod
     def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
         # OpenAI's API (and vLLM) refuse it too: the options would be silently ignored.
-        if value is not None and not info.data.get("stream"):
+        # A `stream` that failed its own validation is not in info.data: its error is the one to report.
+        if value is not None and "stream" in info.data and not info.data["stream"]:
             raise ValueError("stream_options is only allowed with stream: true")
         return value
 
@@ -182,7 +185,7 @@ class ChatCompletionRequest(_SamplingFields):
     @field_validator("top_logprobs")
     @classmethod
     def _needs_logprobs(cls, top_logprobs: int | None, info: ValidationInfo) -> int | None:
-        if top_logprobs and not info.data.get("logprobs"):
+        if top_logprobs and "logprobs" in info.data and not info.data["logprobs"]:
             raise ValueError("top_logprobs requires logprobs: true")
         return top_logprobs
 
@@ -192,7 +195,7 @@ PromptText = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
 class CompletionRequest(_SamplingFields):
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"allOf": [STREAM_OPTIONS_NEED_STREAM]})
+    model_config = ConfigDict(json_schema_extra={"allOf": [STREAM_OPTIONS_NEED_STREAM]})
 
     prompt: str | list[PromptText] = Field(
         max_length=MAX_TEXT_CHARS,

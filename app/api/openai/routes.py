@@ -9,6 +9,7 @@ from app.api.deps import ApiKeyDep, RuntimeDep, ServiceDep
 from app.api.openai.format import OpenAIStreamEncoder, chat_response, completion_response
 from app.api.openai.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
+    MAX_MODEL_NAME,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -149,7 +150,7 @@ async def models(runtime: RuntimeDep) -> ModelList:
 async def model(model_id: str, runtime: RuntimeDep) -> ModelCard:
     runtime.require_ready()
     if not runtime.serves(model_id):
-        shown = model_id if len(model_id) <= 256 else f"{model_id[:256]}..."
+        shown = model_id if len(model_id) <= MAX_MODEL_NAME else f"{model_id[:MAX_MODEL_NAME]}..."
         raise ModelNotFound(f"model {shown!r} is not served here; GET /v1/models lists the one that is", param="model")
     return _model_card(runtime)
 
