@@ -181,7 +181,7 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
     return _write(options.out, manifest, report)
 
 
-def refuse_trained_artifact(out: Path, error: type[Exception] = SystemExit) -> None:
+def refuse_trained_artifact(out: Path, error: type[BaseException] = SystemExit) -> None:
     """A calibration-only artifact never replaces a trained one (its regressor would be orphaned)."""
     if (out / "regressor.joblib").exists():
         raise error(f"{out} holds a trained artifact: write the calibration-only one elsewhere")
