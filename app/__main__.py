@@ -2,7 +2,8 @@
 
 On SIGTERM (or Ctrl-C) the service stops taking work: `/ready` and new `/v1` requests
 answer 503, requests in flight get up to TAD_GRACEFUL_SHUTDOWN_S to finish, then the
-server exits. A second signal exits at once. If the model or artifact fails to load,
+server exits; requests still running then are answered with a 503 (streams: an error event). A
+second signal does that at once and exits. If the model or artifact fails to load,
 the process exits with status 1 and says why. SIGHUP reloads the artifact at
 TAD_ARTIFACT_DIR without a restart (as `POST /admin/reload-artifact` does); a refused
 one is logged and the previous one keeps serving.
@@ -22,11 +23,15 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from app.errors import NotReady
 from app.main import create_app
 from app.serving.runtime import ArtifactReloadError, Runtime
 from app.settings import Settings
 
 logger = logging.getLogger("app")
+
+# After in-flight requests are answered with a 503 at shutdown, how long their handlers get to send it.
+ANSWER_SETTLE_S = 2.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -39,7 +44,9 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining:
-            super().handle_exit(sig, frame)
+            # A second signal: stop now, but answer what is in flight first (a 503 each, see _abandon_in_flight).
+            logger.warning("signal %d again: stopping now", sig)
+            threading.Thread(target=self._stop_now, daemon=True).start()
             return
         self._draining = True
         logger.info(
@@ -54,7 +61,25 @@ class DrainingServer(uvicorn.Server):
             time.sleep(0.05)
         if self.runtime.http_in_flight > 0:
             logger.warning("grace period over with %d requests in flight", self.runtime.http_in_flight)
+            self._abandon_in_flight()
         self.should_exit = True
+
+    def _stop_now(self) -> None:
+        self._abandon_in_flight()
+        self.should_exit = True
+        self.force_exit = True  # uvicorn waits for no connection: they have their answers
+
+    def _abandon_in_flight(self) -> None:
+        """Answer every request still running or queued with a 503 (a stream: its error event) and give the
+        handlers a moment to send it: cut by the exit instead, clients would get a bare 500 or a broken
+        stream."""
+        scheduler = self.runtime.scheduler
+        if scheduler is None:
+            return
+        scheduler.abandon_everything(NotReady("the service shut down before this answer was finished", 10))
+        settle = time.monotonic() + ANSWER_SETTLE_S
+        while self.runtime.http_in_flight > 0 and time.monotonic() < settle:
+            time.sleep(0.05)
 
     def fail(self, reason: str) -> None:
         self.exit_code = 1

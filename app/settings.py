@@ -30,6 +30,9 @@ def committed_artifact(model: str) -> Path | None:
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tad-serve"
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
 class RejectAction(StrEnum):
     """What happens to a generated answer the policy rejects."""
 
@@ -70,7 +73,7 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    log_level: str = "info"
+    log_level: str = Field("info", description="critical, error, warning, info or debug")
     decision_log: bool = Field(
         True, description="one JSON line per decision on logger tad.decisions (request id, scores; never text)"
     )
@@ -143,6 +146,14 @@ class Settings(BaseSettings):
         if "artifact_dir" not in self.model_fields_set:
             self.artifact_dir = committed_artifact(self.model)
         return self
+
+    @field_validator("log_level")
+    @classmethod
+    def _a_log_level(cls, value: str) -> str:
+        # Both Python's logging and uvicorn read it: a name outside both would fail after the settings passed.
+        if value.lower() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value.lower()
 
     @field_validator("artifact_dir", mode="before")
     @classmethod

@@ -83,6 +83,7 @@ class Scheduler:
         self._scoring: deque[ScoringItem] = deque()
         self._condition = threading.Condition()
         self._stopping = False
+        self._abandon: ServiceError | None = None  # set by `abandon_everything`, taken by the worker
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
@@ -153,6 +154,14 @@ class Scheduler:
     def submit_scoring(self, item: ScoringItem) -> None:
         self._admit(self._scoring, item)
 
+    def abandon_everything(self, error: ServiceError) -> None:
+        """Shutdown that cannot wait any longer: every request queued or running is answered with `error`
+        (the worker does it at its next pass, after the step it is in), so that each client gets an answer
+        in the API's shape rather than a connection cut by the server's exit."""
+        with self._condition:
+            self._abandon = error
+            self._condition.notify_all()
+
     def cancel(self, item: WorkItem) -> None:
         """The client went away: drop the item if still queued, else stop it at the next step."""
         with self._condition:
@@ -170,6 +179,16 @@ class Scheduler:
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
         while True:
+            with self._condition:
+                abandon, self._abandon = self._abandon, None
+                queued, queued_scoring = (list(self._waiting), list(self._scoring)) if abandon else ([], [])
+                if abandon is not None:
+                    self._waiting.clear()
+                    self._scoring.clear()
+            if abandon is not None:
+                self._fail_everything(queued, queued_scoring, Failure(abandon))
+                self._outbox.flush()
+                continue
             with self._condition:
                 prefilling = self._prefilling()
                 busy = bool(self._items) or bool(self._pending)
@@ -479,8 +498,10 @@ class Scheduler:
             self._outbox.put(item, event)
         self._answer(item, last)
 
-    def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
-        failure = Failure(ServiceError("generation failed inside the model; see the server log"))
+    def _fail_everything(
+        self, admitted: list[GenerationItem], scoring: list[ScoringItem], failure: Failure | None = None
+    ) -> None:
+        failure = failure or Failure(ServiceError("generation failed inside the model; see the server log"))
         pending = [item for work in self._pending for item in work.items]
         unique = {id(item): item for item in [*admitted, *scoring, *pending, *self._items.values()]}
         for item in unique.values():

@@ -343,6 +343,11 @@ class GenerationService:
         except ClientDisconnected:
             self.runtime.metrics.failed_generations.labels(error_type="client_disconnected").inc()
             raise
+        except (asyncio.CancelledError, GeneratorExit):
+            # A stream's consumer went away: the response cancels or closes this generator mid-answer.
+            if not finished:
+                self.runtime.metrics.failed_generations.labels(error_type="client_disconnected").inc()
+            raise
         finally:
             if not finished:
                 self.scheduler.cancel(item)

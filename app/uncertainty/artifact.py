@@ -294,7 +294,13 @@ def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact
     if manifest.regressor is None:
         return TadArtifact(path=path, manifest=manifest, scorer=None)
     assert manifest.epsilon is not None  # the manifest's validator: a regressor comes with its epsilon
-    regressor = joblib.load(path / manifest.regressor.file)
+    try:
+        regressor = joblib.load(path / manifest.regressor.file)
+    except Exception as error:  # unpickling runs whatever the file says: any failure means "unusable"
+        raise ArtifactError(
+            f"{path / manifest.regressor.file} cannot be loaded ({type(error).__name__}): not a joblib file, or "
+            "saved by a scikit-learn this one cannot read"
+        ) from error
     n_features = getattr(regressor, "n_features_in_", None)
     if n_features is not None and n_features != spec.stage2_size:
         raise ArtifactError(

@@ -75,6 +75,57 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path
             process.kill()
 
 
+def test_requests_still_running_when_the_grace_period_ends_get_a_503_not_a_cut(
+    slow_model: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(
+        {
+            "TAD_MODEL": str(slow_model),
+            "TAD_ARTIFACT_DIR": str(tmp_path / "none"),
+            "TAD_PORT": str(port),
+            "TAD_MAX_NEW_TOKENS_LIMIT": "1500",
+            "TAD_GRACEFUL_SHUTDOWN_S": "1",
+            "TAD_CACHE_DIR": str(tmp_path / "cache"),
+        }
+    )
+    try:
+        wait_until_ready(url, 90, alive=lambda: process.poll() is None)
+        answers: dict[str, object] = {}
+        started = threading.Event()
+
+        def plain() -> None:
+            started.set()
+            response = httpx.post(f"{url}/v1/generate", json={"prompt": "the", "max_new_tokens": 1500}, timeout=60)
+            answers["plain"] = (response.status_code, response.headers.get("content-type"), response.json())
+
+        def streamed() -> None:
+            events = []
+            payload = {"prompt": "the", "max_new_tokens": 1500, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/generate", json=payload, timeout=60) as response:
+                events = [line.removeprefix("event: ") for line in response.iter_lines() if line.startswith("event: ")]
+            answers["stream"] = events
+
+        clients = [threading.Thread(target=plain), threading.Thread(target=streamed)]
+        for client in clients:
+            client.start()
+        assert started.wait(30)
+        time.sleep(1.0)  # both are generating
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        for client in clients:
+            client.join(60)
+        status, content_type, body = answers["plain"]  # type: ignore[misc]
+        assert status == 503 and content_type == "application/json" and body["error"]["type"] == "not_ready"
+        assert answers["stream"][-1] == "error" and "final" not in answers["stream"]  # type: ignore[index]
+        assert process.wait(30) == 0
+        assert time.monotonic() - signalled < 15  # 1 s of grace, the answers, the exit: not the 1,500 tokens
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 def test_a_model_that_fails_to_load_exits_non_zero(tmp_path: Path) -> None:
     process = start_server({"TAD_MODEL": str(tmp_path / "missing-model"), "TAD_PORT": str(free_port())})
     output, _ = process.communicate(timeout=120)

@@ -38,3 +38,11 @@ def test_an_empty_artifact_dir_means_none(monkeypatch: pytest.MonkeyPatch) -> No
     assert Settings().artifact_dir is None
     monkeypatch.setenv("TAD_ARTIFACT_DIR", "  ")
     assert Settings().artifact_dir is None
+
+
+def test_a_log_level_neither_logging_nor_uvicorn_knows_is_refused_by_name() -> None:
+    from pydantic import ValidationError
+
+    assert Settings(log_level="DEBUG").log_level == "debug"
+    with pytest.raises(ValidationError, match=r"log_level\n.*must be one of critical, error, warning, info, debug"):
+        Settings(log_level="loud")

@@ -93,3 +93,24 @@ def test_a_client_gone_before_a_withheld_burst_is_noticed_not_written_to(
         assert client.get("/ready").status_code == 200
     failed_writes = [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
     assert failed_writes == []
+
+
+def test_a_stream_left_mid_answer_counts_as_a_client_disconnect(service_settings: Settings, slow_model: Path) -> None:
+    import httpx
+
+    from tests.app.live_server import live_server
+
+    settings = service_settings.model_copy(
+        update={"model": str(slow_model), "artifact_dir": None, "max_new_tokens_limit": 1500}
+    )
+    request = {"prompt": "the", "max_new_tokens": 1500, "stream": True}
+    metric = 'tad_failed_generations_total{error_type="client_disconnected"}'
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=30) as client:
+        with client.stream("POST", "/v1/generate", json=request) as response:
+            lines = response.iter_lines()
+            while not next(lines).startswith("event: token"):
+                pass  # then leave, mid-answer
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and f"{metric} 1.0" not in client.get("/metrics").text:
+            time.sleep(0.1)
+        assert f"{metric} 1.0" in client.get("/metrics").text

@@ -182,6 +182,14 @@ def test_a_regressor_failing_on_a_feature_row_is_refused_at_load(artifact_copy: 
         load_artifact(artifact_copy)
 
 
+def test_a_regressor_file_that_is_no_pickle_is_an_artifact_error(artifact_copy: Path) -> None:
+    # Hashes that match a file joblib cannot read: at start this was "unexpected KeyError while loading".
+    (artifact_copy / "regressor.joblib").write_bytes(b"not a pickle at all")
+    write_manifest(artifact_copy, read_manifest(artifact_copy))
+    with pytest.raises(ArtifactError, match=r"regressor\.joblib cannot be loaded \(\w+\): not a joblib file"):
+        load_artifact(artifact_copy)
+
+
 class _FailsToPredict:
     """Picklable (module level): a regressor whose predict raises, as one fitted on other features would."""
 
