@@ -12,8 +12,10 @@ one is logged and the previous one keeps serving.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -118,8 +120,24 @@ def load_settings() -> Settings:
         sys.exit(1)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Exit 1 at once when the address is taken: uvicorn would find out only after the model has loaded
+    (a minute for the default model), and exit with its own status 3."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" listens on IPv6
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as error:
+        reason = (
+            "it is in use" if error.errno == errno.EADDRINUSE else "not an address of this machine, or no permission"
+        )
+        print(f"tad-serve: cannot start: cannot listen on {host}:{port}: {reason}", file=sys.stderr)
+        sys.exit(1)
+
+
 def main() -> None:
     settings = load_settings()
+    check_port_free(settings.host, settings.port)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )

@@ -153,3 +153,16 @@ def test_a_tampered_artifact_stops_the_start(tiny_model_dir: Path, tiny_artifact
     process = start_server(env)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 1 and "sha256 of regressor.joblib" in output
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        # A model that does not exist: reaching the load would say so instead.
+        process = start_server({"TAD_MODEL": str(tmp_path / "missing-model"), "TAD_PORT": str(port)})
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert f"tad-serve: cannot start: cannot listen on 127.0.0.1:{port}: it is in use" in output
+    assert "missing-model" not in output and "Traceback" not in output
