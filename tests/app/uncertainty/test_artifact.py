@@ -11,7 +11,10 @@ import joblib
 import numpy as np
 import pytest
 
+from app.hashing import file_sha256
+from app.identity import ModelIdentity
 from app.uncertainty.artifact import ArtifactError, load_artifact, read_manifest, write_manifest
+from app.uncertainty.methods import REGISTRY
 
 
 @pytest.fixture
@@ -195,3 +198,45 @@ class _FailsToPredict:
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         raise ValueError("shapes (1,3381) and (3,) not aligned")
+
+
+def test_pinned_manifest_hash(artifact_copy: Path) -> None:
+    load_artifact(artifact_copy, manifest_sha256=file_sha256(artifact_copy / "manifest.json"))
+    with pytest.raises(ArtifactError, match="pinned"):
+        load_artifact(artifact_copy, manifest_sha256="0" * 64)
+
+
+def test_other_model_is_refused(artifact_copy: Path) -> None:
+    artifact = load_artifact(artifact_copy)
+    own = artifact.manifest.llm
+    artifact.check_model(own)
+    with pytest.raises(ArtifactError, match="trained for model"):
+        artifact.check_model(ModelIdentity(**{**own.model_dump(), "sha256": "f" * 64}))
+    with pytest.raises(ArtifactError, match="layers"):
+        artifact.check_model(ModelIdentity(**{**own.model_dump(), "num_layers": own.num_layers + 1}))
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b-tad", "smollm2-135m-instruct-tad", "gemma3-270m-tad"])
+def test_committed_artifacts_load_with_their_hashes_and_score(name: str) -> None:
+    """Each artifact under models/ loads (every file's hash checked) and scores a sequence of its model's shape."""
+    import numpy as np
+
+    path = Path(__file__).resolve().parents[3] / "models" / name
+    artifact = load_artifact(path)
+    spec = artifact.scorer.spec
+    assert (spec.num_layers, spec.num_heads) == (artifact.manifest.llm.num_layers, artifact.manifest.llm.num_heads)
+    rng = np.random.default_rng(0)
+    logprobs = np.log(rng.uniform(0.05, 1.0, 6))
+    rows = rng.uniform(0.0, 0.2, (6, spec.num_layers, spec.num_heads, spec.n_lags + 1)).astype(np.float32)
+    confidences = artifact.scorer.confidences(logprobs, rows)
+    assert confidences.shape == (6,) and np.all((confidences >= artifact.scorer.epsilon) & (confidences <= 1.0))
+
+
+def test_the_committed_calibration_only_artifact_loads_and_decides_with_a_free_score() -> None:
+    path = Path(__file__).resolve().parents[3] / "models" / "qwen2.5-coder-1.5b-calibration"
+    artifact = load_artifact(path)
+    assert not artifact.has_regressor and artifact.scorer is None
+    method = artifact.decision_method
+    assert not REGISTRY[method.value].needs_artifact
+    assert artifact.manifest.default_target in artifact.manifest.thresholds[method]
+    assert artifact.manifest.dtype == "bfloat16"
