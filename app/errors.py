@@ -136,14 +136,28 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     return "; ".join(described), first
 
 
+def _body_not_read_as_json(errors: list[dict[str, Any]], content_type: str) -> bool:
+    """The whole body refused as not an object, and the request did not say it sent JSON."""
+    whole_body = len(errors) == 1 and tuple(errors[0].get("loc", ())) == ("body",)
+    not_an_object = whole_body and errors[0].get("type") in ("model_attributes_type", "dict_type")
+    return not_an_object and "json" not in content_type.lower()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, error: ServiceError) -> JSONResponse:
         return error_response(error.status_code, error.error_type, error.message, error.param, error.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
-        message, field = validation_message(list(error.errors()))
+    async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        errors = list(error.errors())
+        content_type = request.headers.get("content-type", "")
+        if _body_not_read_as_json(errors, content_type):
+            # FastAPI parses a body as JSON only when it says it is JSON (curl -d sends a form by default).
+            sent = content_type.split(";")[0] or "none"
+            message = f"body: send a JSON object with the header content-type: application/json (this one: {sent})"
+            return error_response(422, InvalidRequest.error_type, message, "body")
+        message, field = validation_message(errors)
         return error_response(422, InvalidRequest.error_type, message, field)
 
     @app.exception_handler(StarletteHTTPException)

@@ -93,6 +93,16 @@ def test_malformed_json_and_wrong_content(client: TestClient) -> None:
     error = assert_error(bad_json, 422, "body")
     assert error["message"].startswith("body: JSON decode error at character")
     assert_error(client.post("/v1/generate", json=["prompt"]), 422)
+    # JSON sent without saying so (curl -d sends a form): the message says what to send.
+    for headers, sent in (({"content-type": "text/plain"}, "text/plain"), ({}, "none")):
+        unsaid = client.post("/v1/generate", content=b'{"prompt": "a"}', headers=headers)
+        error = assert_error(unsaid, 422, "body")
+        assert (
+            error["message"]
+            == f"body: send a JSON object with the header content-type: application/json (this one: {sent})"
+        )
+    # A JSON array is JSON: it keeps pydantic's message.
+    assert "content-type" not in assert_error(client.post("/v1/generate", json=["prompt"]), 422)["message"]
 
 
 @pytest.mark.parametrize(
