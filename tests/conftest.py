@@ -92,24 +92,25 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]
 def tiny_runs(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
 ) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("runs")
+    return {split: tiny_run(tiny_model_dir, tiny_data[split], folder / split) for split in ("train", "dev")}
+
+
+def tiny_run(model_dir: Path, data: list[Path], out: Path) -> Path:
+    """A generation run of the tiny model, with the settings of the session's `tiny_runs`."""
     from training.generation import GenerateOptions, run_generate
 
-    folder = tmp_path_factory.mktemp("runs")
-    runs = {}
-    for split in ("train", "dev"):
-        runs[split] = run_generate(
-            GenerateOptions(
-                data=tiny_data[split],
-                out=folder / split,
-                model=str(tiny_model_dir),
-                dtype="float32",
-                n_lags=N_LAGS,
-                max_new_tokens=10,
-                batch_size=8,
-                shard_size=16,
-            )
-        )
-    return runs
+    options = GenerateOptions(
+        data=data,
+        out=out,
+        model=str(model_dir),
+        dtype="float32",
+        n_lags=N_LAGS,
+        max_new_tokens=10,
+        batch_size=8,
+        shard_size=16,
+    )
+    return run_generate(options)
 
 
 @pytest.fixture(scope="session")

@@ -30,19 +30,22 @@ def start_server(env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
-def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path, tmp_path: Path) -> None:
+def start_slow_server(slow_model: Path, tmp_path: Path, grace_s: int) -> tuple[subprocess.Popen[str], str]:
+    """The slow model (1,500 tokens take seconds), no artifact, `grace_s` of drain: the process and its URL."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start_server(
-        {
-            "TAD_MODEL": str(slow_model),
-            "TAD_ARTIFACT_DIR": str(tmp_path / "none"),
-            "TAD_PORT": str(port),
-            "TAD_MAX_NEW_TOKENS_LIMIT": "1500",
-            "TAD_GRACEFUL_SHUTDOWN_S": "60",
-            "TAD_CACHE_DIR": str(tmp_path / "cache"),
-        }
-    )
+    env = {
+        "TAD_MODEL": str(slow_model),
+        "TAD_ARTIFACT_DIR": str(tmp_path / "none"),
+        "TAD_PORT": str(port),
+        "TAD_MAX_NEW_TOKENS_LIMIT": "1500",
+        "TAD_GRACEFUL_SHUTDOWN_S": str(grace_s),
+        "TAD_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    return start_server(env), f"http://127.0.0.1:{port}"
+
+
+def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path, tmp_path: Path) -> None:
+    process, url = start_slow_server(slow_model, tmp_path, grace_s=60)
     try:
         wait_until_ready(url, 90, alive=lambda: process.poll() is None)
         events: list[str] = []
@@ -78,18 +81,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(slow_model: Path
 def test_requests_still_running_when_the_grace_period_ends_get_a_503_not_a_cut(
     slow_model: Path, tmp_path: Path
 ) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start_server(
-        {
-            "TAD_MODEL": str(slow_model),
-            "TAD_ARTIFACT_DIR": str(tmp_path / "none"),
-            "TAD_PORT": str(port),
-            "TAD_MAX_NEW_TOKENS_LIMIT": "1500",
-            "TAD_GRACEFUL_SHUTDOWN_S": "1",
-            "TAD_CACHE_DIR": str(tmp_path / "cache"),
-        }
-    )
+    process, url = start_slow_server(slow_model, tmp_path, grace_s=1)
     try:
         wait_until_ready(url, 90, alive=lambda: process.poll() is None)
         answers: dict[str, object] = {}

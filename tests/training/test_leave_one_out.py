@@ -199,19 +199,9 @@ def test_training_runs_of_one_dataset_are_refused_not_reported_empty(
     tiny_data: dict[str, list[Path]],
     tmp_path: Path,
 ) -> None:
-    from tests.conftest import N_LAGS
+    from tests.conftest import tiny_run
 
-    options = GenerateOptions(
-        data=tiny_data["train"][:1],
-        out=tmp_path / "one",
-        model=str(tiny_model_dir),
-        dtype="float32",
-        n_lags=N_LAGS,
-        max_new_tokens=10,
-        batch_size=8,
-        shard_size=16,
-    )
-    one = run_generate(options)
+    one = tiny_run(tiny_model_dir, tiny_data["train"][:1], tmp_path / "one")
     test = ["--test", str(tiny_runs["dev"]), "--artifact", str(tiny_artifact), "--out", str(tmp_path / "lodo")]
     with pytest.raises(SystemExit, match="lodo needs training runs holding at least two datasets"):
         main(["lodo", str(one), *test])
