@@ -110,29 +110,30 @@ def _is_union_member(part: object) -> bool:
     return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or "-" in part)
 
 
-def _field_path(location: tuple[Any, ...] | list[Any]) -> str:
+def _field_path(location: tuple[Any, ...] | list[Any], root: str) -> str:
     parts = [p for p in location if p not in ("body", "query", "path", "header")]
     # The first part is always a field (or header) name; union labels can only follow it.
     named = parts[:1] + [p for p in parts[1:] if not _is_union_member(p)]
-    return ".".join(str(p) for p in named) or "body"
+    return ".".join(str(p) for p in named) or root
 
 
-def _error_field(item: dict[str, Any]) -> str:
+def _error_field(item: dict[str, Any], root: str) -> str:
     # A body that is not JSON is located at ("body", <character offset>): the field is the body.
     if item.get("type") == "json_invalid":
-        return "body"
-    return _field_path(item.get("loc", ()))
+        return root
+    return _field_path(item.get("loc", ()), root)
 
 
-def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
-    """('field: problem; ...', first field) from pydantic errors, without echoing input values."""
+def validation_message(errors: list[dict[str, Any]], root: str = "body") -> tuple[str, str]:
+    """('field: problem; ...', first field) from pydantic errors, without echoing input values; `root` names
+    the whole validated object (a request's body, an artifact's manifest)."""
     described = []
     for item in errors:
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         if item.get("type") == "json_invalid" and len(item.get("loc", ())) > 1:
             message = f"{message} at character {item['loc'][-1]}"
-        described.append(f"{_error_field(item)}: {message}")
-    first = _error_field(errors[0]) if errors else "body"
+        described.append(f"{_error_field(item, root)}: {message}")
+    first = _error_field(errors[0], root) if errors else root
     return "; ".join(described), first
 
 

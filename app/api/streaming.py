@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -80,10 +79,6 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
                 parts = encoder.token(event) if isinstance(event, StreamedToken) else encoder.final(event)
                 for chunk in parts:
                     yield chunk
-                # A withheld stream sends its held tokens in one burst; a send to a live socket does not
-                # suspend, so without this the loop would never notice a client that has left and would
-                # write the whole burst to the closed socket (asyncio logs a warning per failed write).
-                await asyncio.sleep(0)
         except ServiceError as error:
             for chunk in encoder.error(error):
                 yield chunk

@@ -327,6 +327,10 @@ class GenerationService:
                     outcome = self.conclude(submitted, event)
                     for token in held if held is not None and not outcome.withheld else ():
                         yield token
+                        # The held tokens go out in one burst, and a send to a socket does not suspend: without
+                        # this the event loop would not see a client that has left, and the whole burst would be
+                        # written to the closed socket (asyncio logs a warning per failed write).
+                        await asyncio.sleep(0)
                     yield outcome
                 elif isinstance(event, StreamedToken):
                     if held is None:

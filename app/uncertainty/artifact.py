@@ -20,6 +20,7 @@ import joblib
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.errors import validation_message
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation
@@ -252,11 +253,8 @@ def read_manifest(path: Path) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as error:
-        # Each problem by field and pydantic's message only: its full text quotes the manifest's values.
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc']) or 'the manifest'}: {item['msg']}"
-            for item in error.errors(include_url=False, include_input=False)
-        )
+        # By field, as request errors are: pydantic's own text quotes the manifest's values.
+        problems, _ = validation_message([dict(item) for item in error.errors()], root="the manifest")
         raise ArtifactError(f"invalid {manifest_path}: {problems}") from error
 
 
