@@ -36,7 +36,7 @@ SHARDS = "shards"
 RUN_FILE = "run.json"
 # How many shards `generate` planned (runs made before it was written have none: not checked).
 PLAN_FILE = "plan.json"
-# A run folder's own entries (besides per-rank temporary files and bad-record reports).
+# A run folder's own entries, besides the `.tmp` files its processes write them through.
 RUN_ENTRIES = frozenset({RUN_FILE, PLAN_FILE, SHARDS})
 # What every command reads of a text's entry in texts.json.
 REQUIRED_META = ("key", "dataset", "target")
