@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, FiniteFloat, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, FiniteFloat, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.uncertainty.methods import Method
@@ -104,12 +104,15 @@ class Settings(BaseSettings):
         description="prompt tokens a prefill or scoring pass runs between two decode steps of running answers "
         "(0: whole prompt)",
     )
-    cuda_graphs_length: int = Field(
+    compiled_decode_length: int = Field(
         0,
         ge=0,
-        description="on CUDA: decode in a slot cache of this many tokens per sequence (prompt + answer, which "
-        "then caps the context), each decode step replayed from a CUDA graph; 0: the eager decode loop. "
-        "Full-attention models on one device (Llama, Qwen2/3, Phi-3, Granite); others keep the eager loop",
+        # TAD_CUDA_GRAPHS_LENGTH: its name before the CPU could compile the step too (deprecated).
+        validation_alias=AliasChoices("compiled_decode_length", "TAD_COMPILED_DECODE_LENGTH", "TAD_CUDA_GRAPHS_LENGTH"),
+        description="decode in a slot cache of this many tokens per sequence (prompt + answer, which then caps "
+        "the context), each decode step compiled before the server is ready: replayed from a CUDA graph on CUDA, "
+        "compiled by torch.compile on a CPU (seconds per read width; needs a C++ compiler); 0: the eager decode "
+        "loop. Full-attention models on one device (Llama, Qwen2/3, Phi-3, Granite); others keep the eager loop",
     )
     request_timeout_s: float = Field(300.0, gt=0.0, description="per-request deadline")
     stream_keepalive_s: float = Field(

@@ -107,8 +107,8 @@ def check(args: argparse.Namespace) -> None:
             )
             for length in (5, 17, 40)
         ]
-        graphed = decode_in_slots(engine, requests, SlotDecodeBatch(engine.context, 4, 256, cuda_graphs=True))
-        eager_slots = decode_in_slots(engine, requests, SlotDecodeBatch(engine.context, 4, 256, cuda_graphs=False))
+        graphed = decode_in_slots(engine, requests, SlotDecodeBatch(engine.context, 4, 256, compiled=True))
+        eager_slots = decode_in_slots(engine, requests, SlotDecodeBatch(engine.context, 4, 256, compiled=False))
         alone = [run_to_completion(engine.context, [request])[0] for request in requests]
         for label, reference in (("alone, eager DecodeBatch", alone), ("slots, eager step", eager_slots)):
             same, logprob, rows = _max_difference(graphed, reference, engine)
@@ -135,8 +135,8 @@ def time_decoding(args: argparse.Namespace) -> None:
     model, engine, prompts, requests = random_setup(args)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     length = args.prompt_tokens + args.new_tokens + 8
-    slots = SlotDecodeBatch(engine.context, args.batch, length, cuda_graphs=True)
-    in_step = SlotDecodeBatch(engine.context, args.batch, length, cuda_graphs=True, lookahead=False)
+    slots = SlotDecodeBatch(engine.context, args.batch, length, compiled=True)
+    in_step = SlotDecodeBatch(engine.context, args.batch, length, compiled=True, lookahead=False)
     inputs = prompts.to(args.device)
 
     def plain() -> None:
@@ -191,7 +191,7 @@ def profile_step(args: argparse.Namespace) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     _, engine, _, requests = random_setup(args)
-    batch = SlotDecodeBatch(engine.context, args.batch, args.prompt_tokens + args.new_tokens + 8, cuda_graphs=True)
+    batch = SlotDecodeBatch(engine.context, args.batch, args.prompt_tokens + args.new_tokens + 8, compiled=True)
     batch.merge(DecodeBatch.prefill(engine.context, requests))
     for _ in range(3):  # the graph is captured at the first
         batch.step()

@@ -76,6 +76,7 @@ class Window:
     answers: list[Answer]
     before: dict[str, Any]
     after: dict[str, Any]
+    client_cpu_seconds: float  # this process's (the HTTP clients'): on one machine they share the server's cores
     generate: tuple[dict[str, float], dict[str, float]] = ({}, {})  # the runs before and after the window
 
     @property
@@ -163,11 +164,11 @@ class Client:
 
     def window(self, pool: ThreadPoolExecutor, prompts: list[str]) -> Window:
         before = self.http.post(f"{self.url}/bench/reset").json()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         answers = list(pool.map(self.one, prompts))
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         after = self.http.get(f"{self.url}/bench/phases").json()
-        return Window(seconds=seconds, answers=answers, before=before, after=after)
+        return Window(seconds=seconds, answers=answers, before=before, after=after, client_cpu_seconds=cpu)
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
@@ -284,6 +285,8 @@ def print_phases(args: argparse.Namespace, windows: list[Window]) -> None:
     print(f"  {'event loop CPU (HTTP)':<22} {1000 * cpu('event_loop') / steps:8.3f}")
     print(f"  {'process CPU':<22} {1000 * cpu('process') / steps:8.3f}  (all threads, torch's included)")
     print(f"  {'wall':<22} {1000 * wall / steps:8.3f}")
+    client = sum(w.client_cpu_seconds for w in windows)
+    print(f"  {'client process CPU':<22} {1000 * client / steps:8.3f}  (the HTTP clients, on the same machine)")
     split = [g for w in windows for g in w.generate[1:] if "split_seconds" in g]
     if split:
         total = sum(g["split_seconds"] for g in split)

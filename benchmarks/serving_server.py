@@ -23,10 +23,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
@@ -38,6 +39,7 @@ from app.engine.loading import LoadedModel
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MANIFEST = REPO / "models" / "smollm2-135m-instruct-tad" / "manifest.json"
 TINY = "tiny-llama"
+T = TypeVar("T")
 
 
 def tiny_llama() -> PretrainedConfig:
@@ -68,6 +70,33 @@ class NoStopEngine(Engine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.context = replace(self.context, stop_token_ids=frozenset())
+
+
+def in_own_thread(function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` on a thread that ends with it, as the server loads its model on one.
+
+    torch's CPU ops run on OpenMP, which keeps a team of helper threads for each thread that ran a
+    parallel region, for that thread's life. With more team threads alive than cores (two threads
+    using torch, 2 threads each, on 2 cores) libgomp lets the helpers sleep between regions, and every
+    op then waits for one to wake (about 0.1 ms): the tiny model's steps ran 2-3x slower on the
+    scheduler's worker and on a pool thread once the main thread had built the model. In the server
+    only the worker keeps a team (the loader's ends with it); here, likewise, the model is built and
+    warmed up on threads that end, and `generate` runs on one while the worker is stopped."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(function(*args))
+        except BaseException as error:  # re-raised on the calling thread
+            failure.append(error)
+
+    thread = threading.Thread(target=target, name="bench-torch")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 def synchronize(device: torch.device) -> None:
@@ -203,20 +232,20 @@ def serve(args: argparse.Namespace) -> None:
     configs = random_configs()
     random_weights = args.model in configs
     if random_weights:
-        loaded, artifact = random_model(args, configs[args.model]())
+        loaded, artifact = in_own_thread(random_model, args, configs[args.model]())
         # The runtime's own loading, with the artifact built above in place of files on disk.
         runtime_module.Runtime._load_artifact = lambda self: artifact  # type: ignore[method-assign]
         settings = Settings(**overrides, reject_target=None, reject_threshold=0.5)
     else:
         artifact_dir = None if args.artifact == "none" else Path(args.artifact)
         settings = Settings(**overrides, model=args.model, dtype=args.dtype, artifact_dir=artifact_dir)
-        loaded = real_model(settings)
+        loaded = in_own_thread(real_model, settings)
     runtime_module.load_model = lambda *_, **__: loaded
     runtime_module.Engine = NoStopEngine  # type: ignore[misc]
     probe = NoStopEngine(loaded, n_lags=0)
     texts, ids = make_prompts(probe, args.clients + args.requests, args.prompt_tokens, random_ids=random_weights)
     generate = PlainGenerate(loaded, ids[: args.clients], args.new_tokens)
-    generate.run(new_tokens=4)  # warm-up
+    in_own_thread(generate.run, 4)  # warm-up
 
     def fatal(reason: str) -> None:
         print(f"server failed: {reason}", file=sys.stderr, flush=True)
@@ -234,7 +263,14 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate) -> Non
         return {"prompts": texts}
 
     def time_generate(batches: int = 1, split: bool = False) -> dict[str, float]:
-        return generate.timed(batches, split)  # a sync route: it runs on a pool thread while the worker idles
+        """A sync route: it runs on a pool thread, `generate` on a thread of its own while the worker is stopped
+        (`in_own_thread`: the two would otherwise each keep a team of torch's CPU threads)."""
+        scheduler = runtime.scheduler
+        scheduler.stop()
+        try:
+            return in_own_thread(generate.timed, batches, split)
+        finally:
+            scheduler.start()
 
     def reset() -> dict[str, Any]:
         if phase_timing.CLOCK is not None:

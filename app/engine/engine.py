@@ -30,15 +30,17 @@ class Engine:
         n_lags: int,
         allow_fused_kernel: bool = True,
         last_row: bool = True,
-        cuda_graphs_length: int = 0,
+        compiled_decode_length: int = 0,
     ) -> None:
         """`n_lags`: capture keys 0..n_lags back at every step (0 = no capture); `last_row`: also the last
         token's own step row, which only the consuming convention reads (docs/method.md §2);
-        `cuda_graphs_length`: on CUDA, decode in a slot cache of that many tokens per sequence with every
-        step replayed from a CUDA graph (`app/engine/slot_decoding.py`; 0: the eager loop)."""
+        `compiled_decode_length`: decode in a slot cache of that many tokens per sequence with every step
+        compiled, a CUDA graph on CUDA and `torch.compile`'s code on a CPU (`app/engine/slot_decoding.py`;
+        0: the eager loop)."""
         self.loaded = loaded
-        self.cuda_graphs_length = cuda_graphs_length
+        self.compiled_decode_length = compiled_decode_length
         self._slot_batch: SlotDecodeBatch | None = None
+        self._compile_failure: str | None = None
         tokenizer = loaded.tokenizer
         stop_ids = set(tokenizer.all_special_ids)
         eos = loaded.model.generation_config.eos_token_id
@@ -93,28 +95,46 @@ class Engine:
         clone.loaded = self.loaded
         clone._token_bytes = self._token_bytes
         clone.context = replace(self.context, n_lags=n_lags)
-        clone.cuda_graphs_length = self.cuda_graphs_length
+        clone.compiled_decode_length = self.compiled_decode_length
         clone._slot_batch = None
+        clone._compile_failure = self._compile_failure
         return clone
 
-    def graph_refusal(self) -> str | None:
-        """Why the decode step will not be a CUDA graph (None: it will)."""
-        if not self.cuda_graphs_length:
-            return "CUDA graphs are off"
-        if self.device.type != "cuda":
-            return f"the model runs on {self.device.type}, not CUDA"
+    def compiled_decode_refusal(self) -> str | None:
+        """Why the decode step will not be compiled (None: it will)."""
+        if not self.compiled_decode_length:
+            return "compiled decoding is off"
+        if self.device.type not in ("cuda", "cpu"):
+            return f"the model runs on {self.device.type}, neither CUDA nor a CPU"
+        if self._compile_failure is not None:
+            return self._compile_failure
         refusal = slot_decoding_refusal(self.context)
         return None if refusal is None else f"this model: {refusal}"
 
     def running_batch(self, slots: int) -> SlotDecodeBatch | None:
-        """The batch a scheduler decodes in, emptied: one slot batch kept for the engine's life (its graphs stay
-        captured) when the decode step is a CUDA graph; None when it is not (the scheduler's own `DecodeBatch`)."""
-        if self.graph_refusal() is not None:
+        """The batch a scheduler decodes in, emptied: one slot batch kept for the engine's life (its compiled
+        steps stay built) when the decode step is compiled; None when it is not (the scheduler's own
+        `DecodeBatch`)."""
+        if self.compiled_decode_refusal() is not None:
             return None
         if self._slot_batch is None or len(self._slot_batch.lengths) != slots:
-            self._slot_batch = SlotDecodeBatch(self.context, slots, self.cuda_graphs_length, cuda_graphs=True)
+            self._slot_batch = SlotDecodeBatch(self.context, slots, self.compiled_decode_length, compiled=True)
         self._slot_batch.clear()
         return self._slot_batch
+
+    def warm_up_compiled_decode(self, slots: int) -> float | None:
+        """Compile the decode step of every width for `slots` rows now, before the first request (None: the step
+        is not compiled). If compiling fails (on a CPU, inductor needs a C++ compiler), the engine keeps the
+        eager loop and `compiled_decode_refusal` says why."""
+        batch = self.running_batch(slots)
+        if batch is None:
+            return None
+        try:
+            return batch.warm_up()
+        except Exception as error:  # any compiler failure: the eager loop still works
+            self._compile_failure = f"compiling the step failed ({type(error).__name__}: {str(error)[:200]})"
+            self._slot_batch = None
+            return None
 
     # ------------------------------------------------------------------ text
     def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict[str, Any]] | None = None) -> list[int]:

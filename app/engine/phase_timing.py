@@ -58,6 +58,12 @@ class PhaseClock:
         return {"seconds": dict(self.seconds), "decode_steps": self.decode_steps, "decode_rows": self.decode_rows}
 
 
+def lap(phase: str) -> None:
+    """The worker's time since the last lap went to `phase` (when timing is on)."""
+    if CLOCK is not None:
+        CLOCK.lap(phase)
+
+
 def enabled_by_environment() -> bool:
     return os.environ.get("TAD_PHASE_TIMING", "") == "1"
 

@@ -39,9 +39,9 @@ class SlotLayer(CacheLayerMixin):
         """One token per slot (`key_states` `[slots, kv_heads, 1, head_dim]`) into its slot's column."""
         keys, values = self.keys, self.values
         assert keys is not None and values is not None
-        index = self.owner.positions.view(-1, 1, 1, 1)
-        keys.scatter_(2, index.expand_as(key_states), key_states)
-        values.scatter_(2, index.expand_as(value_states), value_states)
+        where = self.owner.write_index
+        keys.index_put_(where, key_states[:, :, 0])
+        values.index_put_(where, value_states[:, :, 0])
         length = self.owner.view_length
         return keys[:, :, :length], values[:, :, :length]
 
@@ -68,6 +68,10 @@ class SlotCache(Cache):
         self.max_length = max_length
         self.view_length = max_length
         self.positions = torch.zeros(slots, dtype=torch.long, device=parameter.device)
+        rows = torch.arange(slots, device=parameter.device)[:, None]
+        heads = torch.arange(kv_heads, device=parameter.device)[None, :]
+        # (slot, kv head, column) of each slot's next key: advanced indexing, which a compiled step writes in place.
+        self.write_index = (rows, heads, self.positions[:, None])
         self.slot_layers = [
             SlotLayer(
                 self,

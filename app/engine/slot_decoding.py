@@ -1,29 +1,31 @@
-"""Continuous batching over a slot cache, each decode step one CUDA graph replay.
+"""Continuous batching over a slot cache, each decode step compiled: a CUDA graph replay, or inductor's code.
 
 A decode step of the eager `DecodeBatch` launches hundreds of small kernels from Python (per layer:
-norms, projections, rotary, attention, capture); on a GPU the host cannot launch them as fast as the
-device runs them, so the step is bound by the host. Here the whole step (the forward, the attention
-capture's window weights, the log-softmax, the greedy choice and its statistics, the advance of every
-slot's position) is captured once as a CUDA graph and replayed: one launch per step. What a graph needs
-is tensors that never move, which the slot cache gives (`app/engine/slot_cache.py`): finished rows free
-their slot, newly prefilled rows are copied into free slots, and the same graph replays whatever rows
-hold what.
+norms, projections, rotary, attention, capture); the host cannot launch them as fast as a GPU runs
+them, and on a CPU with a small model the Python around the kernels is most of the step. Here the
+whole step (the forward, the attention capture's window weights, the log-softmax, the greedy choice
+and its statistics, the advance of every slot's position) is compiled: on CUDA captured once as a
+CUDA graph and replayed (one launch per step); on a CPU compiled by `torch.compile` (inductor fuses
+the small operations into C++ loops, with no Python between them). Both need tensors that never
+move, which the slot cache gives (`app/engine/slot_cache.py`): finished rows free their slot, newly
+prefilled rows are copied into free slots, and the same graph or code runs whatever rows hold what.
 
-One graph per read width (128, 256, ... up to the slot length): a step reads only as many columns as
-its longest sequence needs. Every slot is computed at every step, running or empty (on a GPU a decode
-step reads the same weights whatever the batch, so empty rows cost little). A sequence that would
-outgrow its slot finishes with reason `length`.
+One graph (or compiled program) per read width (128, 256, ... up to the slot length), all built by
+`warm_up` before the first request: a step reads only as many columns as its longest sequence needs.
+Every slot is computed at every step, running or empty. A sequence that would outgrow its slot
+finishes with reason `length`.
 
 Host work left per step: the rows' last tokens in, the chosen tokens, statistics and attention rows out,
-and what `DecodeBatch` does with them (stop tokens, stop strings, sampling of non-greedy rows). While
-every row is greedy that work overlaps the next step: the graph leaves each row's argmax as its next
-input and the next replay is queued before this step's results are read (lookahead, `step`). On a CPU
-the same step runs eagerly (no graph), which is what the tests compare against `DecodeBatch`.
+and what `DecodeBatch` does with them (stop tokens, stop strings, sampling of non-greedy rows). On CUDA,
+while every row is greedy, that work overlaps the next step: the graph leaves each row's argmax as its
+next input and the next replay is queued before this step's results are read (lookahead, `step`).
+Uncompiled, the same step runs eagerly, which is what the tests compare against `DecodeBatch`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,9 +123,10 @@ class SlotDecodeBatch(DecodeBatch):
     """Sequences in the slots of a `SlotCache`; `merge` takes in prefilled rows, `pop_done` frees slots."""
 
     def __init__(
-        self, context: DecodeContext, slots: int, max_length: int, cuda_graphs: bool, lookahead: bool | None = None
+        self, context: DecodeContext, slots: int, max_length: int, compiled: bool, lookahead: bool | None = None
     ) -> None:
-        """`lookahead`: queue the next step before reading this one's results while every row is greedy (`step`);
+        """`compiled`: the step a CUDA graph on CUDA, compiled by `torch.compile` on a CPU (else eager);
+        `lookahead`: queue the next step before reading this one's results while every row is greedy (`step`);
         default: with CUDA graphs."""
         refusal = slot_decoding_refusal(context)
         if refusal is not None:
@@ -137,7 +140,10 @@ class SlotDecodeBatch(DecodeBatch):
         self.tokens = torch.full((slots, 1), context.pad_token_id, dtype=torch.long, device=device)
         self.lengths = [0] * slots  # host copy of each slot's position: its sequence's length so far
         self.padded = False
-        self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        self.cuda_graphs = compiled and device.type == "cuda"
+        # One compiled program per width (`dynamic=False`: a width's code is specialised to its shapes, which
+        # is what makes it fast); `warm_up` builds them all.
+        self._compiled: Any = torch.compile(self._body, dynamic=False) if compiled and device.type == "cpu" else None
         self._free = list(range(slots - 1, -1, -1))  # popped from the end: the lowest free slot first
         self._columns = torch.arange(max_length, device=device)
         self._lags = torch.arange(context.n_lags, -1, -1, device=device)  # a window's columns, oldest first
@@ -206,12 +212,53 @@ class SlotDecodeBatch(DecodeBatch):
     def _run(self, width: int) -> _StepOutputs:
         if not self.cuda_graphs:
             with torch.inference_mode():
-                return self._body(width)
+                return self._body(width) if self._compiled is None else self._compiled(width)
         captured = self._graphs.get(width)
         if captured is None:
             captured = self._graphs[width] = self._capture(width)
         captured[0].replay()
         return captured[1]
+
+    def widths(self) -> list[int]:
+        """Every read width a step can take: 128, 256, ... up to the slot length."""
+        widths, width = [], SMALLEST_WIDTH
+        while width < self.slot_cache.max_length:
+            widths.append(width)
+            width *= 2
+        return [*widths, self.slot_cache.max_length]
+
+    def warm_up(self) -> float:
+        """Build the step of every width now (CUDA graphs captured, CPU programs compiled: seconds each), not
+        when a request first reaches it; the slots must be empty. Returns the seconds it took."""
+        if self.sequences:
+            raise RuntimeError("warm_up needs empty slots")
+        if not self.cuda_graphs and self._compiled is None:
+            return 0.0
+        started = time.monotonic()
+        widths = self.widths()
+        if self._compiled is not None:
+            # torch.compile gives up compiling a function after a few specialisations and runs it eagerly:
+            # allow one per width (and one more each for a guard on a cache the capture fills while tracing).
+            dynamo_config = torch._dynamo.config
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(widths) + 2)
+        positions = self.slot_cache.positions
+        saved, saved_tokens = positions.clone(), self.tokens.clone()
+        # Twice: tracing the first width fills a cache the capture reads (a guard of that width's code), so the
+        # first pass leaves one width to compile again; the second pass does it (a CUDA graph just replays).
+        for _ in range(2):
+            for width in widths:
+                self._run(width)
+                positions.copy_(saved)  # the empty slots' keys it wrote are hidden by the mask until overwritten
+                self.tokens.copy_(saved_tokens)
+        seconds = time.monotonic() - started
+        logger.info(
+            "decode step compiled (%s) for %d slots, widths %s, in %.1f s",
+            "CUDA graphs" if self.cuda_graphs else "torch.compile",
+            len(self.lengths),
+            widths,
+            seconds,
+        )
+        return seconds
 
     def _width(self) -> int:
         """The narrowest read width that holds every running sequence's next column."""

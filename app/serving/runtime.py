@@ -129,9 +129,13 @@ class Runtime:
         # the last token's own step row: no extra step for it.
         n_lags = artifact.n_lags if artifact is not None else DEFAULT_N_LAGS
         last_row = artifact is not None and artifact.convention is Convention.CONSUMING
-        self.engine = Engine(loaded, n_lags=n_lags, last_row=last_row, cuda_graphs_length=settings.cuda_graphs_length)
-        if settings.cuda_graphs_length and (refusal := self.engine.graph_refusal()) is not None:
-            logger.warning("TAD_CUDA_GRAPHS_LENGTH is set but the decode loop stays eager: %s", refusal)
+        self.engine = Engine(
+            loaded, n_lags=n_lags, last_row=last_row, compiled_decode_length=settings.compiled_decode_length
+        )
+        if settings.compiled_decode_length:
+            self.engine.warm_up_compiled_decode(settings.max_batch_size)
+            if (refusal := self.engine.compiled_decode_refusal()) is not None:
+                logger.warning("TAD_COMPILED_DECODE_LENGTH is set but the decode loop stays eager: %s", refusal)
         self.serving = self._serving(artifact)
         self._check_policy()
         self.scheduler = Scheduler(

@@ -47,13 +47,6 @@ __all__ = ["GenerationItem", "Scheduler", "SchedulerStats", "ScoringItem", "Sequ
 logger = logging.getLogger(__name__)
 
 
-def _lap(phase: str) -> None:
-    """The worker's time since the last lap went to `phase` (when phase timing is on)."""
-    clock = phase_timing.CLOCK
-    if clock is not None:
-        clock.lap(phase)
-
-
 class Scheduler:
     def __init__(
         self,
@@ -97,6 +90,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        """Start the worker (again, after `stop`)."""
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="tad-scheduler", daemon=True)
         self._thread.start()
 
@@ -195,19 +190,19 @@ class Scheduler:
                 if self._stopping and not busy and not self._waiting and not self._scoring:
                     return
                 if not busy and not self._waiting and not self._scoring:
-                    _lap(phase_timing.SCHEDULER)
+                    phase_timing.lap(phase_timing.SCHEDULER)
                     self._condition.wait(timeout=0.5)
-                    _lap(phase_timing.IDLE)
+                    phase_timing.lap(phase_timing.IDLE)
                     continue
                 if not busy and self._waiting and self.batch_window_s > 0:
-                    _lap(phase_timing.SCHEDULER)
+                    phase_timing.lap(phase_timing.SCHEDULER)
                     window_end = time.monotonic() + self.batch_window_s
                     while len(self._waiting) < self.max_batch_size and not self._stopping:
                         remaining = window_end - time.monotonic()
                         if remaining <= 0:
                             break
                         self._condition.wait(timeout=remaining)
-                    _lap(phase_timing.IDLE)
+                    phase_timing.lap(phase_timing.IDLE)
                 free = self.max_batch_size - len(self._items) - prefilling
                 admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 scoring = list(self._scoring)
@@ -221,7 +216,7 @@ class Scheduler:
                 self._model_step(succeeded=False)
             finally:
                 self._outbox.flush()
-                _lap(phase_timing.HANDOFF)
+                phase_timing.lap(phase_timing.HANDOFF)
 
     def _model_step(self, succeeded: bool) -> None:
         """Count a forward (a decode step, a prefill or scoring chunk) that succeeded or failed: only a
@@ -388,9 +383,9 @@ class Scheduler:
             # Cancelled while its prefill ran (a `cancel` seen by a step before it joined): look again.
             self._cancel_seen = self._cancel_seen or item.cancelled
         joined = len(batch.sequences)  # the rows the prefill computed; the running ones got nothing new
-        _lap(phase_timing.SCHEDULER)
+        phase_timing.lap(phase_timing.SCHEDULER)
         if self._batch is None or not self._batch.sequences:
-            running = self.engine.running_batch(self.max_batch_size)  # a CUDA graph's slot batch, or None
+            running = self.engine.running_batch(self.max_batch_size)  # a compiled step's slot batch, or None
             if running is None:
                 self._batch = batch
             else:
@@ -398,7 +393,7 @@ class Scheduler:
                 self._batch = running
         else:
             self._batch.merge(batch)
-        _lap(phase_timing.BATCH)
+        phase_timing.lap(phase_timing.BATCH)
         self._after_step(computed=joined)
 
     def _check_abandoned(self) -> None:
@@ -427,7 +422,7 @@ class Scheduler:
         if self.on_batch is not None:  # once per forward: the batch size histogram counts rows computed together
             self.on_batch(computed)
         if self._stepped:  # observers with something to do each step (streams, early stop); none for whole answers
-            _lap(phase_timing.SCHEDULER)
+            phase_timing.lap(phase_timing.SCHEDULER)
             self._prime_tad_streams()
             for sequence in self._batch.sequences:
                 item = self._items[id(sequence)]
@@ -440,11 +435,11 @@ class Scheduler:
                     logger.exception("streaming a request's progress failed")
                     self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
                     sequence.abandon(FinishReason.ERROR)  # leaves the batch at pop_done; its answer is sent
-            _lap(phase_timing.SCORING)
+            phase_timing.lap(phase_timing.SCORING)
         else:
-            _lap(phase_timing.SCHEDULER)
+            phase_timing.lap(phase_timing.SCHEDULER)
         for sequence in self._batch.pop_done():
-            _lap(phase_timing.BATCH)
+            phase_timing.lap(phase_timing.BATCH)
             item = self._items.pop(id(sequence))
             self._stepped -= item.stepped
             try:
@@ -452,9 +447,9 @@ class Scheduler:
             except Exception:  # one answer that cannot be scored must not fail its neighbours
                 logger.exception("finishing a request failed")
                 self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
-        _lap(phase_timing.BATCH)
+        phase_timing.lap(phase_timing.BATCH)
         self._outbox.flush()  # once per forward: the new tokens and answers reach their event loops together
-        _lap(phase_timing.HANDOFF)
+        phase_timing.lap(phase_timing.HANDOFF)
 
     def _prime_tad_streams(self) -> None:
         """The streamed answers' TAD inputs of this step, batched (one product per MLP stage 2, not one each)."""
@@ -491,9 +486,9 @@ class Scheduler:
             total_s=total,
         )
         assert item.observer is not None, "a generation item needs an observer to answer it"
-        _lap(phase_timing.SCHEDULER)
+        phase_timing.lap(phase_timing.SCHEDULER)
         *events, last = item.observer.on_finish(sequence, timing)
-        _lap(phase_timing.SCORING)
+        phase_timing.lap(phase_timing.SCORING)
         for event in events:
             self._outbox.put(item, event)
         self._answer(item, last)

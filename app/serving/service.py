@@ -164,10 +164,10 @@ class GenerationService:
         return ids
 
     def _context(self) -> int | None:
-        """The longest prompt plus answer: the model's context, or a CUDA graph's slot when that is shorter."""
+        """The longest prompt plus answer: the model's context, or a compiled step's slot when that is shorter."""
         context: int | None = getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
-        if self.engine.graph_refusal() is None:
-            slot = self.engine.cuda_graphs_length - 1  # the answer's last token is fed once more, for its own row
+        if self.engine.compiled_decode_refusal() is None:
+            slot = self.engine.compiled_decode_length - 1  # the answer's last token is fed once more, for its own row
             context = slot if context is None else min(context, slot)
         return context
 

@@ -9,7 +9,7 @@ from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL, MODEL_ARTIFACTS, Setti
 
 @pytest.fixture(autouse=True)
 def _no_tad_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TAD_MODEL", "TAD_ARTIFACT_DIR", "TAD_DTYPE"):
+    for name in ("TAD_MODEL", "TAD_ARTIFACT_DIR", "TAD_DTYPE", "TAD_COMPILED_DECODE_LENGTH", "TAD_CUDA_GRAPHS_LENGTH"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -46,3 +46,14 @@ def test_a_log_level_neither_logging_nor_uvicorn_knows_is_refused_by_name() -> N
     assert Settings(log_level="DEBUG").log_level == "debug"
     with pytest.raises(ValidationError, match=r"log_level\n.*must be one of critical, error, warning, info, debug"):
         Settings(log_level="loud")
+
+
+def test_the_compiled_decode_length_is_read_under_its_name_and_its_former_cuda_only_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().compiled_decode_length == 0
+    assert Settings(compiled_decode_length=512).compiled_decode_length == 512
+    monkeypatch.setenv("TAD_CUDA_GRAPHS_LENGTH", "288")
+    assert Settings().compiled_decode_length == 288
+    monkeypatch.setenv("TAD_COMPILED_DECODE_LENGTH", "1024")
+    assert Settings().compiled_decode_length == 1024  # the current name wins

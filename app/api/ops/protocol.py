@@ -23,6 +23,10 @@ class InfoResponse(BaseModel):
     architecture: dict[str, Any]  # model_type, whether CI tests it, and a note when it does not
     device: str
     dtype: str
+    decode_step: dict[str, Any] = Field(
+        description="how a decode step runs: `compiled` (a CUDA graph on CUDA, torch.compile's code on a CPU) over "
+        "slots of `slot_length` tokens, or `eager`, with `why_eager`"
+    )
     tad_available: bool
     tad_unavailable_reason: str | None
     artifact: dict[str, Any] | None

@@ -11,6 +11,7 @@ from app import __version__
 from app.api.deps import ApiKeyDep, RuntimeDep
 from app.api.openapi import errors
 from app.api.ops.protocol import ArtifactReloadResponse, HealthResponse, InfoResponse, ReadyResponse
+from app.engine.engine import Engine
 from app.errors import Conflict, NotReady
 from app.serving.runtime import ArtifactReloadError, State
 
@@ -59,6 +60,16 @@ async def metrics(runtime: RuntimeDep) -> Response:
     return Response(content=body, media_type=content_type)
 
 
+def _decode_step(engine: Engine) -> dict[str, Any]:
+    why_eager = engine.compiled_decode_refusal()
+    compiled = why_eager is None
+    return {
+        "mode": "compiled" if compiled else "eager",
+        "slot_length": engine.compiled_decode_length if compiled else None,
+        "why_eager": why_eager,
+    }
+
+
 def _artifact_summary(runtime: RuntimeDep) -> dict[str, Any] | None:
     artifact = runtime.artifact
     if artifact is None:
@@ -103,6 +114,7 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
         architecture=engine.loaded.architecture.as_dict(),
         device=str(engine.device),
         dtype=str(engine.dtype).removeprefix("torch."),
+        decode_step=_decode_step(engine),
         tad_available=runtime.tad_unavailable_reason is None,
         tad_unavailable_reason=runtime.tad_unavailable_reason,
         artifact=_artifact_summary(runtime),

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from app.engine.decoding import DecodeBatch
 from app.engine.engine import Engine
@@ -33,10 +34,16 @@ def _requests(engine: Engine, lengths: tuple[int, ...], **params: object) -> lis
 
 
 def _run_in_slots(
-    engine: Engine, requests: list[GenerationRequest], slots: int, max_length: int = 256, lookahead: bool = False
+    engine: Engine,
+    requests: list[GenerationRequest],
+    slots: int,
+    max_length: int = 256,
+    lookahead: bool = False,
+    batch: SlotDecodeBatch | None = None,
 ) -> list:
     """Continuous batching as the scheduler does it: prefill what fits, merge into free slots, step, pop."""
-    batch = SlotDecodeBatch(engine.context, slots=slots, max_length=max_length, cuda_graphs=False, lookahead=lookahead)
+    if batch is None:
+        batch = SlotDecodeBatch(engine.context, slots=slots, max_length=max_length, compiled=False, lookahead=lookahead)
     waiting = list(enumerate(requests))
     done: dict[int, SequenceState] = {}
     while waiting or batch.sequences:
@@ -94,10 +101,10 @@ def test_a_sequence_that_would_outgrow_its_slot_ends_with_length(engine: Engine,
 
 
 def test_merging_more_rows_than_free_slots_or_a_prompt_longer_than_a_slot_is_refused(engine: Engine) -> None:
-    batch = SlotDecodeBatch(engine.context, slots=1, max_length=256, cuda_graphs=False)
+    batch = SlotDecodeBatch(engine.context, slots=1, max_length=256, compiled=False)
     with pytest.raises(RuntimeError, match="free slots"):
         batch.merge(DecodeBatch.prefill(engine.context, _requests(engine, (2, 2))))
-    small = SlotDecodeBatch(engine.context, slots=1, max_length=4, cuda_graphs=False)
+    small = SlotDecodeBatch(engine.context, slots=1, max_length=4, compiled=False)
     with pytest.raises(ValueError, match="does not fit"):
         small.merge(DecodeBatch.prefill(engine.context, _requests(engine, (2,))))
 
@@ -109,7 +116,7 @@ def test_every_supported_architecture_equals_alone(name: str, tmp_path: Path) ->
     if name in REFUSED:
         assert refusal is not None and "mask" in refusal
         with pytest.raises(ValueError, match="cannot decode over a slot cache"):
-            SlotDecodeBatch(engine.context, slots=2, max_length=64, cuda_graphs=False)
+            SlotDecodeBatch(engine.context, slots=2, max_length=64, compiled=False)
         return
     assert refusal is None
     requests = _requests(engine, (5, 9, 3, 7))
@@ -117,10 +124,50 @@ def test_every_supported_architecture_equals_alone(name: str, tmp_path: Path) ->
         assert_same_sequences(engine, sequence, engine.generate([request])[0])
 
 
-def test_off_cuda_the_engine_keeps_the_eager_loop_and_says_why(engine: Engine) -> None:
-    assert engine.graph_refusal() == "CUDA graphs are off"
+def test_the_engine_decodes_eagerly_unless_asked_and_says_why(engine: Engine) -> None:
+    assert engine.compiled_decode_refusal() == "compiled decoding is off"
     assert engine.running_batch(2) is None
-    asked = Engine(engine.loaded, n_lags=engine.n_lags, cuda_graphs_length=256)
-    assert asked.graph_refusal() == "the model runs on cpu, not CUDA"
+    assert engine.warm_up_compiled_decode(2) is None
+    asked = Engine(engine.loaded, n_lags=engine.n_lags, compiled_decode_length=256)
+    assert asked.compiled_decode_refusal() is None
+    assert isinstance(asked.running_batch(2), SlotDecodeBatch)
+    assert asked.with_lags(0).compiled_decode_length == 256
+
+
+def test_the_step_compiled_on_cpu_equals_each_request_alone(engine: Engine) -> None:
+    """torch.compile's code for the whole step (forward, capture, statistics): the same tokens, statistics and
+    rows as the eager loop, with joins, leaves and reused slots, and nothing compiled after `warm_up` (one
+    width: compiling takes seconds)."""
+    compiled = Engine(engine.loaded, n_lags=engine.n_lags, compiled_decode_length=128)
+    assert compiled.warm_up_compiled_decode(slots=3) is not None
+    batch = compiled.running_batch(3)
+    assert batch is not None and batch.widths() == [128]
+    requests = _requests(compiled, (3, 9, 1, 6, 12, 4, 7))
+    with torch.compiler.set_stance("fail_on_recompile"):  # warm_up compiled all there is: nothing at request time
+        decoded = _run_in_slots(compiled, requests, 3, batch=batch)
+    for request, sequence in zip(requests, decoded, strict=True):
+        assert len(sequence.tokens) == request.params.max_new_tokens
+        assert_same_sequences(compiled, sequence, compiled.generate([request])[0])
+
+
+def test_a_step_that_fails_to_compile_leaves_the_eager_loop_and_the_reason(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_compiler(self: SlotDecodeBatch) -> float:
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(SlotDecodeBatch, "warm_up", no_compiler)
+    asked = Engine(engine.loaded, n_lags=engine.n_lags, compiled_decode_length=256)
+    assert asked.warm_up_compiled_decode(2) is None
+    refusal = asked.compiled_decode_refusal()
+    assert refusal is not None and "no C++ compiler found" in refusal
     assert asked.running_batch(2) is None
-    assert asked.with_lags(0).cuda_graphs_length == 256
+
+
+def test_warm_up_builds_every_width_up_to_the_slot_length(engine: Engine) -> None:
+    batch = SlotDecodeBatch(engine.context, slots=2, max_length=300, compiled=False)
+    assert batch.widths() == [128, 256, 300]
+    assert batch.warm_up() == 0.0  # eager: nothing to build
+    batch.merge(DecodeBatch.prefill(engine.context, _requests(engine, (2,))))
+    with pytest.raises(RuntimeError, match="empty slots"):
+        batch.warm_up()

@@ -199,7 +199,7 @@ def test_with_a_slot_batch_the_scheduler_decodes_in_its_slots_and_answers_equal_
     rows join its free slots and leave them, and every answer equals its request generated alone."""
     from app.engine.slot_decoding import SlotDecodeBatch
 
-    slot_batch = SlotDecodeBatch(engine.context, slots=2, max_length=128, cuda_graphs=False, lookahead=lookahead)
+    slot_batch = SlotDecodeBatch(engine.context, slots=2, max_length=128, compiled=False, lookahead=lookahead)
     handed_out: list[SlotDecodeBatch] = []
 
     def running_batch(slots: int) -> SlotDecodeBatch:

@@ -38,26 +38,26 @@ def test_a_keep_alive_when_nothing_came_and_the_deadline_is_ahead() -> None:
     assert isinstance(asyncio.run(_wait(time.monotonic() + 60, 0.0, cancelled)), KeepAlive) and cancelled == []
 
 
-def _service_on(context: int, graph_refusal: str | None, graphs_length: int) -> GenerationService:
+def _service_on(context: int, refusal: str | None, slot_length: int) -> GenerationService:
     service = GenerationService.__new__(GenerationService)  # _check_context needs only the engine
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=context))
     service.engine = SimpleNamespace(  # type: ignore[assignment]
         loaded=SimpleNamespace(model=model),
-        graph_refusal=lambda: graph_refusal,
-        cuda_graphs_length=graphs_length,
+        compiled_decode_refusal=lambda: refusal,
+        compiled_decode_length=slot_length,
     )
     return service
 
 
-def test_a_cuda_graph_slot_shorter_than_the_context_caps_prompt_plus_answer() -> None:
+def test_a_compiled_steps_slot_shorter_than_the_context_caps_prompt_plus_answer() -> None:
     from app.errors import InvalidRequest
 
-    graphed = _service_on(context=2048, graph_refusal=None, graphs_length=64)
-    graphed._check_context(40, 23, "max_tokens")  # 63 tokens: the slot's 64 less the last token's own step
+    compiled = _service_on(context=2048, refusal=None, slot_length=64)
+    compiled._check_context(40, 23, "max_tokens")  # 63 tokens: the slot's 64 less the last token's own step
     with pytest.raises(InvalidRequest, match="context of 63 tokens") as refused:
-        graphed._check_context(40, 24, "max_tokens")
+        compiled._check_context(40, 24, "max_tokens")
     assert refused.value.param == "max_tokens"
-    eager = _service_on(context=2048, graph_refusal="CUDA graphs are off", graphs_length=64)
+    eager = _service_on(context=2048, refusal="compiled decoding is off", slot_length=64)
     eager._check_context(40, 2008, "max_tokens")
     with pytest.raises(InvalidRequest, match="context of 2048 tokens"):
         eager._check_context(40, 2009, "max_tokens")
