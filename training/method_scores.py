@@ -58,7 +58,7 @@ def baseline_table(traces: Sequence[TokenTrace]) -> dict[str, np.ndarray]:
 
 def artifact_methods(artifact: TadArtifact) -> list[str]:
     """The registered methods the artifact can score (TAD only with a regressor)."""
-    return [m.name for m in METHODS if not m.needs_artifact or artifact.has_regressor]
+    return [m.name for m in METHODS if not m.needs_check_pass and (not m.needs_artifact or artifact.has_regressor)]
 
 
 def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 
@@ -28,9 +28,11 @@ from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_
 from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
 from app.serving.scheduler import GenerationItem, ScoringItem, WorkItem
+from app.serving.self_check import check_pass, p_true_of, with_p_true
 from app.settings import RejectAction
 from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.features import FeatureSpec
+from app.uncertainty.methods import REGISTRY
 
 DISCONNECT_POLL_S = 0.25
 DEADLINE_GRACE_S = 30.0
@@ -52,6 +54,14 @@ class PromptInput:
         return "messages" if self.messages is not None else "prompt"
 
 
+def _question(prompt: PromptInput) -> str:
+    """What the user asked: the last user turn, or the raw prompt."""
+    if prompt.messages is not None:
+        users = [m.get("content", "") for m in prompt.messages if m.get("role") == "user"]
+        return str(users[-1]) if users else ""
+    return prompt.prompt or ""
+
+
 @dataclass(frozen=True)
 class PreparedGeneration:
     prompt_ids: list[int]
@@ -59,6 +69,7 @@ class PreparedGeneration:
     policy: Policy
     seed: int | None
     serving: ServingArtifact  # read once: policy and scores come from the same artifact
+    question: str = ""  # the user's last turn (or the raw prompt): what a self-check pass asks about
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class Submitted:
     policy: Policy
     seed: int | None
     served: ServedModel  # the artifact that scores it, even if a reload swaps another in meanwhile
+    question: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,7 +199,14 @@ class GenerationService:
                 param="policy",
             )
         artifact = (serving or self.runtime.serving).artifact
-        return resolve_policy(self.settings, artifact, request)
+        resolved = resolve_policy(self.settings, artifact, request)
+        if REGISTRY[resolved.method.value].needs_check_pass and not self.engine.has_chat_template:
+            raise InvalidRequest(
+                f"{resolved.method.value} asks the model about its answer through a chat template, and this model "
+                "has none",
+                param="policy.method" if request is not None and request.method is not None else "policy",
+            )
+        return resolved
 
     def prepare(
         self,
@@ -243,7 +262,12 @@ class GenerationService:
         )
         serving = self.runtime.serving
         return PreparedGeneration(
-            prompt_ids=prompt_ids, params=params, policy=self.policy(policy, serving), seed=seed, serving=serving
+            prompt_ids=prompt_ids,
+            params=params,
+            policy=self.policy(policy, serving),
+            seed=seed,
+            serving=serving,
+            question=_question(prompt),
         )
 
     # ------------------------------------------------------------------ running
@@ -266,7 +290,11 @@ class GenerationService:
         self.scheduler.submit_generation(item)
         self.runtime.metrics.prompt_tokens.inc(len(prepared.prompt_ids))
         return Submitted(
-            item=item, policy=prepared.policy, seed=prepared.seed, served=self._served_by(prepared.serving)
+            item=item,
+            policy=prepared.policy,
+            seed=prepared.seed,
+            served=self._served_by(prepared.serving),
+            question=prepared.question,
         )
 
     async def next_event(
@@ -324,6 +352,8 @@ class GenerationService:
                     raise event.error
                 elif isinstance(event, GenerationResult):
                     finished = True
+                    if REGISTRY[submitted.policy.method.value].needs_check_pass:
+                        event = await self._self_check(submitted, event, request)
                     outcome = self.conclude(submitted, event)
                     for token in held if held is not None and not outcome.withheld else ():
                         yield token
@@ -365,6 +395,26 @@ class GenerationService:
         except ClientDisconnected:
             return None
         raise ServiceError("the generation ended without a result")
+
+    async def _self_check(
+        self, submitted: Submitted, result: GenerationResult, request: Request | None
+    ) -> GenerationResult:
+        """The answer's P(True), from one more pass over the question and the answer (`app/serving/self_check.py`)."""
+        prompt_ids, yes = check_pass(self.engine, submitted.question, result.sequence.text)
+        item = ScoringItem(
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
+            deadline=self._deadline(),
+            prompt_ids=prompt_ids,
+            response_ids=yes,
+        )
+        self.scheduler.submit_scoring(item)
+        event = await self.next_event(item, request)
+        if isinstance(event, Failure):
+            raise event.error
+        if not isinstance(event, ScoredAnswer):
+            raise ServiceError("unexpected scheduler event")
+        return replace(result, scored=with_p_true(result.scored, p_true_of(event)))
 
     def conclude(self, submitted: Submitted, result: GenerationResult) -> GenerationOutcome:
         """Record a finished generation in the metrics and decide on it."""

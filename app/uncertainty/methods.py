@@ -28,6 +28,7 @@ class MethodInput:
     trace: TokenTrace
     tad_confidences: np.ndarray | None = None  # c_i per token, when a TAD artifact is loaded
     tad_aggregation: Aggregation | None = None
+    p_true: float | None = None  # from the self-check pass, when one ran (`app/serving/self_check.py`)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class UncertaintyMethod:
     compute: Callable[[MethodInput], float | None]
     needs_artifact: bool = False
     needs_attention: bool = False  # reads the captured attention rows
+    # Needs a second pass of the model over the question and the answer: computed only when a policy decides
+    # with it, never from a trace alone (so not in the training tables, which read traces).
+    needs_check_pass: bool = False
 
     def __call__(self, answer: MethodInput) -> float | None:
         return self.compute(answer)
@@ -184,6 +188,15 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         lambda answer: attention_score(answer.trace.attention, len(answer.trace)),
         needs_attention=True,
     ),
+    UncertaintyMethod(
+        "p_true",
+        'P(True), the model\'s own check: 1 - the probability it answers "Yes" when shown the question and this '
+        "answer and asked whether the answer is correct (one more prompt pass; computed when the policy decides "
+        "with it, else null)",
+        (),
+        lambda answer: answer.p_true,
+        needs_check_pass=True,
+    ),
 )
 
 REGISTRY: Mapping[str, UncertaintyMethod] = {method.name: method for method in METHODS}
@@ -191,7 +204,10 @@ REGISTRY: Mapping[str, UncertaintyMethod] = {method.name: method for method in M
 # The enum the API, settings and manifests validate method names with, built from the registry.
 Method = StrEnum("Method", [(method.name.upper(), method.name) for method in METHODS])  # type: ignore[misc]
 
-BASELINES: tuple[Method, ...] = tuple(Method(m.name) for m in METHODS if not m.needs_artifact)
+# The free methods computed from an answer's trace alone: what training measures and calibrates.
+BASELINES: tuple[Method, ...] = tuple(
+    Method(m.name) for m in METHODS if not m.needs_artifact and not m.needs_check_pass
+)
 
 
 @dataclass(frozen=True)
