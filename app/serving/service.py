@@ -69,7 +69,7 @@ class PreparedGeneration:
     policy: Policy
     seed: int | None
     serving: ServingArtifact  # read once: policy and scores come from the same artifact
-    question: str = ""  # the user's last turn (or the raw prompt): what a self-check pass asks about
+    question: str  # the user's last turn (or the raw prompt): what a self-check pass asks about
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Submitted:
     policy: Policy
     seed: int | None
     served: ServedModel  # the artifact that scores it, even if a reload swaps another in meanwhile
-    question: str = ""
+    question: str  # what a self-check pass asks about
 
 
 @dataclass(frozen=True)
