@@ -161,3 +161,11 @@ def tiny_calibration_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_run
         CalibrationArtifactOptions(out=out, runs=[run], errors=(0.5, 0.7, 0.9), delta=0.2, resamples=50)
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_p_true_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> Path:
+    """A calibration-only artifact deciding with P(True): its answers labelled by the check's own ranking."""
+    from tests.fixtures.labelled_artifact import labelled_by_score
+
+    return labelled_by_score(tmp_path_factory, tiny_runs["train"], "p_true")

@@ -14,6 +14,7 @@ from scipy.stats import beta
 
 from app.uncertainty.artifact import Manifest, Threshold, load_artifact, write_manifest
 from app.uncertainty.methods import Method
+from training.check_pass_scores import CheckPassOptions, check_pass_methods, check_pass_table
 from training.method_scores import artifact_methods, uncertainty_table
 from training.rejection import CORRECT_THRESHOLD, accuracy
 from training.run_source import RunSource, obtain_runs
@@ -166,9 +167,13 @@ def run_calibrate(artifact_dir: Path, source: RunSource, targets: CalibrationTar
         # Thresholds chosen on nothing are -inf with n 0: refuse before the manifest's calibration is replaced.
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to calibrate on")
     check_no_duplicates(t.answer_key for t in texts)  # the guarantee counts answers: each must count once
-    table = uncertainty_table(artifact, texts)
+    checked = check_pass_methods(artifact)  # asked of the model again only for answers not asked about yet
+    table = {
+        **uncertainty_table(artifact, texts),
+        **check_pass_table(checked, runs, texts, CheckPassOptions(device=source.device, cache_dir=source.cache_dir)),
+    }
     quality = np.array([t.target for t in texts])
-    methods = [Method(name) for name in artifact_methods(artifact)]
+    methods = [Method(name) for name in [*artifact_methods(artifact), *checked]]
     # The default target is certified for what the service decides with.
     calibration = calibrate_thresholds(table, quality, methods, artifact.decision_method, targets)
     manifest = artifact.manifest.model_copy(

@@ -3,10 +3,12 @@
 From a few hundred labelled answers (generated here, resumably), with no regressor: the free
 methods' thresholds and a decision method. The records are split in two by record: on the
 *selection* part the decision method is chosen by the rule trained artifacts use
-(training/decision_rule.py: MSP unless the best other free score beats it with a paired 95%
-interval of the gain excluding 0); on the *certification* part, which the choice never saw,
-every threshold is chosen and its guarantee holds (training/thresholds.py). The server loads
-the artifact like any other: decisions on, `tad` null with the reason.
+(training/decision_rule.py: a reference unless the best other free score beats it with a paired
+95% interval of the gain excluding 0); on the *certification* part, which the choice never saw,
+every threshold is chosen and its guarantee holds (training/thresholds.py). Besides the scores of
+the answers' own tokens, P(True) is a candidate, and the reference, when the model can be asked
+about its answers (a check pass per answer, training/check_pass_scores.py); MSP is the reference
+otherwise. The server loads the artifact like any other: decisions on, `tad` null with the reason.
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ from app.uncertainty.artifact import FeatureInfo, Manifest, write_manifest
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES, Method
 from training.calibration import KEEP_HALF, CalibrationTargets, calibrate_thresholds
+from training.check_pass_scores import CHECKED, CheckPassOptions, check_pass_table
 from training.decision_rule import DecisionRule, choose
 from training.method_scores import baseline_table
 from training.rejection import accuracy, informative, interval, paired_bootstrap_prr, prediction_rejection_ratio
 from training.runs import TextTrace, check_no_duplicates, check_run_folders, iter_texts, read_run_settings
+from training.tasks import PromptStyle
 
 logger = logging.getLogger(__name__)
 
-REFERENCE = Method("msp")
+REFERENCE = Method("msp")  # the rule's reference where P(True) is not a candidate
 REPORT = Path("report") / "report.json"
 
 
@@ -51,6 +55,7 @@ class CalibrationArtifactOptions:
     seed: int = 0
     selection_share: float = 0.5  # of the records, for choosing the method; the rest certifies its thresholds
     resamples: int = 500
+    check_pass: CheckPassOptions | None = None  # None: P(True) is not a candidate (no second pass per answer)
 
 
 def selection_part(texts: Sequence[TextTrace], share: float, seed: int) -> np.ndarray:
@@ -113,6 +118,10 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
         raise SystemExit("the runs hold no answers: nothing to calibrate on")
     check_no_duplicates(t.answer_key for t in texts)
     table = baseline_table([t.token_trace() for t in texts])
+    methods = list(BASELINES)
+    if options.check_pass is not None and _checkable(texts):
+        table.update(check_pass_table([CHECKED], options.runs, texts, options.check_pass))
+        methods.append(Method(CHECKED))
     quality = np.array([t.target for t in texts])
     datasets = np.array([t.dataset for t in texts])
     selecting = selection_part(texts, options.selection_share, options.seed)
@@ -130,13 +139,16 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
             "no dataset's accuracy lies in [0.1, 0.9] on the selection records: the answers cannot tell a "
             "good score from a bad one"
         )
-    rule: DecisionRule = choose(REFERENCE.value, samples, "bootstrap")
+    # A few hundred records rarely separate two scores, so the reference is usually what ships: P(True) where
+    # the model can be asked, the score with the best evidence (docs/experiments/p-true-reference.md).
+    reference = CHECKED if CHECKED in table else REFERENCE.value
+    rule: DecisionRule = choose(reference, samples, "bootstrap")
     decision = Method(rule.chosen)
     certifying = ~selecting
     calibration = calibrate_thresholds(
         {m: v[certifying] for m, v in table.items()},
         quality[certifying],
-        list(BASELINES),
+        methods,
         decision,
         CalibrationTargets(options.coverages, options.errors, options.delta, options.seed, default_target=KEEP_HALF),
     )
@@ -179,6 +191,15 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
         ),
     }
     return _write(options.out, manifest, report)
+
+
+def _checkable(texts: Sequence[TextTrace]) -> bool:
+    """Whether the answers were generated for a user turn the check can quote (a few-shot run's model has no
+    chat template to ask the check under)."""
+    if any(text.prompt_style is PromptStyle.FEW_SHOT for text in texts):
+        logger.warning("few-shot answers: P(True) needs a chat template to ask the check, so it is not a candidate")
+        return False
+    return True
 
 
 def refuse_trained_artifact(out: Path, error: type[BaseException] = SystemExit) -> None:

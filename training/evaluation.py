@@ -14,6 +14,7 @@ import numpy as np
 from app.numeric import finite_or_none
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.methods import BASELINES, METHODS
+from training.check_pass_scores import CheckPassOptions, check_pass_methods, check_pass_table
 from training.method_scores import uncertainty_table
 from training.policy_outcome import default_policy_outcome, outcome_markdown
 from training.rejection import (
@@ -108,17 +109,21 @@ def build_report(
     resamples: int = 1000,
     seed: int = 0,
     compared: TadArtifact | None = None,
+    checked: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """report.json content (per dataset, plus all texts pooled under "overall"), and the arrays for plots.
 
     Each PRR comes with a paired bootstrap 95% interval over `resamples` resamples of the texts.
     `compared`: another artifact of the same model, whose default score is reported beside this
-    one's (`tad_compared`) with the paired difference per dataset.
+    one's (`tad_compared`) with the paired difference per dataset. `checked`: the check-pass methods'
+    scores of the texts (P(True); training/check_pass_scores.py), where either artifact uses them.
     """
-    table = uncertainty_table(artifact, texts)
+    table = {**uncertainty_table(artifact, texts), **(checked or {})}
     default = artifact.decision_method.value
     if compared is not None:
-        table[COMPARED_SCORE] = uncertainty_table(compared, texts)[compared.decision_method.value]
+        table[COMPARED_SCORE] = {**uncertainty_table(compared, texts), **(checked or {})}[
+            compared.decision_method.value
+        ]
     targets = np.array([t.target for t in texts])
     report: dict[str, Any] = {"datasets": {}}
     arrays: dict[str, Any] = {}
@@ -287,7 +292,10 @@ def run_evaluate(
     if not texts:
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to evaluate")
     check_no_duplicates(t.answer_key for t in texts)
-    report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared)
+    methods = sorted({*check_pass_methods(artifact), *(check_pass_methods(compared) if compared else [])})
+    options = CheckPassOptions(device=source.device, cache_dir=source.cache_dir)
+    checked = check_pass_table(methods, runs, texts, options)
+    report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared, checked=checked)
     report["runs"] = [str(run) for run in runs]
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -8,6 +8,8 @@
         stat-<name>.npy              [tokens] float64, one per token statistic (app/engine/token_stats.py),
                                      e.g. stat-logprob.npy (raw-logit log-probabilities), stat-entropy.npy
         attention.npy                [tokens, layers, heads, lags + 1] float32 step rows (memory-mapped on read)
+    RUN_DIR/check-pass.json          P(True) of answers, once a command has asked the model about them
+                                     (training/check_pass_scores.py; keyed by answer key)
 
 A shard folder exists only when all its files are written (it is written under a
 temporary name and renamed), so an interrupted run never leaves a half shard behind.
@@ -37,7 +39,8 @@ RUN_FILE = "run.json"
 # How many shards `generate` planned (runs made before it was written have none: not checked).
 PLAN_FILE = "plan.json"
 # A run folder's own entries, besides the `.tmp` files its processes write them through.
-RUN_ENTRIES = frozenset({RUN_FILE, PLAN_FILE, SHARDS})
+CHECK_PASS_FILE = "check-pass.json"
+RUN_ENTRIES = frozenset({RUN_FILE, PLAN_FILE, SHARDS, CHECK_PASS_FILE})
 # What every command reads of a text's entry in texts.json.
 REQUIRED_META = ("key", "dataset", "target")
 STAT_PREFIX = "stat-"

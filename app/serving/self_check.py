@@ -16,6 +16,7 @@ from dataclasses import replace
 from app.engine.engine import Engine
 from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.methods import Method, SequenceUncertainty
+from app.uncertainty.trace import TokenTrace
 
 CHECK_PROMPT = "Question: {question}\nProposed answer: {answer}\nIs the proposed answer correct? Answer yes or no."
 YES = "Yes"
@@ -31,7 +32,12 @@ def check_pass(engine: Engine, question: str, answer: str) -> tuple[tuple[int, .
 
 def p_true_of(check: ScoredAnswer) -> float:
     """1 - P("Yes") from the check pass's teacher-forced first token."""
-    return 1.0 - math.exp(float(check.trace.logprobs[0]))
+    return p_true_of_trace(check.trace)
+
+
+def p_true_of_trace(trace: TokenTrace) -> float:
+    """1 - P("Yes") from a check pass's trace (training reads stored answers' checks with it)."""
+    return 1.0 - math.exp(float(trace.logprobs[0]))
 
 
 def with_p_true(scored: ScoredAnswer, p_true: float) -> ScoredAnswer:

@@ -26,3 +26,11 @@ def test_a_calibration_only_artifact_decides_with_its_own_method(tiny_calibratio
     rules = rules_of(artifact.manifest, policy)
     assert rules[0].method is artifact.decision_method
     assert all(rule.method is not Method("tad") for rule in rules)
+
+
+def test_an_artifact_deciding_with_p_true_is_compared_with_msp_at_its_coverage(tiny_p_true_artifact: Path) -> None:
+    artifact = load_artifact(tiny_p_true_artifact)
+    policy = resolve_policy(Settings(artifact_dir=tiny_p_true_artifact), artifact, None)
+    rules = rules_of(artifact.manifest, policy)
+    assert rules[0].method is Method("p_true") and rules[0].threshold == policy.threshold
+    assert [rule.method for rule in rules[1:]] == [Method("msp")]

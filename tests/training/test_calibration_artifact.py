@@ -4,16 +4,19 @@ threshold certified on the other."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app.uncertainty.artifact import ArtifactError, load_artifact
-from app.uncertainty.methods import REGISTRY
-from training.calibration_artifact import selection_part
+from app.uncertainty.methods import REGISTRY, Method
+from tests.fixtures.labelled_artifact import labelled_by_score
+from training.calibration_artifact import CalibrationArtifactOptions, build_calibration_artifact, selection_part
+from training.check_pass_scores import CheckPassOptions
 from training.cli import main
-from training.runs import iter_texts
+from training.runs import CHECK_PASS_FILE, iter_texts
 
 
 def test_it_has_no_regressor_and_decides_with_a_free_method(tiny_calibration_artifact: Path) -> None:
@@ -83,10 +86,57 @@ def test_generation_options_with_run_are_refused_not_ignored(
 def test_a_trained_artifact_at_out_is_refused_before_generating(
     tmp_path: Path, tiny_artifact: Path, tiny_data: dict[str, list[Path]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import shutil
-
     trained = Path(shutil.copytree(tiny_artifact, tmp_path / "trained"))
     with pytest.raises(SystemExit) as refused:
         main(["calibration-artifact", "--out", str(trained), "--data", *map(str, tiny_data["train"])])
     assert refused.value.code == 2 and "holds a trained artifact" in capsys.readouterr().err
     assert not (trained / "calibration-run").exists()
+
+
+def test_p_true_is_the_reference_where_the_model_can_be_asked(tiny_p_true_artifact: Path) -> None:
+    manifest = load_artifact(tiny_p_true_artifact).manifest
+    decision = manifest.metrics["decision"]
+    assert decision["reference"] == "p_true" and decision["chosen"] == "p_true"
+    assert manifest.decision_method == Method("p_true")
+    assert manifest.default_target in manifest.thresholds[Method("p_true")]
+    report = json.loads((tiny_p_true_artifact / "report" / "report.json").read_text())
+    assert all("p_true" in row["prr"] for row in report["certification"].values())
+
+
+def test_a_score_that_ranks_clearly_better_replaces_p_true(
+    tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]
+) -> None:
+    manifest = load_artifact(labelled_by_score(tmp_path_factory, tiny_runs["train"], "msp")).manifest
+    decision = manifest.metrics["decision"]
+    assert decision["reference"] == "p_true" and decision["challenger"] == "msp" and decision["interval"][0] > 0
+    assert manifest.decision_method == Method("msp")
+
+
+def test_the_command_asks_the_check_unless_told_not_to(tmp_path: Path, tiny_runs: dict[str, Path]) -> None:
+    run = Path(shutil.copytree(tiny_runs["train"], tmp_path / "train"))
+    for texts_file in run.glob("shards/*/texts.json"):  # half right: informative, as the rule needs
+        texts_file.write_text(
+            json.dumps([{**text, "target": float(i % 2)} for i, text in enumerate(json.loads(texts_file.read_text()))])
+        )
+    common = ["--run", str(run), "--error", "0.5", "0.9", "--delta", "0.2", "--resamples", "20"]
+    main(["calibration-artifact", "--out", str(tmp_path / "with"), *common])
+    main(["calibration-artifact", "--out", str(tmp_path / "without"), "--no-check-pass", *common])
+    assert Method("p_true") in load_artifact(tmp_path / "with").manifest.thresholds
+    assert (run / CHECK_PASS_FILE).is_file()
+    assert Method("p_true") not in load_artifact(tmp_path / "without").manifest.thresholds
+
+
+def test_few_shot_answers_leave_p_true_out_and_msp_is_the_reference(tmp_path: Path, tiny_runs: dict[str, Path]) -> None:
+    run = Path(shutil.copytree(tiny_runs["train"], tmp_path / "train"))
+    for texts_file in run.glob("shards/*/texts.json"):  # as if asked few-shot: no user turn to quote
+        stored = json.loads(texts_file.read_text())
+        texts_file.write_text(
+            json.dumps([{**text, "target": float(i % 2), "prompt_style": "few-shot"} for i, text in enumerate(stored)])
+        )
+    manifest = build_calibration_artifact(
+        CalibrationArtifactOptions(
+            out=tmp_path / "a", runs=[run], errors=(0.5, 0.9), delta=0.2, resamples=20, check_pass=CheckPassOptions()
+        )
+    )
+    assert manifest.metrics["decision"]["reference"] == "msp" and Method("p_true") not in manifest.thresholds
+    assert not (run / CHECK_PASS_FILE).exists()

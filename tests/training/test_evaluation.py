@@ -85,3 +85,16 @@ def test_a_rerun_into_the_same_folder_leaves_no_curve_of_the_earlier_report(
     run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), out, 0)
     curves = {path.name for path in out.glob("rejection_*.png")}
     assert "rejection_gone_dataset.png" not in curves and "rejection_overall.png" in curves
+
+
+def test_an_artifact_deciding_with_p_true_is_evaluated_with_it(
+    tiny_runs: dict[str, Path], tiny_p_true_artifact: Path, tmp_path: Path
+) -> None:
+    dev = Path(shutil.copytree(tiny_runs["dev"], tmp_path / "dev"))  # the check's values are written into the run
+    source = RunSource(data=[], runs=[dev], default_run_dir=tmp_path / "unused")
+    report = run_evaluate(tiny_p_true_artifact, source, tmp_path / "report", 20)
+    assert report["artifact"]["decision_method"] == "p_true"
+    for entry in report["datasets"].values():
+        assert "p_true" in entry["methods"] and entry["default_vs_best_baseline"]["best_baseline"] != "p_true"
+    policy = report["default_policy"]
+    assert policy is not None and policy["method"] == "p_true" and policy["overall"]["n"] > 0

@@ -27,8 +27,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         NAME,
         help="an artifact with no regressor: the free scores' thresholds and a decision method (minutes)",
         description="Generate answers to a few hundred labelled training records (resumable; or reuse --run), "
-        "choose the decision method on half of the records (MSP unless another free score beats it with a "
-        "paired 95% interval excluding 0) and certify every threshold on the other half. The server loads the "
+        "ask the model whether each answer is correct (P(True): one more pass per answer, kept in the run), "
+        "choose the decision method on half of the records (P(True), or MSP without it, unless another free "
+        "score beats it with a paired 95% interval excluding 0) and certify every threshold on the other half. "
+        "The server loads the "
         "artifact like any other: decisions on, TAD null until a regressor is trained.",
     )
     parser.add_argument("--out", type=Path, required=True, help="artifact folder to write")
@@ -63,6 +65,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="share of the records that choose the decision method; the rest certify the thresholds",
     )
     parser.add_argument("--resamples", type=int_at_least(10), default=500, help="bootstrap resamples")
+    parser.add_argument(
+        "--no-check-pass",
+        action="store_true",
+        help="leave P(True) out of the candidates (no second pass per answer; it needs a chat template)",
+    )
     add_generation_options(parser)
     return parser
 
@@ -91,6 +98,7 @@ def run(args: argparse.Namespace) -> None:
     refuse_trained_artifact(args.out, UsageError)
     from app.settings import DEFAULT_MODEL
     from training.calibration_artifact import CalibrationArtifactOptions, build_calibration_artifact
+    from training.check_pass_scores import CheckPassOptions
     from training.generation import GenerateOptions, run_generate
 
     runs = list(args.run)
@@ -122,6 +130,7 @@ def run(args: argparse.Namespace) -> None:
             seed=args.seed,
             selection_share=args.selection_share,
             resamples=args.resamples,
+            check_pass=None if args.no_check_pass else CheckPassOptions(device=args.device, cache_dir=args.cache_dir),
         )
     )
     decision = manifest.metrics["decision"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.serving.self_check import CHECK_PROMPT, YES
 from app.settings import Settings
+from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import BASELINES, REGISTRY, Method
 from tests.app.api.native.test_streaming import read_events
 from tests.app.service_client import CHAT, make_client
@@ -60,3 +62,17 @@ def test_a_service_deciding_with_p_true_runs_the_check_on_every_answer(service_s
         body = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 4}).json()
     assert body["decision"]["method"] == "p_true" and body["uncertainty"]["p_true"] is not None
     assert body["decision"]["accept"] is (body["uncertainty"]["p_true"] <= 0.25)
+
+
+def test_an_artifact_deciding_with_p_true_checks_every_answer_at_its_certified_threshold(
+    service_settings: Settings, tiny_p_true_artifact: Path
+) -> None:
+    manifest = load_artifact(tiny_p_true_artifact).manifest
+    assert manifest.decision_method == Method("p_true") and manifest.default_target is not None
+    threshold = manifest.thresholds[Method("p_true")][manifest.default_target].threshold
+    with make_client(service_settings, artifact_dir=tiny_p_true_artifact) as client:
+        body = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 6}).json()
+    decision, p_true = body["decision"], body["uncertainty"]["p_true"]
+    assert decision["method"] == "p_true" and decision["policy"] == f"calibrated:{manifest.default_target}"
+    assert decision["threshold"] == pytest.approx(threshold) and decision["score"] == pytest.approx(p_true)
+    assert decision["accept"] is (p_true <= threshold)
