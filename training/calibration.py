@@ -170,7 +170,7 @@ def run_calibrate(artifact_dir: Path, source: RunSource, targets: CalibrationTar
     checked = check_pass_methods(artifact)  # asked of the model again only for answers not asked about yet
     table = {
         **uncertainty_table(artifact, texts),
-        **check_pass_table(checked, runs, texts, CheckPassOptions(device=source.device, cache_dir=source.cache_dir)),
+        **check_pass_table(checked, runs, texts, CheckPassOptions(source.device, source.cache_dir)),
     }
     quality = np.array([t.target for t in texts])
     methods = [Method(name) for name in [*artifact_methods(artifact), *checked]]

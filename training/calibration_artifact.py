@@ -194,10 +194,10 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
 
 
 def _checkable(texts: Sequence[TextTrace]) -> bool:
-    """Whether the answers were generated for a user turn the check can quote (a few-shot run's model has no
-    chat template to ask the check under)."""
+    """Whether the answers were generated for a user turn the check can quote (a few-shot prompt has none, and
+    the base models asked that way usually have no chat template to ask under either)."""
     if any(text.prompt_style is PromptStyle.FEW_SHOT for text in texts):
-        logger.warning("few-shot answers: P(True) needs a chat template to ask the check, so it is not a candidate")
+        logger.warning("few-shot answers have no user turn for the check to quote: P(True) is not a candidate")
         return False
     return True
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from app.uncertainty.artifact import TadArtifact
@@ -40,6 +41,8 @@ class CheckPassOptions:
 
     device: str = "auto"
     cache_dir: Path | None = None
+    # Check prompts prefilled together: its own setting, not `--batch-size` (the answers decoding at once); the
+    # build times the docs give were measured at 8.
     batch_size: int = 8
 
 
@@ -58,44 +61,79 @@ def check_pass_methods(artifact: TadArtifact) -> list[str]:
 
 
 @cache
-def _lines(path: str) -> tuple[str, ...]:
-    return tuple(Path(path).read_text(encoding="utf-8").splitlines())
+def _lines(path: str) -> tuple[bytes, ...]:
+    """The file's lines as generation numbered them (split on newline bytes only, as `read_records` reads)."""
+    return tuple(Path(path).read_bytes().split(b"\n"))
+
+
+@cache
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_data_unchanged(settings: dict[str, Any], texts: Sequence[TextTrace]) -> None:
+    """Refuse data files that changed since the run was generated (run.json holds their sha256): a question
+    rebuilt from an edited file is not the one the answer was given to."""
+    recorded = {str(Path(str(entry.get("path"))).resolve()): entry.get("sha256") for entry in settings.get("data", [])}
+    for path in sorted({str(text.meta.get("file", "")) for text in texts}):
+        if not Path(path).is_file():
+            raise SystemExit(
+                f"{path} cannot be read, and P(True) asks the model about the questions the run's answers were "
+                "given to: give the data file at the path the run was generated from"
+            )
+        if recorded.get(str(Path(path).resolve()), _sha256(path)) != _sha256(path):
+            raise SystemExit(f"{path} changed since the run was generated: its questions cannot be rebuilt")
 
 
 def question_of(text: TextTrace) -> str:
     """The user turn the answer was generated for, rebuilt from the run's data file: what the server reads as
     the question (the last user turn)."""
     if text.prompt_style is PromptStyle.FEW_SHOT:
-        raise SystemExit("a few-shot run has no user turn to ask about: P(True) needs chat-style answers")
+        raise SystemExit("a few-shot answer has no user turn to quote: P(True) needs chat- or task-style answers")
     path, line = str(text.meta.get("file", "")), int(text.meta.get("line", 0))
+    where = f"answer {text.key}: {path} line {line}"
     try:
-        raw = _lines(path)[line - 1]
-    except (OSError, IndexError):
-        raise SystemExit(
-            f"answer {text.key}: its record ({path}, line {line}) cannot be read, and P(True) asks the model "
-            "about the question: give the data file at the path the run was generated from"
-        ) from None
-    record = QARecord.model_validate_json(raw)
+        lines = _lines(path)
+    except OSError:
+        lines = ()
+    if not 1 <= line <= len(lines):
+        raise SystemExit(f"{where} cannot be read: give the data file the run was generated from")
+    try:
+        record = QARecord.model_validate_json(lines[line - 1])
+    except ValidationError:
+        raise SystemExit(f"{where} is not a valid record any more: the data file changed") from None
     if record.id != text.meta.get("id", record.id):
-        raise SystemExit(f"answer {text.key}: {path} line {line} holds record {record.id}: the data file changed")
+        raise SystemExit(f"{where} holds record {record.id}: the data file changed")
     return build_messages(record, text.prompt_style)[-1]["content"]
 
 
-def _read_cache(run: Path, version: str) -> dict[str, float]:
+def _identity(settings: dict[str, Any]) -> dict[str, str]:
+    """What a cached value depends on besides the answer: the check prompt, the model and its dtype."""
+    return {
+        "check_prompt": check_prompt_version(),
+        "model_sha256": str(settings["model_sha256"]),
+        "dtype": str(settings.get("dtype", "auto")),
+    }
+
+
+def _read_cache(run: Path, identity: dict[str, str]) -> dict[str, float]:
     path = run / CHECK_PASS_FILE
     if not path.is_file():
         return {}
-    stored: dict[str, Any] = json.loads(path.read_text())
-    if stored.get("check_prompt") != version:
-        logger.warning("%s was computed with another check prompt: computing it again", path)
-        return {}
-    return {str(key): float(value) for key, value in stored.get(CHECKED, {}).items()}
+    try:
+        stored = json.loads(path.read_text())
+        if {key: stored.get(key) for key in identity} != identity:
+            logger.warning("%s was computed with another check prompt or model: computing it again", path)
+            return {}
+        return {str(key): float(value) for key, value in stored[CHECKED].items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise SystemExit(f"{path} is damaged: delete it and the check is asked again") from None
 
 
-def _write_cache(run: Path, version: str, values: dict[str, float]) -> None:
+def _write_cache(run: Path, identity: dict[str, str], values: dict[str, float]) -> None:
     path = run / CHECK_PASS_FILE
     staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    staging.write_text(json.dumps({"check_prompt": version, CHECKED: values}, indent=0) + "\n")
+    staging.write_text(json.dumps({**identity, CHECKED: values}, indent=0) + "\n")
     os.replace(staging, path)
 
 
@@ -104,7 +142,8 @@ def cache_key(text: TextTrace) -> str:
 
 
 class _Checker:
-    """The model, loaded at the first answer that needs it (from the runs' own model spec and dtype)."""
+    """One run's model (its spec, dtype and capture settings from run.json), loaded at the first answer that
+    needs it."""
 
     def __init__(self, settings: dict[str, Any], options: CheckPassOptions) -> None:
         self.settings, self.options = settings, options
@@ -136,26 +175,31 @@ class _Checker:
 
 
 def p_true_values(runs: Sequence[Path], texts: Sequence[TextTrace], options: CheckPassOptions) -> np.ndarray:
-    """P(True) of every text (texts of `runs`, in any order), from the runs' caches, asking the model for the
-    answers not in them (shortest check prompts batched together, the cache written after each batch)."""
-    version = check_prompt_version()
-    cached = {Path(run): _read_cache(Path(run), version) for run in runs}
-    checker = _Checker(read_run_settings(Path(runs[0])), options)
-    for run, values in cached.items():
+    """P(True) of every text (texts of `runs`, in any order), from the runs' caches, asking each run's model
+    for the answers not in them (shortest check prompts batched together, the cache written after each
+    batch). Runs of one model and dtype share the loaded model."""
+    merged: dict[str, float] = {}
+    checkers: dict[tuple[str, str], _Checker] = {}
+    for run in map(Path, runs):
+        settings = read_run_settings(run)
+        identity = _identity(settings)
+        values = _read_cache(run, identity)
         missing = [text for text in iter_texts([run]) if cache_key(text) not in values]
-        if not missing:
-            continue
-        questions = [question_of(text) for text in missing]  # every record readable before the model loads
-        order = sorted(range(len(missing)), key=lambda i: len(questions[i]) + len(str(missing[i].meta["answer"])))
-        with tqdm(total=len(order), desc=f"P(True) check pass ({run.name})", unit="answer") as progress:
-            for start in range(0, len(order), options.batch_size):
-                chunk = order[start : start + options.batch_size]
-                pairs = [(questions[i], str(missing[i].meta["answer"])) for i in chunk]
-                for i, value in zip(chunk, checker.p_true(pairs), strict=True):
-                    values[cache_key(missing[i])] = value
-                _write_cache(run, version, values)
-                progress.update(len(chunk))
-    merged = {key: value for values in cached.values() for key, value in values.items()}
+        if missing:
+            check_data_unchanged(settings, missing)
+            questions = [question_of(text) for text in missing]  # every record readable before the model loads
+            checker = checkers.setdefault((identity["model_sha256"], identity["dtype"]), _Checker(settings, options))
+            answers = [str(text.meta["answer"]) for text in missing]
+            order = sorted(range(len(missing)), key=lambda i: len(questions[i]) + len(answers[i]))
+            with tqdm(total=len(order), desc=f"P(True) check pass ({run.name})", unit="answer") as progress:
+                for start in range(0, len(order), options.batch_size):
+                    chunk = order[start : start + options.batch_size]
+                    asked = checker.p_true([(questions[i], answers[i]) for i in chunk])
+                    for i, value in zip(chunk, asked, strict=True):
+                        values[cache_key(missing[i])] = value
+                    _write_cache(run, identity, values)
+                    progress.update(len(chunk))
+        merged.update(values)
     missing_keys = [cache_key(text) for text in texts if cache_key(text) not in merged]
     if missing_keys:
         raise SystemExit(f"{len(missing_keys)} answers are not in the given runs (first: {missing_keys[0]})")

@@ -293,7 +293,7 @@ def run_evaluate(
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to evaluate")
     check_no_duplicates(t.answer_key for t in texts)
     methods = sorted({*check_pass_methods(artifact), *(check_pass_methods(compared) if compared else [])})
-    options = CheckPassOptions(device=source.device, cache_dir=source.cache_dir)
+    options = CheckPassOptions(source.device, source.cache_dir)
     checked = check_pass_table(methods, runs, texts, options)
     report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared, checked=checked)
     report["runs"] = [str(run) for run in runs]

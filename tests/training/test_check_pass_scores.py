@@ -14,7 +14,7 @@ import pytest
 from app.engine.engine import Engine
 from app.serving.self_check import CHECK_PROMPT, YES
 from training.check_pass_scores import CheckPassOptions, _Checker, cache_key, p_true_values, question_of
-from training.runs import CHECK_PASS_FILE, iter_texts
+from training.runs import CHECK_PASS_FILE, RUN_FILE, iter_texts
 
 
 @pytest.fixture
@@ -59,12 +59,28 @@ def test_values_are_kept_in_the_run_and_an_interrupted_pass_resumes(run: Path, m
     np.testing.assert_array_equal(p_true_values([run], texts[::-1], CheckPassOptions()), again[::-1])
 
 
-def test_values_of_another_check_prompt_are_not_reused(run: Path) -> None:
-    texts = list(iter_texts([run]))[:3]
-    (run / CHECK_PASS_FILE).write_text(
-        json.dumps({"check_prompt": "another", "p_true": {cache_key(t): 2.0 for t in texts}})
-    )
+@pytest.mark.parametrize("changed", ["check_prompt", "model_sha256", "dtype"])
+def test_values_of_another_check_prompt_or_model_are_not_reused(run: Path, changed: str) -> None:
+    texts = list(iter_texts([run]))
+    p_true_values([run], texts, CheckPassOptions())
+    stored = json.loads((run / CHECK_PASS_FILE).read_text())
+    stored = {**stored, changed: "another", "p_true": {cache_key(t): 2.0 for t in texts}}
+    (run / CHECK_PASS_FILE).write_text(json.dumps(stored))
     assert (p_true_values([run], texts, CheckPassOptions()) <= 1.0).all()
+
+
+def test_a_damaged_cache_is_named(run: Path) -> None:
+    (run / CHECK_PASS_FILE).write_text("[1, 2]")
+    with pytest.raises(SystemExit, match=r"check-pass\.json is damaged"):
+        p_true_values([run], list(iter_texts([run])), CheckPassOptions())
+
+
+def test_a_data_file_changed_since_the_run_is_refused(run: Path) -> None:
+    settings = json.loads((run / RUN_FILE).read_text())
+    settings["data"][0]["sha256"] = "0" * 64
+    (run / RUN_FILE).write_text(json.dumps(settings))
+    with pytest.raises(SystemExit, match="changed since the run was generated"):
+        p_true_values([run], list(iter_texts([run])), CheckPassOptions())
 
 
 def test_a_moved_data_file_is_named(run: Path, tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> None:
             seed=args.seed,
             selection_share=args.selection_share,
             resamples=args.resamples,
-            check_pass=None if args.no_check_pass else CheckPassOptions(device=args.device, cache_dir=args.cache_dir),
+            check_pass=None if args.no_check_pass else CheckPassOptions(args.device, args.cache_dir),
         )
     )
     decision = manifest.metrics["decision"]
