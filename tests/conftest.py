@@ -145,17 +145,10 @@ def service_settings(tiny_model_dir: Path, tiny_artifact: Path, tmp_path_factory
 def tiny_calibration_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> Path:
     """A calibration-only artifact (no regressor) from the tiny model's training answers, their targets set so
     that each dataset is half right (the random model gets none right): informative, as the rule needs."""
-    import shutil
-
+    from tests.fixtures.labelled_artifact import half_right, relabelled_copy
     from training.calibration_artifact import CalibrationArtifactOptions, build_calibration_artifact
 
-    run = tmp_path_factory.mktemp("labelled") / "train"
-    shutil.copytree(tiny_runs["train"], run)
-    for texts_file in sorted(run.glob("shards/*/texts.json")):
-        texts = json.loads(texts_file.read_text())
-        for index, text in enumerate(texts):
-            text["target"] = float(index % 2)
-        texts_file.write_text(json.dumps(texts))
+    run = relabelled_copy(tiny_runs["train"], tmp_path_factory.mktemp("labelled") / "train", half_right)
     out = tmp_path_factory.mktemp("calibration") / "tiny-calibration-only"
     build_calibration_artifact(
         CalibrationArtifactOptions(out=out, runs=[run], errors=(0.5, 0.7, 0.9), delta=0.2, resamples=50)

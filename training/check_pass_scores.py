@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import ValidationError
 from tqdm import tqdm
 
+from app.hashing import file_sha256
 from app.uncertainty.artifact import TadArtifact
 from app.uncertainty.methods import REGISTRY
 from training.data import QARecord
@@ -68,7 +69,8 @@ def _lines(path: str) -> tuple[bytes, ...]:
 
 @cache
 def _sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """The data file's digest as `generate` recorded it in run.json (once per file)."""
+    return file_sha256(Path(path))
 
 
 def check_data_unchanged(settings: dict[str, Any], texts: Sequence[TextTrace]) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from app.uncertainty.artifact import ArtifactError, load_artifact
 from app.uncertainty.methods import REGISTRY, Method
-from tests.fixtures.labelled_artifact import labelled_by_score
+from tests.fixtures.labelled_artifact import half_right, labelled_by_score, relabelled_copy
 from training.calibration_artifact import CalibrationArtifactOptions, build_calibration_artifact, selection_part
 from training.check_pass_scores import CheckPassOptions
 from training.cli import main
@@ -113,11 +113,7 @@ def test_a_score_that_ranks_clearly_better_replaces_p_true(
 
 
 def test_the_command_asks_the_check_unless_told_not_to(tmp_path: Path, tiny_runs: dict[str, Path]) -> None:
-    run = Path(shutil.copytree(tiny_runs["train"], tmp_path / "train"))
-    for texts_file in run.glob("shards/*/texts.json"):  # half right: informative, as the rule needs
-        texts_file.write_text(
-            json.dumps([{**text, "target": float(i % 2)} for i, text in enumerate(json.loads(texts_file.read_text()))])
-        )
+    run = relabelled_copy(tiny_runs["train"], tmp_path / "train", half_right)
     common = ["--run", str(run), "--error", "0.5", "0.9", "--delta", "0.2", "--resamples", "20"]
     main(["calibration-artifact", "--out", str(tmp_path / "with"), *common])
     main(["calibration-artifact", "--out", str(tmp_path / "without"), "--no-check-pass", *common])
@@ -127,12 +123,10 @@ def test_the_command_asks_the_check_unless_told_not_to(tmp_path: Path, tiny_runs
 
 
 def test_few_shot_answers_leave_p_true_out_and_msp_is_the_reference(tmp_path: Path, tiny_runs: dict[str, Path]) -> None:
-    run = Path(shutil.copytree(tiny_runs["train"], tmp_path / "train"))
-    for texts_file in run.glob("shards/*/texts.json"):  # as if asked few-shot: no user turn to quote
-        stored = json.loads(texts_file.read_text())
-        texts_file.write_text(
-            json.dumps([{**text, "target": float(i % 2), "prompt_style": "few-shot"} for i, text in enumerate(stored)])
-        )
+    # As if asked few-shot: no user turn to quote.
+    run = relabelled_copy(
+        tiny_runs["train"], tmp_path / "train", lambda i, text: {**half_right(i, text), "prompt_style": "few-shot"}
+    )
     manifest = build_calibration_artifact(
         CalibrationArtifactOptions(
             out=tmp_path / "a", runs=[run], errors=(0.5, 0.9), delta=0.2, resamples=20, check_pass=CheckPassOptions()
