@@ -81,7 +81,8 @@ bench-graph-decode: $(VENV)/.dev-installed
 # The service against plain `generate` at the same batch, host time per step by phase (a tiny model on CPU;
 # `--model llama --device cuda` on a GPU machine).
 bench-serving: $(VENV)/.dev-installed
-	$(BIN)/python -m benchmarks.serving --model tiny-llama --device cpu --clients 32
+	TAD_COMPILED_DECODE_LENGTH=288 TAD_PREFILL_CHUNK_TOKENS=2048 \
+		$(BIN)/python -m benchmarks.serving --model tiny-llama --device cpu --clients 32
 
 # Decode tokens/s in float32 and bfloat16 at batch 1 and 8, for the real models installed.
 bench-dtype: $(VENV)/.dev-installed

@@ -7,9 +7,10 @@ the real shapes of larger models, it times, interleaved and repeated:
 
 - feature vector: the recurrent scorer building each token's stage-2 vector and taking
   its dot product with the weights (how every artifact was scored before the split);
-- split weights:  the scorer as it runs now (`LinearStage2`: one dot product over the step
-  row as captured, N products with the earlier p's and c's; for an MLP stage 2, `MLPStage2`:
-  its first layer split the same way, the rows' products for a whole answer in one);
+- split weights:  the scorer as it runs now (`LinearStage2`: the weights split by what they
+  multiply, the terms that need no confidence (the step rows as captured, the earlier p's, p_i)
+  for the whole answer in matrix products, then the recurrence over the earlier c's token by
+  token; for an MLP stage 2, `MLPStage2`: its first layer split the same way);
 - whole answer:   everything the server computes when an answer ends (TAD with split
   weights, then MSP, perplexity, entropy, maximum token uncertainty and RAUQ);
 - streamed:       split weights fed one token at a time, as a streamed or early-stopped

@@ -14,14 +14,16 @@ from app.serving.runtime import Runtime
 from app.serving.service import GenerationService
 
 
-def get_runtime(request: Request) -> Runtime:
+# The dependencies are coroutines though none awaits: FastAPI runs a plain `def` dependency on its thread
+# pool, a thread hop per dependency per request that the event loop pays for (docs/performance.md).
+async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_service(request: Request, runtime: RuntimeDep) -> GenerationService:
+async def get_service(request: Request, runtime: RuntimeDep) -> GenerationService:
     """The generation service; 503 until the model is loaded."""
     return GenerationService(runtime, request_id=request_id(request))
 
@@ -39,7 +41,7 @@ _header_key = APIKeyHeader(
 )
 
 
-def require_api_key(
+async def require_api_key(
     runtime: RuntimeDep,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer_key)],
     header_key: Annotated[str | None, Depends(_header_key)],

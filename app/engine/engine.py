@@ -63,6 +63,8 @@ class Engine:
             last_row=last_row,
             step_mask_from_padding=padding_mask_suffices(loaded.model),
         )
+        # Asked on every request (the context a prompt may fill): the model's layout is fixed once loaded.
+        self._slot_refusal = slot_decoding_refusal(self.context)
 
     # ------------------------------------------------------------------ facts
     @property
@@ -98,6 +100,7 @@ class Engine:
         clone.compiled_decode_length = self.compiled_decode_length
         clone._slot_batch = None
         clone._compile_failure = self._compile_failure
+        clone._slot_refusal = self._slot_refusal
         return clone
 
     def compiled_decode_refusal(self) -> str | None:
@@ -108,8 +111,7 @@ class Engine:
             return f"the model runs on {self.device.type}, neither CUDA nor a CPU"
         if self._compile_failure is not None:
             return self._compile_failure
-        refusal = slot_decoding_refusal(self.context)
-        return None if refusal is None else f"this model: {refusal}"
+        return None if self._slot_refusal is None else f"this model: {self._slot_refusal}"
 
     def running_batch(self, slots: int) -> SlotDecodeBatch | None:
         """The batch a scheduler decodes in, emptied: one slot batch kept for the engine's life (its compiled

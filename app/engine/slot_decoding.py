@@ -6,7 +6,8 @@ them, and on a CPU with a small model the Python around the kernels is most of t
 whole step (the forward, the attention capture's window weights, the log-softmax, the greedy choice
 and its statistics, the advance of every slot's position) is compiled: on CUDA captured once as a
 CUDA graph and replayed (one launch per step); on a CPU compiled by `torch.compile` (inductor fuses
-the small operations into C++ loops, with no Python between them). Both need tensors that never
+the small operations into C++ loops and calls them from generated C++, with no Python between them
+and no guard checked before them: `_compiled_step`). Both need tensors that never
 move, which the slot cache gives (`app/engine/slot_cache.py`): finished rows free their slot, newly
 prefilled rows are copied into free slots, and the same graph or code runs whatever rows hold what.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,9 +143,9 @@ class SlotDecodeBatch(DecodeBatch):
         self.lengths = [0] * slots  # host copy of each slot's position: its sequence's length so far
         self.padded = False
         self.cuda_graphs = compiled and device.type == "cuda"
-        # One compiled program per width (`dynamic=False`: a width's code is specialised to its shapes, which
-        # is what makes it fast); `warm_up` builds them all.
-        self._compiled: Any = torch.compile(self._body, dynamic=False) if compiled and device.type == "cpu" else None
+        # On a CPU, one compiled program per width (`_compiled_step`); `warm_up` builds them all.
+        self.compiled_on_cpu = compiled and device.type == "cpu"
+        self._compiled: dict[int, Callable[[], _StepOutputs]] = {}
         self._free = list(range(slots - 1, -1, -1))  # popped from the end: the lowest free slot first
         self._columns = torch.arange(max_length, device=device)
         self._lags = torch.arange(context.n_lags, -1, -1, device=device)  # a window's columns, oldest first
@@ -209,10 +211,36 @@ class SlotDecodeBatch(DecodeBatch):
         logger.info("captured the decode step as a CUDA graph (%d slots, width %d)", len(self.lengths), width)
         return graph, outputs
 
+    def _compiled_step(self, width: int) -> Callable[[], _StepOutputs]:
+        """The step at `width` compiled by inductor, its Python wrapper generated as C++ (`cpp_wrapper`: no
+        Python call per kernel), for this batch alone.
+
+        torch.compile keeps compiled code per code object and, before each call, checks guards: that the
+        model's modules, their parameters and the batch's tensors are still what the code was compiled
+        for (about a thousand checks for a small model: a tenth of the tiny model's step). Nothing they
+        check changes for this batch's life (the slot cache's tensors are written in place, the model is
+        never swapped under an engine, the step always runs under `inference_mode`), so each width gets
+        a code object of its own, whose one compiled program runs without guards."""
+
+        def step() -> _StepOutputs:
+            return self._body(width)
+
+        step.__code__ = step.__code__.replace(co_name=f"decode_step_{width}")  # its own cache of compiled code
+        options: dict[str, str | int | bool | Callable[..., Any]] = {
+            "cpp_wrapper": True,
+            "guard_filter_fn": torch.compiler.skip_all_guards_unsafe,
+        }
+        return torch.compile(step, dynamic=False, fullgraph=True, options=options)
+
     def _run(self, width: int) -> _StepOutputs:
         if not self.cuda_graphs:
             with torch.inference_mode():
-                return self._body(width) if self._compiled is None else self._compiled(width)
+                if not self.compiled_on_cpu:
+                    return self._body(width)
+                step = self._compiled.get(width)
+                if step is None:
+                    step = self._compiled[width] = self._compiled_step(width)
+                return step()
         captured = self._graphs.get(width)
         if captured is None:
             captured = self._graphs[width] = self._capture(width)
@@ -232,20 +260,14 @@ class SlotDecodeBatch(DecodeBatch):
         when a request first reaches it; the slots must be empty. Returns the seconds it took."""
         if self.sequences:
             raise RuntimeError("warm_up needs empty slots")
-        if not self.cuda_graphs and self._compiled is None:
+        if not self.cuda_graphs and not self.compiled_on_cpu:
             return 0.0
         started = time.monotonic()
         widths = self.widths()
-        if self._compiled is not None:
-            # torch.compile gives up compiling a function after a few specialisations and runs it eagerly:
-            # allow one per width (and one more each for a guard on a cache the capture fills while tracing).
-            dynamo_config = torch._dynamo.config
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(widths) + 2)
         positions = self.slot_cache.positions
         saved, saved_tokens = positions.clone(), self.tokens.clone()
-        # Twice: tracing the first width fills a cache the capture reads (a guard of that width's code), so the
-        # first pass leaves one width to compile again; the second pass does it (a CUDA graph just replays).
-        for _ in range(2):
+        # On CUDA twice: the first pass captures each width's graph, the second replays it once before any request.
+        for _ in range(2 if self.cuda_graphs else 1):
             for width in widths:
                 self._run(width)
                 positions.copy_(saved)  # the empty slots' keys it wrote are hidden by the mask until overwritten

@@ -105,8 +105,8 @@ class AnswerProgress:
         """The last tokens of a stream, then the scored result."""
         events = self.on_step(sequence)
         trace = self.engine.trace(sequence)
-        # A streamed answer's confidences are already known: what scoring it again gives (to the bit
-        # for a linear stage 2, up to float rounding for an MLP).
+        # A streamed answer's confidences are already known: what scoring it again gives, up to float
+        # rounding (the same code over the tokens scored together).
         known = self.tad_stream.confidences if self.tad_stream is not None else []
         confidences = np.asarray(known[: len(trace)], dtype=np.float64) if len(known) >= len(trace) > 0 else None
         scored = self.scorer.score(trace, confidences)

@@ -9,6 +9,7 @@ non-zero with the reason.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -148,6 +149,11 @@ class Runtime:
             prefill_chunk_tokens=settings.prefill_chunk_tokens,
             broken_after_failed_steps=settings.broken_after_failed_steps,
         )
+        # What loading left (the model's modules, the tokenizer, compiled code: hundreds of thousands of
+        # objects) lives as long as the process: out of the cyclic collector's sight, whose full passes
+        # over it stalled every answer in flight for a third of a second (docs/performance.md).
+        gc.collect()
+        gc.freeze()
         self.scheduler.start()
         self.load_seconds = round(time.monotonic() - started, 2)
         self._publish_artifact()

@@ -1,24 +1,27 @@
 """The recurrent TAD scorer: token confidences c_i from the trained stage-2 regressor.
 
 c_1 = p_1; for i >= 2, c_i = clip(C2(z_i), eps, 1), where z_i holds the confidences of
-the N tokens before i. Streaming and whole-sequence scoring run the same per-token code,
-so a streamed answer gets the confidences of the same answer scored at once: to the bit for
-a linear stage 2, up to float rounding for an MLP (whose attention products are taken over
-the tokens that arrive together).
+the N tokens before i. Streaming and whole-sequence scoring run the same code over the tokens
+that can be scored together, so a streamed answer gets the confidences of the same answer
+scored at once up to float rounding (matrix products over different blocks of tokens sum in
+different orders).
 
-A linear C2 (ridge) is applied without building z_i: its weights are split by what they
-multiply (`LinearStage2`), so each token costs one dot product over its step row as captured
-plus dot products with the earlier p's and c's. Building the 2,700-10,000-value vector and
-casting it was most of the scorer's time. An MLP C2 (`MLPStage2`) runs its first layer the
-same way, with a weight matrix in place of the vector, and skips scikit-learn's per-call
-input checks.
+C2 is applied without building z_i: its weights are split by what they multiply
+(`LinearStage2` for a ridge; `MLPStage2` runs its first layer that way, with a weight matrix in
+place of the vector, and skips scikit-learn's per-call input checks). Everything that needs no
+confidence (the step rows' attention terms, the earlier p's, p_i) is one matrix product over
+all the tokens scored together; only the earlier c's, the recurrence, run token by token, in
+plain Python for a ridge. Building the 2,700-10,000-value vector per token and casting it was
+most of the scorer's time; one numpy call per token after that.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
@@ -118,42 +121,64 @@ class LinearStage2:
             slots_read=n_lags + spec.slot_shift,
         )
 
-    def predict(
-        self,
-        index: int,
-        probs: Sequence[np.float32] | np.ndarray,
-        confidences: Sequence[float],
-        row: np.ndarray,
-        attention_term: np.ndarray | None = None,
-    ) -> float:
-        """C2 of the token at 0-based `index >= 1`, whose step row is `row`."""
-        return float(self.outputs(index, probs, confidences, row, attention_term))
+    def attention_terms(self, rows: Sequence[np.ndarray], indices: range, row_shift: int) -> np.ndarray:
+        """The attention terms `[len(indices), *outputs]` of tokens `indices` (each >= 1)."""
+        return self._attention_terms([(rows, indices)], row_shift)
 
-    def outputs(
-        self,
-        index: int,
-        probs: Sequence[np.float32] | np.ndarray,
-        confidences: Sequence[float],
-        row: np.ndarray,
-        attention_term: np.ndarray | None = None,
-    ) -> float | np.ndarray:
-        """The layer's outputs (a float for a vector of weights, `[H]` for a matrix) at token `index >= 1`.
+    def attention_terms_of(
+        self, answers: Sequence[tuple[Sequence[np.ndarray], range]], row_shift: int
+    ) -> list[np.ndarray]:
+        """`attention_terms` of several answers' (step rows, token indices) in one matrix product."""
+        terms = self._attention_terms(answers, row_shift)
+        return np.split(terms, np.cumsum([len(indices) for _, indices in answers])[:-1])
 
-        `attention_term`: the row's term already computed (`MLPStage2.attention_terms`), else from `row`.
-        """
-        lags = min(len(self.probability), index)
-        # Lag l = 1..lags reads position index - l: each window reversed.
-        window = slice(index - lags, index)
-        earlier_probs = np.asarray(probs[window], dtype=FEATURE_DTYPE)[::-1].astype(np.float64)
-        earlier_confidences = np.asarray(confidences[window], dtype=FEATURE_DTYPE)[::-1].astype(np.float64)
-        current = float(np.float32(probs[index]))
-        return (
-            self.intercept
-            + (self._attention_term(row, lags) if attention_term is None else attention_term)
-            + np.dot(earlier_probs, self.probability[:lags])
-            + np.dot(earlier_confidences, self.confidence[:lags])
-            + self.current * current
+    def _attention_terms(self, answers: Sequence[tuple[Sequence[np.ndarray], range]], row_shift: int) -> np.ndarray:
+        """The answers' tokens' attention terms, stacked. A token with fewer than N earlier tokens has the
+        slots of lags it lacks zeroed in its row, which is what the masked weights (`attention`) do."""
+        n_lags = len(self.probability)
+        recorded, slot_shift = n_lags + 1, self.slots_read - n_lags
+        slots = min(rows[index - row_shift].shape[-1] for rows, indices in answers for index in indices)
+        if slots < self.slots_read:
+            raise ValueError(f"attention rows hold {slots} slots; {n_lags} lags need more")
+        used = min(slots, recorded)
+        block = np.stack(
+            [rows[index - row_shift][..., :used] for rows, indices in answers for index in indices], dtype=np.float64
         )
+        tokens = [index for _, indices in answers for index in indices]
+        for position, index in enumerate(tokens):
+            if index < n_lags:
+                block[position, :, :, index + slot_shift :] = 0.0
+        weights = self.attention[n_lags - 1]
+        outputs = weights.shape[1:]
+        weights = weights.reshape(-1, recorded, *outputs)[:, :used].reshape(-1, *outputs)
+        return block.reshape(len(tokens), -1) @ weights
+
+    def fixed_terms(self, indices: range, probs: Sequence[np.float32], attention_terms: np.ndarray) -> np.ndarray:
+        """Every term of tokens `indices` (each >= 1, ascending by one) but the earlier confidences': the
+        intercept, the attention term, the earlier p's and p_i. `[len(indices), *outputs]`."""
+        n_lags = len(self.probability)
+        start, stop = indices.start, indices.stop
+        low = max(start - n_lags, 0)
+        known = np.asarray(probs[low:stop], dtype=FEATURE_DTYPE).astype(np.float64)
+        # padded[t] = p_{start - N + t}, zero before the first token: the feature vector's zeros.
+        padded = np.concatenate([np.zeros(n_lags - (start - low)), known])
+        # Row j: p_{i-1}, ..., p_{i-N} of token i = start + j.
+        earlier = padded[np.arange(len(indices))[:, None] + np.arange(n_lags - 1, -1, -1)[None, :]]
+        current = padded[n_lags:]
+        return self.intercept + attention_terms + earlier @ self.probability + np.multiply.outer(current, self.current)
+
+    def fixed_term(self, index: int, probs: Sequence[np.float32], row: np.ndarray) -> np.ndarray:
+        """`fixed_terms` of the one token `index` from its step row, with a dot product per input: the one
+        token a streamed step scores is cheaper so than through the blocks. `[1, *outputs]`."""
+        lags = min(len(self.probability), index)
+        earlier = np.asarray(probs[index - lags : index][::-1], dtype=FEATURE_DTYPE).astype(np.float64)
+        term = (
+            self.intercept
+            + self._attention_term(row, lags)
+            + earlier @ self.probability[:lags]
+            + float(FEATURE_DTYPE(probs[index])) * self.current
+        )
+        return np.asarray(term)[None]
 
     def _attention_term(self, row: np.ndarray, lags: int) -> float | np.ndarray:
         weights = self.attention[lags - 1]
@@ -161,12 +186,28 @@ class LinearStage2:
         recorded = len(self.probability) + 1
         slots = row.shape[-1]
         if slots == recorded:  # as captured: no copy but the float64 cast
-            return np.dot(row.astype(np.float64).reshape(-1), weights)
+            return row.astype(np.float64).reshape(-1) @ weights
         if slots < self.slots_read:
             raise ValueError(f"attention rows hold {slots} slots; {len(self.probability)} lags need more")
         used = min(slots, recorded)
         values = row[:, :, :used].astype(np.float64).reshape(-1)
-        return np.dot(values, weights.reshape(-1, recorded, *outputs)[:, :used].reshape(-1, *outputs))
+        return values @ weights.reshape(-1, recorded, *outputs)[:, :used].reshape(-1, *outputs)
+
+    def predictions(self, indices: range, fixed: np.ndarray, rounded: Sequence[float]) -> Iterator[float]:
+        """C2 of tokens `indices`, each from its `fixed_terms` row and the earlier confidences' terms: the
+        recurrence. `rounded` holds the confidences so far as float32 holds them and must receive each
+        token's (clipped) confidence before the next prediction is drawn. Plain floats: a numpy call per
+        token cost more than the sum of ten products."""
+        weights = self._reversed_confidence_weights
+        n_lags = len(weights)
+        for value, index in zip(fixed.tolist(), indices, strict=True):
+            lags = min(index, n_lags)
+            yield value + sum(map(operator.mul, rounded[index - lags : index], weights[n_lags - lags :]))
+
+    @cached_property
+    def _reversed_confidence_weights(self) -> list[float]:
+        """A ridge's weights of c_{i-N}, ..., c_{i-1}, as floats."""
+        return [float(weight) for weight in self.confidence[::-1]]
 
 
 @dataclass(frozen=True)
@@ -224,46 +265,32 @@ class MLPStage2:
     def attention_terms_of(
         self, answers: Sequence[tuple[Sequence[np.ndarray], range]], row_shift: int
     ) -> list[np.ndarray]:
-        """`attention_terms` of several answers' (step rows, token indices) in one matrix product.
+        """The first layer's `LinearStage2.attention_terms_of`."""
+        return self.first.attention_terms_of(answers, row_shift)
 
-        A token with fewer than N earlier tokens has the slots of lags it lacks zeroed in its row,
-        which is what `LinearStage2`'s masked weights do.
-        """
-        first = self.first
-        n_lags = len(first.probability)
-        recorded, slot_shift = n_lags + 1, first.slots_read - n_lags
-        slots = min(rows[index - row_shift].shape[-1] for rows, indices in answers for index in indices)
-        if slots < first.slots_read:
-            raise ValueError(f"attention rows hold {slots} slots; {n_lags} lags need more")
-        used = min(slots, recorded)
-        block = np.stack(
-            [rows[index - row_shift][..., :used] for rows, indices in answers for index in indices]
-        ).astype(np.float64)
-        tokens = [index for _, indices in answers for index in indices]
-        for position, index in enumerate(tokens):
-            if index < n_lags:
-                block[position, :, :, index + slot_shift :] = 0.0
-        weights = first.attention[n_lags - 1]
-        outputs = weights.shape[1]
-        weights = weights.reshape(-1, recorded, outputs)[:, :used].reshape(-1, outputs)
-        terms = block.reshape(len(tokens), -1) @ weights
-        return np.split(terms, np.cumsum([len(indices) for _, indices in answers])[:-1])
+    def fixed_terms(self, indices: range, probs: Sequence[np.float32], attention_terms: np.ndarray) -> np.ndarray:
+        """The first layer's `LinearStage2.fixed_terms`."""
+        return self.first.fixed_terms(indices, probs, attention_terms)
 
-    def predict(
-        self,
-        index: int,
-        probs: Sequence[np.float32] | np.ndarray,
-        confidences: Sequence[float],
-        row: np.ndarray,
-        attention_term: np.ndarray | None = None,
-    ) -> float:
-        hidden = np.asarray(self.first.outputs(index, probs, confidences, row, attention_term))
-        linear = 0.0
-        if self.with_linear:
-            hidden, linear = hidden[:-1], float(hidden[-1])
-        for weights, biases in self.layers:
-            hidden = np.dot(np.maximum(hidden, 0.0), weights) + biases
-        return (float(hidden[0]) + linear) / 2 if self.with_linear else float(hidden[0])
+    def fixed_term(self, index: int, probs: Sequence[np.float32], row: np.ndarray) -> np.ndarray:
+        """The first layer's `LinearStage2.fixed_term`."""
+        return self.first.fixed_term(index, probs, row)
+
+    def predictions(self, indices: range, fixed: np.ndarray, rounded: Sequence[float]) -> Iterator[float]:
+        """The network's outputs for tokens `indices` from their first layer's `fixed_terms` rows, as
+        `LinearStage2.predictions` draws them (`rounded` receives each confidence before the next)."""
+        weights = self.first.confidence  # [N, H]
+        n_lags = len(weights)
+        for position, index in enumerate(indices):
+            lags = min(index, n_lags)
+            earlier = np.asarray(rounded[index - lags : index][::-1], dtype=np.float64)
+            hidden = fixed[position] + earlier @ weights[:lags]
+            linear = 0.0
+            if self.with_linear:
+                hidden, linear = hidden[:-1], float(hidden[-1])
+            for layer, biases in self.layers:
+                hidden = np.dot(np.maximum(hidden, 0.0), layer) + biases
+            yield (float(hidden[0]) + linear) / 2 if self.with_linear else float(hidden[0])
 
 
 def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
@@ -287,6 +314,7 @@ class TadStream:
     scorer: TadScorer
     confidences: list[float] = field(default_factory=list)
     _probs: list[np.float32] = field(default_factory=list)
+    _rounded: list[float] = field(default_factory=list, repr=False, compare=False)  # confidences as float32 hold them
     # An MLP's attention terms of the tokens the next `advance` scores, computed with other answers'
     # (`prime_streams`); by token index.
     _primed: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
@@ -306,50 +334,41 @@ class TadStream:
         the generating convention it exists as soon as the token is sampled, under the
         consuming one a step later. `attention_rows` are step rows (docs/method.md §2).
         """
-        fresh: list[float] = []
         if len(logprobs) > len(self._probs):
             self._probs.extend(token_probabilities(logprobs[len(self._probs) :]))
         probs = self._probs
-        row_shift = self.scorer.spec.row_shift
-        split = self.scorer.split
+        start = len(self.confidences)
+        if start == 0 and probs:
+            self._append(float(probs[0]))
         scorable = self.scorable(len(logprobs), len(attention_rows))
-        start = scorable.start
-        # An MLP's attention terms for every token scorable now, in one product (unless primed with others').
         primed, self._primed = self._primed, {}
-        terms: np.ndarray | list[np.ndarray] | None = None
-        if isinstance(split, MLPStage2) and scorable:
-            if all(index in primed for index in scorable):
-                terms = [primed[index] for index in scorable]
+        split, epsilon = self.scorer.split, self.scorer.epsilon
+        if scorable and split is not None:
+            # Every term but the earlier confidences' for all the tokens scorable now, as matrix products;
+            # only the recurrence runs token by token.
+            row_shift = self.scorer.spec.row_shift
+            if primed and all(index in primed for index in scorable):
+                fixed = split.fixed_terms(scorable, probs, np.stack([primed[index] for index in scorable]))
+            elif len(scorable) == 1:  # a streamed step's token
+                fixed = split.fixed_term(scorable.start, probs, attention_rows[scorable.start - row_shift])
             else:
-                terms = split.attention_terms(attention_rows, scorable, row_shift)
-        while len(self.confidences) < len(logprobs):
-            index = len(self.confidences)
-            if index > 0 and index - row_shift >= len(attention_rows):
-                break
-            if index == 0:
-                confidence = float(probs[0])
-            else:
-                term = None if terms is None else terms[index - start]
-                raw = self._predict(index, probs, attention_rows, term)
-                # A non-finite prediction would poison every later token: treat it as no confidence.
-                confidence = min(max(raw, self.scorer.epsilon), 1.0) if math.isfinite(raw) else self.scorer.epsilon
-            self.confidences.append(confidence)
-            fresh.append(confidence)
-        return fresh
+                fixed = split.fixed_terms(scorable, probs, split.attention_terms(attention_rows, scorable, row_shift))
+            for raw in split.predictions(scorable, fixed, self._rounded):
+                self._append(_clipped(raw, epsilon))
+        else:
+            for index in scorable:
+                row = stage2_feature_row(index, probs, self.confidences, attention_rows, self.scorer.spec)
+                self._append(_clipped(predict_one(self.scorer.regressor, row), epsilon))
+        return self.confidences[start:]
 
-    def _predict(
-        self,
-        index: int,
-        probs: list[np.float32],
-        rows: Sequence[np.ndarray],
-        attention_term: np.ndarray | None,
-    ) -> float:
-        spec, split = self.scorer.spec, self.scorer.split
-        if split is not None:
-            row = rows[index - spec.row_shift]
-            return split.predict(index, probs, self.confidences, row, attention_term)
-        row = stage2_feature_row(index, probs, self.confidences, rows, spec)
-        return predict_one(self.scorer.regressor, row)
+    def _append(self, confidence: float) -> None:
+        self.confidences.append(confidence)
+        self._rounded.append(float(FEATURE_DTYPE(confidence)))
+
+
+def _clipped(raw: float, epsilon: float) -> float:
+    """c_i = clip(C2(z_i), eps, 1); a non-finite prediction would poison every later token: no confidence."""
+    return min(max(raw, epsilon), 1.0) if math.isfinite(raw) else epsilon
 
 
 def prime_streams(pending: Sequence[tuple[TadStream, int, Sequence[np.ndarray]]]) -> None:

@@ -1,11 +1,14 @@
-"""Which names a request's `model` may use: the served name, and the spec the server was started with."""
+"""The runtime: which names a request's `model` may use; what loading leaves behind."""
 
 from __future__ import annotations
+
+import gc
 
 from app.engine.engine import Engine
 from app.serving.metrics import ServiceMetrics
 from app.serving.runtime import Runtime
 from app.settings import Settings
+from tests.app.service_client import make_client
 
 
 def _runtime(engine: Engine, **settings: object) -> Runtime:
@@ -29,3 +32,14 @@ def test_a_configured_served_name_is_the_only_name(engine: Engine) -> None:
     assert runtime.serves("team-llm")
     assert not runtime.serves("smollm2-135m")
     assert not runtime.serves(engine.identity.name)
+
+
+def test_what_loading_left_is_out_of_the_cyclic_collector_s_sight(service_settings: Settings) -> None:
+    """A full collection walking the model, tokenizer and compiled code stalled every answer in flight for a
+    third of a second on the tiny benchmark model (docs/performance.md, Serving speed)."""
+    gc.unfreeze()
+    try:
+        with make_client(service_settings):
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # the rest of the test process collects as usual

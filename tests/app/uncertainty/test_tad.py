@@ -201,12 +201,9 @@ def test_streaming_in_arrival_order_equals_whole_sequence(convention: Convention
             if convention is Convention.GENERATING:
                 assert len(got) == step  # each token's confidence is known the moment it is sampled
         got += stream.advance(list(logprobs), list(attention))
-        if regressor is not linear:
-            # The MLP's attention terms come from one matrix product over the tokens that arrive
-            # together, whose summation order can differ in the last bit from a product per token.
-            np.testing.assert_allclose(got, whole, rtol=1e-12, atol=0)
-        else:
-            assert got == list(whole)
+        # Attention terms come from one matrix product over the tokens that arrive together, whose
+        # summation order can differ in the last bit from a product over the whole answer.
+        np.testing.assert_allclose(got, whole, rtol=1e-12, atol=0)
         assert got[0] == float(token_probabilities(logprobs[:1])[0])
 
 
@@ -244,8 +241,10 @@ def test_streams_primed_together_score_as_each_alone(convention: Convention, mon
         prime_streams(pending)
         for (stream, tokens, rows), (logprobs, _) in zip(pending, inputs, strict=True):
             stream.advance(list(logprobs[:tokens]), rows)
-        # One product for the step's MLP answers (none left for advance), or each its own when only one has work.
-        assert products == ([[i for r in scoring for i in r]] if len(scoring) > 1 else [list(r) for r in scoring])
+        # One product for the step's MLP answers (none left for advance), or each its own when only one has work
+        # (a lone token: a dot product per input, no block).
+        alone_products = [list(r) for r in scoring if len(r) > 1]
+        assert products == ([[i for r in scoring for i in r]] if len(scoring) > 1 else alone_products)
         mixed |= len(scoring) > 1 and min(products[0]) < spec.n_lags <= max(products[0])
     assert mixed
     for stream, (logprobs, rows), expected in zip(streams, inputs, alone, strict=True):
@@ -258,3 +257,22 @@ def _inputs_of(spec: FeatureSpec, n: int, seed: int) -> tuple[np.ndarray, np.nda
     logprobs = np.log(rng.uniform(0.1, 1.0, n))
     rows = rng.uniform(0, 0.5, (n, spec.num_layers, spec.num_heads, spec.n_lags + 1)).astype(np.float32)
     return logprobs, rows
+
+
+@pytest.mark.parametrize("convention", list(Convention))
+def test_blocks_of_any_size_score_as_the_whole_answer(convention: Convention) -> None:
+    """The terms that need no confidence are one product per block of tokens scored together; blocks that
+    start before, at and after the N-th token give the confidences of the answer scored at once."""
+    spec = FeatureSpec(n_lags=3, num_layers=2, num_heads=2, convention=convention)
+    rng = np.random.default_rng(17)
+    ridge = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
+    for regressor in (ridge, _random_mlp(spec, rng), AveragedRegressor((ridge, _random_mlp(spec, rng)))):
+        scorer = TadScorer(regressor, spec, epsilon=1e-4)
+        logprobs, rows = _inputs_of(spec, 14, seed=5)
+        whole = scorer.confidences(logprobs, rows)
+        stream = scorer.stream()
+        for arrived in (2, 3, 7, 8, 13, 14):  # blocks of 1, 1, 4, 1, 5 and 1 tokens
+            stream.advance(list(logprobs[:arrived]), list(rows[:arrived]))
+        assert len(stream.confidences) == 14
+        np.testing.assert_allclose(stream.confidences, whole, rtol=1e-12, atol=0)
+        assert np.all((whole[1:] > 1e-4) & (whole[1:] < 1.0))  # no clipping hides a difference
