@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,14 @@ torch.set_num_threads(1)
 # The tiny model's references (eager attention, stored traces) are float32; `auto` would pick bfloat16 on
 # a CPU that computes it natively. bfloat16 has its own tests (tests/app/engine/test_bfloat16.py).
 os.environ.setdefault("TAD_DTYPE", "float32")
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_the_collector() -> Iterator[None]:
+    """A service started in a test freezes what its loading left out of the cyclic collector (as a server
+    does once); the apps of finished tests, kept alive by reference cycles, must still be collectable."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

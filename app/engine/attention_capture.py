@@ -68,7 +68,8 @@ def _stacked(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 _REVERSED_SLOTS: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def _reversed_slots(slots: int, device: torch.device) -> torch.Tensor:
+def reversed_slots(slots: int, device: torch.device) -> torch.Tensor:
+    """The slots' order reversed, as an index (built once per slot count and device)."""
     key = (slots, device)
     if key not in _REVERSED_SLOTS:
         _REVERSED_SLOTS[key] = torch.arange(slots - 1, -1, -1, device=device)
@@ -207,7 +208,7 @@ class AttentionCapture:
         # [L, b, kvh * g = heads, slots] -> [b, L, heads, slots], slots reversed (slot 0: the query's own key)
         # in the same copy.
         weights = scores.exp_().view(layers, batch, kv_heads * groups, slots).permute(1, 0, 2, 3)
-        return weights.index_select(-1, _reversed_slots(slots, device)).unsqueeze(1)
+        return weights.index_select(-1, reversed_slots(slots, device)).unsqueeze(1)
 
     def additive_mask(self, mask: torch.Tensor, dtype: torch.dtype, aligned: bool = False) -> torch.Tensor:
         """The mask as 0/-inf floats of `dtype`, converted once per forward and mask, not once per layer

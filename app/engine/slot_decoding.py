@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from app.engine import phase_timing
+from app.engine.attention_capture import reversed_slots
 from app.engine.batch_cache import padding_mask_suffices
 from app.engine.decoding import DecodeBatch, DecodeContext, QueuedChoice
 from app.engine.sequence import FinishReason, SequenceState
@@ -226,6 +227,9 @@ class SlotDecodeBatch(DecodeBatch):
             return self._body(width)
 
         step.__code__ = step.__code__.replace(co_name=f"decode_step_{width}")  # its own cache of compiled code
+        # Built before tracing: a module-level cache the capture filled while being traced would be filled
+        # again by the compiled code after every step (no guard to notice it is full).
+        reversed_slots(self.context.n_lags + 1, self.tokens.device)
         options: dict[str, str | int | bool | Callable[..., Any]] = {
             "cpp_wrapper": True,
             "guard_filter_fn": torch.compiler.skip_all_guards_unsafe,

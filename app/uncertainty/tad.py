@@ -312,12 +312,12 @@ class TadStream:
     """Incremental scoring of one sequence as its tokens and attention rows arrive."""
 
     scorer: TadScorer
-    confidences: list[float] = field(default_factory=list)
-    _probs: list[np.float32] = field(default_factory=list)
-    _rounded: list[float] = field(default_factory=list, repr=False, compare=False)  # confidences as float32 hold them
+    confidences: list[float] = field(default_factory=list, init=False)  # c_i so far (`_rounded` follows it)
+    _probs: list[np.float32] = field(default_factory=list, init=False)
+    _rounded: list[float] = field(default_factory=list, init=False, repr=False, compare=False)  # as float32 holds them
     # An MLP's attention terms of the tokens the next `advance` scores, computed with other answers'
     # (`prime_streams`); by token index.
-    _primed: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    _primed: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def scorable(self, tokens: int, rows: int) -> range:
         """The tokens an `advance` with `tokens` log-probs and `rows` step rows scores that need an attention row."""

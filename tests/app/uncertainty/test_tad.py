@@ -259,20 +259,32 @@ def _inputs_of(spec: FeatureSpec, n: int, seed: int) -> tuple[np.ndarray, np.nda
     return logprobs, rows
 
 
-@pytest.mark.parametrize("convention", list(Convention))
-def test_blocks_of_any_size_score_as_the_whole_answer(convention: Convention) -> None:
-    """The terms that need no confidence are one product per block of tokens scored together; blocks that
-    start before, at and after the N-th token give the confidences of the answer scored at once."""
+@pytest.mark.parametrize(
+    ("convention", "slots"),
+    [
+        (Convention.GENERATING, 3),  # N slots: the generating convention never reads slot N
+        (Convention.GENERATING, 4),  # N + 1, as the capture records
+        (Convention.CONSUMING, 4),
+        (Convention.CONSUMING, 6),  # rows captured with more lags than the spec uses
+    ],
+)
+def test_blocks_of_any_size_score_as_the_feature_vector(convention: Convention, slots: int) -> None:
+    """The terms that need no confidence are one product per block of tokens scored together (one dot
+    product each for a lone token); blocks that start before, at and after the N-th token give the
+    confidences of the regressor applied to each token's feature vector."""
     spec = FeatureSpec(n_lags=3, num_layers=2, num_heads=2, convention=convention)
     rng = np.random.default_rng(17)
     ridge = _linear(rng.normal(0, 0.05, spec.stage2_size), 0.5)
     for regressor in (ridge, _random_mlp(spec, rng), AveragedRegressor((ridge, _random_mlp(spec, rng)))):
+        logprobs = np.log(rng.uniform(0.1, 1.0, 14))
+        rows = rng.uniform(0, 0.5, (14, spec.num_layers, spec.num_heads, slots)).astype(np.float32)
+        expected = TadScorer(_OpaqueRegressor(regressor), spec, epsilon=1e-4).confidences(logprobs, rows)
+        assert np.all((expected[1:] > 1e-4) & (expected[1:] < 1.0))  # no clipping hides a difference
         scorer = TadScorer(regressor, spec, epsilon=1e-4)
-        logprobs, rows = _inputs_of(spec, 14, seed=5)
-        whole = scorer.confidences(logprobs, rows)
+        assert scorer.split is not None
+        np.testing.assert_allclose(scorer.confidences(logprobs, rows), expected, rtol=1e-10, atol=1e-12)
         stream = scorer.stream()
         for arrived in (2, 3, 7, 8, 13, 14):  # blocks of 1, 1, 4, 1, 5 and 1 tokens
             stream.advance(list(logprobs[:arrived]), list(rows[:arrived]))
         assert len(stream.confidences) == 14
-        np.testing.assert_allclose(stream.confidences, whole, rtol=1e-12, atol=0)
-        assert np.all((whole[1:] > 1e-4) & (whole[1:] < 1.0))  # no clipping hides a difference
+        np.testing.assert_allclose(stream.confidences, expected, rtol=1e-10, atol=1e-12)
