@@ -8,10 +8,12 @@ and against the same slot step run eagerly (what the graph replays: identical up
 `--time` (random bf16 weights of a real shape, exactly `--new-tokens` new tokens, `--batch` prompts of
 `--prompt-tokens`): plain transformers `generate` (sdpa) at that batch, the eager engine with capture
 (`DecodeBatch`, what the server runs today), and the slot batch with capture, its step replayed from a
-CUDA graph (graphs captured in a first untimed run). Tokens/s of each, medians of `--repeats`, and the
-memory-bandwidth limit of a decode step: `limit = batch x B / W` tokens/s, where W is the weight bytes
-and B the measured device-to-device copy bandwidth of a 4 GiB tensor counting bytes read plus written.
-Last line: `graph_vs_limit=<graph tokens/s / limit>`.
+CUDA graph (graphs captured in a first untimed run), and the same with inductor's fused kernels recorded in
+the graph instead of the eager ones (`InductorGraphBatch`, not in the server yet; `--check` compares it too).
+Tokens/s of each, medians of `--repeats`, and the memory-bandwidth limit of a decode step:
+`limit = batch x B / W` tokens/s, where W is the weight bytes and B the measured device-to-device copy
+bandwidth of a 4 GiB tensor counting bytes read plus written. Last lines:
+`inductor_graph_vs_limit=<...>` and `graph_vs_limit=<graph tokens/s / limit>`.
 
     python -m benchmarks.graph_decode --check
     python -m benchmarks.graph_decode --time --model llama --batch 32 --prompt-tokens 128 --new-tokens 128
@@ -44,6 +46,15 @@ from benchmarks.gpu_overhead import (
     synchronize,
     timed,
 )
+
+
+class InductorGraphBatch(SlotDecodeBatch):
+    """The step compiled by inductor (its small kernels fused), then recorded as a CUDA graph: the lever
+    the product's eager-kernel graph lacks for issue 49's bandwidth target. Timed here before it is
+    adopted (`--time`, `--check`)."""
+
+    def _graph_step(self, width: int) -> Callable[[], object]:  # type: ignore[override]
+        return self._compiled_step(width, cpp_wrapper=False)
 
 
 def decode_in_slots(engine: Engine, requests: list[GenerationRequest], batch: SlotDecodeBatch) -> list[SequenceState]:
@@ -113,6 +124,13 @@ def check(args: argparse.Namespace) -> None:
         for label, reference in (("alone, eager DecodeBatch", alone), ("slots, eager step", eager_slots)):
             same, logprob, rows = _max_difference(graphed, reference, engine)
             print(f"| {str(dtype).removeprefix('torch.')} | {label} | {same} | {logprob:.2e} | {rows:.2e} |")
+        try:
+            fused = decode_in_slots(engine, requests, InductorGraphBatch(engine.context, 4, 256, compiled=True))
+            same, logprob, rows = _max_difference(fused, alone, engine)
+            label = "inductor graph vs alone"
+            print(f"| {str(dtype).removeprefix('torch.')} | {label} | {same} | {logprob:.2e} | {rows:.2e} |")
+        except Exception:  # the variant failing must not lose the product's check above
+            traceback.print_exc()
 
 
 def random_setup(args: argparse.Namespace) -> tuple[PreTrainedModel, Engine, torch.Tensor, list[GenerationRequest]]:
@@ -137,6 +155,7 @@ def time_decoding(args: argparse.Namespace) -> None:
     length = args.prompt_tokens + args.new_tokens + 8
     slots = SlotDecodeBatch(engine.context, args.batch, length, compiled=True)
     in_step = SlotDecodeBatch(engine.context, args.batch, length, compiled=True, lookahead=False)
+    fused = InductorGraphBatch(engine.context, args.batch, length, compiled=True)
     inputs = prompts.to(args.device)
 
     def plain() -> None:
@@ -151,6 +170,7 @@ def time_decoding(args: argparse.Namespace) -> None:
         "engine, eager (capture)": lambda: run_to_completion(engine.context, requests),
         "slots, CUDA graph, results read in the step (capture)": lambda: decode_in_slots(engine, requests, in_step),
         "slots, CUDA graph (capture)": lambda: decode_in_slots(engine, requests, slots),
+        "slots, inductor's kernels in a CUDA graph (capture)": lambda: decode_in_slots(engine, requests, fused),
     }
     for name, run in list(methods.items()):  # warm-up; the slot batch captures its graphs here
         try:
@@ -183,6 +203,8 @@ def time_decoding(args: argparse.Namespace) -> None:
         print(f"| {name} | {median:.3f} | {rates[name]:,.0f} | {plain_s / median:.2f} | {rates[name] / limit:.2f} |")
     synchronize()
     graph = rates.get("slots, CUDA graph (capture)", float("nan"))
+    fused_rate = rates.get("slots, inductor's kernels in a CUDA graph (capture)", float("nan"))
+    print(f"inductor_graph_vs_limit={fused_rate / limit:.3f}")
     print(f"graph_vs_limit={graph / limit:.3f}")
 
 

@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -198,23 +199,30 @@ class SlotDecodeBatch(DecodeBatch):
         follows writes again identically; the positions it advanced and the inputs it replaced are put back."""
         positions = self.slot_cache.positions
         saved, saved_tokens = positions.clone(), self.tokens.clone()
+        step = self._graph_step(width)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
-            self._body(width)
+            step()
         torch.cuda.current_stream().wait_stream(stream)
         positions.copy_(saved)
         self.tokens.copy_(saved_tokens)
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            outputs = self._body(width)
+            outputs = step()
         self._pool = graph.pool()
         logger.info("captured the decode step as a CUDA graph (%d slots, width %d)", len(self.lengths), width)
         return graph, outputs
 
-    def _compiled_step(self, width: int) -> Callable[[], _StepOutputs]:
+    def _graph_step(self, width: int) -> Callable[[], _StepOutputs]:
+        """What `_capture` records at `width`: the step's eager kernels (`benchmarks/graph_decode.py` times
+        inductor's fused ones recorded instead)."""
+        return partial(self._body, width)
+
+    def _compiled_step(self, width: int, cpp_wrapper: bool = True) -> Callable[[], _StepOutputs]:
         """The step at `width` compiled by inductor, its Python wrapper generated as C++ (`cpp_wrapper`: no
-        Python call per kernel), for this batch alone.
+        Python call per kernel; off for code a CUDA graph records, which replays no wrapper), for this
+        batch alone.
 
         torch.compile keeps compiled code per code object and, before each call, checks guards: that the
         model's modules, their parameters and the batch's tensors are still what the code was compiled
@@ -231,7 +239,7 @@ class SlotDecodeBatch(DecodeBatch):
         # again by the compiled code after every step (no guard to notice it is full).
         reversed_slots(self.context.n_lags + 1, self.tokens.device)
         options: dict[str, str | int | bool | Callable[..., Any]] = {
-            "cpp_wrapper": True,
+            "cpp_wrapper": cpp_wrapper,
             "guard_filter_fn": torch.compiler.skip_all_guards_unsafe,
         }
         return torch.compile(step, dynamic=False, fullgraph=True, options=options)
