@@ -136,11 +136,9 @@ class LinearStage2:
         """The answers' tokens' attention terms, stacked. A token with fewer than N earlier tokens has the
         slots of lags it lacks zeroed in its row, which is what the masked weights (`attention`) do."""
         n_lags = len(self.probability)
-        recorded, slot_shift = n_lags + 1, self.slots_read - n_lags
+        slot_shift = self.slots_read - n_lags
         slots = min(rows[index - row_shift].shape[-1] for rows, indices in answers for index in indices)
-        if slots < self.slots_read:
-            raise ValueError(f"attention rows hold {slots} slots; {n_lags} lags need more")
-        used = min(slots, recorded)
+        used, weights = self._attention_weights(slots, n_lags)
         block = np.stack(
             [rows[index - row_shift][..., :used] for rows, indices in answers for index in indices], dtype=np.float64
         )
@@ -148,10 +146,19 @@ class LinearStage2:
         for position, index in enumerate(tokens):
             if index < n_lags:
                 block[position, :, :, index + slot_shift :] = 0.0
-        weights = self.attention[n_lags - 1]
-        outputs = weights.shape[1:]
-        weights = weights.reshape(-1, recorded, *outputs)[:, :used].reshape(-1, *outputs)
         return block.reshape(len(tokens), -1) @ weights
+
+    def _attention_weights(self, slots: int, lags: int) -> tuple[int, np.ndarray]:
+        """How many of a row's `slots` the weights read, and the weights of a token with `lags` earlier tokens
+        for rows cut to that many slots, flattened (rows captured with more lags than N are cut)."""
+        if slots < self.slots_read:
+            raise ValueError(f"attention rows hold {slots} slots; {len(self.probability)} lags need more")
+        recorded = len(self.probability) + 1
+        used, weights = min(slots, recorded), self.attention[lags - 1]
+        if used == recorded:
+            return used, weights
+        outputs = weights.shape[1:]
+        return used, weights.reshape(-1, recorded, *outputs)[:, :used].reshape(-1, *outputs)
 
     def fixed_terms(self, indices: range, probs: Sequence[np.float32], attention_terms: np.ndarray) -> np.ndarray:
         """Every term of tokens `indices` (each >= 1, ascending by one) but the earlier confidences': the
@@ -181,17 +188,9 @@ class LinearStage2:
         return np.asarray(term)[None]
 
     def _attention_term(self, row: np.ndarray, lags: int) -> float | np.ndarray:
-        weights = self.attention[lags - 1]
-        outputs = weights.shape[1:]
-        recorded = len(self.probability) + 1
-        slots = row.shape[-1]
-        if slots == recorded:  # as captured: no copy but the float64 cast
-            return row.astype(np.float64).reshape(-1) @ weights
-        if slots < self.slots_read:
-            raise ValueError(f"attention rows hold {slots} slots; {len(self.probability)} lags need more")
-        used = min(slots, recorded)
-        values = row[:, :, :used].astype(np.float64).reshape(-1)
-        return values @ weights.reshape(-1, recorded, *outputs)[:, :used].reshape(-1, *outputs)
+        used, weights = self._attention_weights(row.shape[-1], lags)
+        values = row if used == row.shape[-1] else row[..., :used]  # as captured: no copy but the float64 cast
+        return values.astype(np.float64).reshape(-1) @ weights
 
     def predictions(self, indices: range, fixed: np.ndarray, rounded: Sequence[float]) -> Iterator[float]:
         """C2 of tokens `indices`, each from its `fixed_terms` row and the earlier confidences' terms: the
