@@ -1,10 +1,11 @@
 """Continuous batching on one worker thread, so the event loop never waits on the model.
 
 Requests wait in a bounded queue. The worker admits them into the running batch between
-decode steps (an idle worker first waits a short window for more to arrive), prefills
-them together, merges them into the batch, and steps the whole batch one token at a
-time; finished sequences leave at once. Admitted prompts that fit in `prefill_chunk_tokens`
-together are prefilled at once; longer ones run that many prompt tokens per step (chunked
+decode steps (an idle worker first waits a short window for more to arrive), prefills them,
+merges them into the batch, and steps the whole batch one token at a time; finished sequences
+leave at once. Admitted prompts are prefilled in groups that fit in `prefill_chunk_tokens`
+together (`prefill_groups`), the first at once and the others one a step, each joining the batch
+as soon as it is done; a prompt longer than that runs that many of its tokens per step (chunked
 prefill, one pending prefill a step, oldest first; on an idle server too), so a long prompt
 delays running answers a chunk at a time and a short prompt arriving meanwhile is not held
 behind it. Teacher-forced scoring requests run between steps, their prompts chunked the same
@@ -38,6 +39,7 @@ from app.serving.work_items import (
     ScoringItem,
     SequenceObserver,
     WorkItem,
+    prefill_groups,
 )
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import prime_streams
@@ -320,24 +322,14 @@ class Scheduler:
             self._answer(item, Failure(ServiceError("scoring failed; see the server log")))
 
     def _start_prefills(self, items: list[GenerationItem], now: float) -> None:
-        """Prefill at once the shortest prompts that fit in one chunk together; queue the rest as one
-        chunked prefill (left-padded together, so similar lengths waste little)."""
+        """Prefill the first group that fits in a chunk (`prefill_groups`) at once; queue the others."""
         for item in items:
             item.admitted_at = now
         budget = self._chunk_budget()
-        at_once = items
-        if budget is not None:
-            by_length = sorted(items, key=lambda item: len(item.request.prompt_ids) if item.request else 0)
-            at_once = []
-            for item in by_length:
-                width = len(item.request.prompt_ids) if item.request else 0
-                if (len(at_once) + 1) * width > budget:
-                    break
-                at_once.append(item)
-            rest = by_length[len(at_once) :]
-            if rest:
-                prefill = self.engine.start_prefill([item.request for item in rest if item.request is not None])
-                self._pending.append(PendingWork(prefill, rest))
+        at_once, queued = (items, []) if budget is None else prefill_groups(items, budget)
+        for group in queued:
+            prefill = self.engine.start_prefill([item.request for item in group if item.request is not None])
+            self._pending.append(PendingWork(prefill, group))
         if at_once:
             prefill = self.engine.start_prefill([item.request for item in at_once if item.request is not None])
             batch = prefill.advance()

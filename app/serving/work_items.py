@@ -117,3 +117,27 @@ class Outbox:
             # A closed loop has nobody waiting for these events any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_deliver, events)
+
+
+def _prompt_length(item: GenerationItem) -> int:
+    return len(item.request.prompt_ids) if item.request is not None else 0
+
+
+def prefill_groups(items: list[GenerationItem], budget: int) -> tuple[list[GenerationItem], list[list[GenerationItem]]]:
+    """The prompts to prefill at once and the groups to queue: shortest first, in groups whose padded
+    size (count x longest) fits in `budget` tokens, the first run at once unless even the shortest
+    prompt is longer than `budget` (a prompt that long is a group of its own, chunked by columns).
+
+    Whole prompts in separate passes rather than one pass chunked by columns: a group's rows start
+    decoding as soon as it is prefilled instead of all waiting for the last chunk, and a pass over
+    whole prompts costs less than a chunk of the same size over all of them, which attends to the
+    columns before it and appends to every layer's cache."""
+    groups: list[list[GenerationItem]] = []
+    for item in sorted(items, key=_prompt_length):
+        if groups and (len(groups[-1]) + 1) * _prompt_length(item) <= budget:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    if not groups or _prompt_length(groups[0][0]) > budget:
+        return [], groups
+    return groups[0], groups[1:]

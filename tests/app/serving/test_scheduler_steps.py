@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from app.engine.decoding import PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
@@ -158,31 +159,109 @@ def test_the_outbox_keeps_each_requests_order_and_skips_a_closed_loop() -> None:
     assert asyncio.run(body()) == [[0, 1, 2], [0, 1, 2]]
 
 
-def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_joins(engine: Engine) -> None:
-    """Its cancellation is seen by a step of the running batch while it is still being prefilled; the step
-    after it joins must still look for it, or it would decode for nobody until its deadline."""
+class PrefillRecorder:
+    """Wraps `engine.start_prefill`: every prefill pass, in the order they run, as its prompts and the running
+    answer's token count then, and `watch()` then; `on_first_pass` runs before the first pass."""
+
+    def __init__(self, engine: Engine, running: GenerationItem) -> None:
+        self.start_prefill = engine.start_prefill
+        self.running = running
+        self.passes: list[tuple[list[tuple[int, ...]], int]] = []
+        self.on_first_pass: Any = None
+        self.watch: Any = lambda: None
+        self.watched: list[Any] = []
+
+    def __call__(self, requests: list[GenerationRequest]) -> PromptPrefill:
+        job = self.start_prefill(requests)
+        prompts = [request.prompt_ids for request in requests]
+        advance = job.advance
+
+        def recorded(max_tokens: int | None = None) -> object:
+            if self.on_first_pass is not None:
+                self.on_first_pass, hook = None, self.on_first_pass
+                hook()
+            sequence = self.running.sequence
+            self.passes.append((prompts, len(sequence.tokens) if sequence is not None else 0))
+            self.watched.append(self.watch())
+            return advance(max_tokens)
+
+        job.advance = recorded  # type: ignore[method-assign]
+        return job
+
+
+def _submit_together(scheduler: Scheduler, items: list[GenerationItem]) -> None:
+    """Queued under the scheduler's lock, so that the worker admits them all at its next pass."""
+    with scheduler._condition:
+        for item in items:
+            scheduler.submit_generation(item)
+
+
+def test_short_prompts_beyond_one_chunk_are_prefilled_whole_a_group_a_step_and_decode_as_soon_as_prefilled(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scheduler = Scheduler(
-        engine, AnswerScorer(None), max_batch_size=4, max_queue=4, batch_window_s=0.0, prefill_chunk_tokens=8
+        engine, AnswerScorer(None), max_batch_size=8, max_queue=8, batch_window_s=0.0, prefill_chunk_tokens=8
     )
-    long_prompt = tuple(5 + i % 30 for i in range(40))
+    prompts = [(5 + i, 6 + i, 7 + i, 8 + i) for i in range(6)]  # two fit in a chunk: three groups
 
     async def body() -> list[Any]:
         loop = asyncio.get_running_loop()
         running = _item(loop, (5, 6), 60, Observer(needs_steps=False))
+        recorder = PrefillRecorder(engine, running)
+        monkeypatch.setattr(engine, "start_prefill", recorder)
         scheduler.submit_generation(running)
         while running.sequence is None or len(running.sequence.tokens) < 2:
             await asyncio.sleep(0.002)
-        kept = _item(loop, long_prompt, 4, Observer(needs_steps=False))
-        dropped = _item(loop, long_prompt[1:], 10_000, Observer(needs_steps=False))
-        scheduler.submit_generation(kept)
-        scheduler.submit_generation(dropped)
-        while not scheduler._pending or scheduler._pending[0].job.done_columns == 0:  # type: ignore[union-attr]
-            await asyncio.sleep(0.001)
-        scheduler.cancel(dropped)
-        answers = [await _events_until_done(item) for item in (running, kept)]
+        items = [_item(loop, prompt, 8, Observer(needs_steps=False)) for prompt in prompts]
+        recorder.watch = lambda: [len(item.sequence.tokens) if item.sequence else 0 for item in items[:2]]
+        _submit_together(scheduler, items)
+        answers = [await _events_until_done(item) for item in (running, *items)]
+        groups = [prompts_of_pass for prompts_of_pass, _ in recorder.passes[1:]]
+        assert groups == [prompts[0:2], prompts[2:4], prompts[4:6]]  # whole prompts: one pass a group
+        running_tokens = [tokens for _, tokens in recorder.passes[1:]]
+        # The first group runs at once with the queued one after it, then one group a step.
+        assert running_tokens[1] == running_tokens[0] and running_tokens[2] == running_tokens[1] + 1
+        # By the last group's pass the first group has decoded a step past the token its prefill chose.
+        assert recorder.watched[-1] == [2, 2]
+        return answers
+
+    answers = _run(scheduler, body)
+    for events, prompt in zip(answers[1:], prompts, strict=True):
+        alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=8))])[0]
+        sequence = events[-1][1]
+        assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
+    assert scheduler.in_flight == 0
+
+
+def test_a_request_cancelled_while_its_prefill_group_waits_its_turn_is_abandoned_as_it_joins(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its cancellation is seen by a step of the running batch while its group still waits to be prefilled; the
+    step after the group joins must still look for it, or it would decode for nobody until its deadline."""
+    scheduler = Scheduler(
+        engine, AnswerScorer(None), max_batch_size=8, max_queue=8, batch_window_s=0.0, prefill_chunk_tokens=6
+    )
+
+    async def body() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        running = _item(loop, (5, 6), 60, Observer(needs_steps=False))
+        recorder = PrefillRecorder(engine, running)
+        monkeypatch.setattr(engine, "start_prefill", recorder)
+        scheduler.submit_generation(running)
+        while running.sequence is None or len(running.sequence.tokens) < 2:
+            await asyncio.sleep(0.002)
+        # Two fit in a chunk: groups (first, second) at once, (third, fourth) after them in the same pass,
+        # (kept, dropped) at the next; `dropped` is cancelled as the first group runs.
+        fillers = [_item(loop, (7 + i, 8 + i, 9 + i), 4, Observer(needs_steps=False)) for i in range(4)]
+        kept = _item(loop, (20, 21, 22), 4, Observer(needs_steps=False))
+        dropped = _item(loop, (23, 24, 25), 10_000, Observer(needs_steps=False))
+        recorder.on_first_pass = lambda: scheduler.cancel(dropped)
+        _submit_together(scheduler, [*fillers, kept, dropped])
+        answers = [await _events_until_done(item) for item in (running, *fillers, kept)]
         deadline = time.monotonic() + 20
         while scheduler.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        assert recorder.passes[-1][0] == [(20, 21, 22), (23, 24, 25)]
         assert dropped.sequence is not None and dropped.sequence.abandoned
         assert len(dropped.sequence.tokens) < 100
         return answers
