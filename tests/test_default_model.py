@@ -4,12 +4,16 @@ end to end in bfloat16. Slow: about two minutes (joining, dequantising once, one
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from app.engine.loading import load_model, resolve_source
+from app.engine.prefix_text import PrefixText
 from app.settings import DEFAULT_ARTIFACT, DEFAULT_MODEL, Settings
 from tests.app.service_client import make_client, wait_ready
 
@@ -28,6 +32,27 @@ def test_default_model_is_joined_from_its_packages_into_the_cache(cache_dir: Pat
     assert source.kind == "gguf" and source.gguf_file == GGUF_FILE
     assert Path(source.location).is_relative_to(cache_dir / "assembled")
     assert (Path(source.location) / GGUF_FILE).stat().st_size == 1_117_320_768
+
+
+def test_its_answers_text_decoded_a_few_tokens_at_a_time_is_the_text_decoded_whole(cache_dir: Path) -> None:
+    """`PrefixText` on the real tokenizer, as the stream and the stop-string search ask it: each prefix of an
+    answer and the one before it, for real text (a character split over byte-level tokens included) and for
+    random ids, which split characters anywhere."""
+    source = resolve_source(DEFAULT_MODEL, cache_dir=cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    text = "东京是日本的首都。 Paris, café crème 🙂👍 — it isn't ; right ?\n\tdef f(x):\n    return x ** 2\n" * 8
+    rng = random.Random(0)
+    answers = [tokenizer(text, add_special_tokens=False)["input_ids"]]
+    answers += [[rng.randrange(len(tokenizer)) for _ in range(200)] for _ in range(4)]
+    for answer in answers:
+        growing = PrefixText(decode)
+        for n in range(1, len(answer) + 1):
+            assert growing(answer[:n]) == decode(answer[:n])
+            assert growing(answer[: n - 1]) == decode(answer[: n - 1])
 
 
 def test_the_bfloat16_copy_is_written_once_and_reloads_to_identical_logits(cache_dir: Path) -> None:

@@ -26,6 +26,7 @@ from app.engine import phase_timing
 from app.engine.attention_capture import AttentionCapture
 from app.engine.batch_cache import merge_layer, trim_layer
 from app.engine.detokenizer import final_text, find_stop_string
+from app.engine.prefix_text import PrefixText
 from app.engine.sampling import choose_token, make_generator, top_alternatives
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState, TokenRecord
 from app.engine.token_stats import compute_token_stats, stats_by_name, token_stats_tensor
@@ -374,7 +375,8 @@ class DecodeBatch:
 
     def _hit_stop_string(self, seq: SequenceState) -> bool:
         """Finish at the first stop string; keep the tokens that make up the text before it."""
-        hit = find_stop_string(self._decode, [token.token_id for token in seq.tokens], seq.params.stop)
+        seq.stop_search_text = seq.stop_search_text or PrefixText(self._decode)
+        hit = find_stop_string(seq.stop_search_text, seq.token_ids(), seq.params.stop)
         if hit is None:
             return False
         seq.stop_text_end = hit.text_end

@@ -1,19 +1,19 @@
 """Token ids to text: stop strings, the final cut, and the pieces a stream sends as tokens settle.
 
 One home for everything that turns tokens into the answer's text (vLLM v1's
-`engine/detokenizer.py` plays this part there). Decoding always goes through the whole
-prefix rather than token by token, so characters spanning several byte-level tokens stay
-intact.
+`engine/detokenizer.py` plays this part there). Text is always that of a whole prefix of the
+answer rather than of single tokens, so characters spanning several byte-level tokens stay
+intact; the decode loop and the stream get a prefix's text by decoding only its last few tokens
+(`PrefixText`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from app.engine.prefix_text import Decode, PrefixText
 from app.engine.sequence import SequenceState
-
-Decode = Callable[[Sequence[int]], str]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,13 @@ class StreamDetokenizer:
     emitted_text: str = ""
     text_ends: list[int] = field(default_factory=list)  # decoded length after each token (stop strings only)
     text: str = ""  # the decoded text of every token so far (stop strings only)
+    # One per kind of call, each asked for ever longer prefixes (what `PrefixText` does cheaply).
+    _piece_text: PrefixText = field(init=False, repr=False)
+    _stop_text: PrefixText = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._piece_text = PrefixText(self.decode)
+        self._stop_text = PrefixText(self.decode)
 
     def ready(self, sequence: SequenceState, known: int) -> list[tuple[int, str]]:
         """(token index, text piece) of every token that can be sent now.
@@ -103,7 +110,7 @@ class StreamDetokenizer:
         if last:
             full = sequence.text
         else:
-            decoded = self.decode([t.token_id for t in sequence.tokens[: index + 1]])
+            decoded = self._piece_text(sequence.token_ids(index + 1))
             if decoded.endswith("\ufffd") and not followed and not sequence.finished:
                 return None
             full = decoded.rstrip("\ufffd")
@@ -123,9 +130,9 @@ class StreamDetokenizer:
         its last byte-level token arrives) may yet complete a stop string. A token's own end
         counts such placeholders, so a token holding part of a character is held with it.
         """
-        ids = [token.token_id for token in sequence.tokens]
+        ids = sequence.token_ids()
         while len(self.text_ends) < len(ids):
-            self.text = self.decode(ids[: len(self.text_ends) + 1])
+            self.text = self._stop_text(ids[: len(self.text_ends) + 1])
             self.text_ends.append(len(self.text))
         if not self.text_ends:
             return 0

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import itemgetter
+from typing import overload
 
 import numpy as np
 import torch
 
+from app.engine.prefix_text import PrefixText
 from app.engine.sampling import SamplingParams
 from app.engine.token_stats import TOKEN_STATISTICS
 from app.uncertainty.trace import TokenTrace
@@ -54,6 +56,41 @@ class TokenRecord:
         return self.stats["entropy"]
 
 
+class TokenIds(Sequence[int]):
+    """The ids of a run of a sequence's token records, read in place: slicing gives another view, so
+    that the decode loop can hand out an answer's ids at every step without copying them all."""
+
+    __slots__ = ("_start", "_stop", "_tokens")
+
+    def __init__(self, tokens: list[TokenRecord], start: int = 0, stop: int | None = None) -> None:
+        self._tokens = tokens
+        self._start = start
+        self._stop = len(tokens) if stop is None else stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return TokenIds(self._tokens, self._start + start, self._start + max(start, stop))
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError("token index out of range")
+        return self._tokens[self._start + position].token_id
+
+    def __iter__(self) -> Iterator[int]:
+        return (token.token_id for token in self._tokens[self._start : self._stop])
+
+
 @dataclass
 class SequenceState:
     """Mutable per-sequence state, advanced one token per decode step.
@@ -76,10 +113,16 @@ class SequenceState:
     stop_text_end: int | None = None
     text_final: bool = False  # `text` is the final answer (set when the sequence leaves its batch)
     abandoned: bool = False
+    # The text of its tokens so far for the stop-string search (`DecodeBatch`), kept across steps.
+    stop_search_text: PrefixText | None = field(default=None, repr=False, compare=False)
 
     @property
     def params(self) -> SamplingParams:
         return self.request.params
+
+    def token_ids(self, count: int | None = None) -> TokenIds:
+        """The ids of its first `count` tokens (all by default), without copying them."""
+        return TokenIds(self.tokens, 0, len(self.tokens) if count is None else count)
 
     @property
     def finished(self) -> bool:
