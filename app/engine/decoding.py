@@ -17,6 +17,7 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from app.engine import phase_timing
 from app.engine.attention_capture import AttentionCapture
 from app.engine.batch_cache import merge_layer, trim_layer
-from app.engine.detokenizer import final_text, find_stop_string
+from app.engine.detokenizer import decode_text, final_text, find_stop_string
 from app.engine.prefix_text import PrefixText
 from app.engine.sampling import choose_token, make_generator, top_alternatives
 from app.engine.sequence import FinishReason, GenerationRequest, SequenceState, TokenRecord
@@ -375,16 +376,14 @@ class DecodeBatch:
 
     def _hit_stop_string(self, seq: SequenceState) -> bool:
         """Finish at the first stop string; keep the tokens that make up the text before it."""
-        seq.stop_search_text = seq.stop_search_text or PrefixText(self._decode)
+        # Bound to the tokenizer, not to this batch: the prefill's batch (and its cache) must not live on with it.
+        seq.stop_search_text = seq.stop_search_text or PrefixText(partial(decode_text, self.context.tokenizer))
         hit = find_stop_string(seq.stop_search_text, seq.token_ids(), seq.params.stop)
         if hit is None:
             return False
         seq.stop_text_end = hit.text_end
         seq.finish(FinishReason.STOP, n_kept=hit.n_kept)
         return True
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return str(self.context.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     # ------------------------------------------------------------------ membership
     def pop_done(self) -> list[SequenceState]:
@@ -401,7 +400,7 @@ class DecodeBatch:
         return done
 
     def _finalise_text(self, seq: SequenceState) -> None:
-        seq.text = final_text(self._decode, seq)
+        seq.text = final_text(partial(decode_text, self.context.tokenizer), seq)
         seq.text_final = True
         del seq.attention_rows[seq.n_kept :]
 

@@ -11,9 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from app.engine.prefix_text import Decode, PrefixText
 from app.engine.sequence import SequenceState
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def decode_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
+    """The text of token ids as the answer shows it (special tokens left out)."""
+    return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 from app.engine.batch_cache import padding_mask_suffices
 from app.engine.chat_prompt import PromptError, encode_chat
 from app.engine.decoding import DecodeContext, PromptPrefill, run_continuously, run_to_completion
-from app.engine.detokenizer import StreamDetokenizer
+from app.engine.detokenizer import StreamDetokenizer, decode_text
 from app.engine.loading import LoadedModel, ModelIdentity
 from app.engine.sequence import GenerationRequest, SequenceState, trace_of
 from app.engine.slot_decoding import SlotDecodeBatch, slot_decoding_refusal
@@ -162,7 +162,7 @@ class Engine:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids, with the decode loop's tokenizer (call it from the decode thread)."""
-        return str(self.context.tokenizer.decode(list(ids), skip_special_tokens=True))
+        return decode_text(self.context.tokenizer, ids)
 
     def stream_detokenizer(self) -> StreamDetokenizer:
         """Text pieces of one streamed answer (use it from the decode thread)."""

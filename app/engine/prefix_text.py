@@ -1,16 +1,18 @@
 """The text of a growing answer's first tokens, decoding only the last few tokens each time.
 
 Decoding an answer's whole prefix again for each new token costs time in proportion to its
-length, so over an answer it grows with the square of the length. The stream and the stop-string search each did that once
-or twice per token. `PrefixText` keeps the text up to the last point where it was settled (it
-did not end in U+FFFD, so no character was left incomplete) and decodes from a few tokens
-before that point: those tokens are also decoded alone (the head), and what the window adds
-after the head's text is what the new tokens add. vLLM's incremental detokenizer does the same
-with its prefix and read offsets. The tokens of context give decoders that look at neighbouring
-tokens the same text for the head as in the whole answer. That covers a leading space stripped
-from the first token, spaces cleaned up before punctuation, byte fallback, and WordPiece's
-"##". Where the window's text does not start with the head's (a decoder rewrote text across the
-boundary), the prefix is decoded whole, as it was before.
+length, so over an answer it grows with the square of the length. The stream and the
+stop-string search each did that once or twice per token. `PrefixText` keeps the text up to the
+last point where it was settled (it did not end in U+FFFD, so no character was left incomplete)
+and decodes from a few tokens before that point: those tokens are also decoded alone (the head),
+and what the window adds after the head's text is what the new tokens add. vLLM's incremental
+detokenizer does the same with its prefix and read offsets. The tokens of context give decoders
+that look at neighbouring tokens the same text for the head as in the whole answer. That covers
+a leading space stripped from the first token, spaces cleaned up before punctuation, and
+WordPiece's "##"; a head that starts inside a character spelled in byte tokens (byte fallback)
+starts further back, until its text is the end of the settled text. Where the window's text
+does not start with the head's (a decoder rewrote text across the boundary), the prefix is
+decoded whole, as it was before.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ class PrefixText:
     """`decode(ids)` for `ids` the first tokens of one answer as it grows (a `Decode` itself).
 
     Cheap for the calls the decode loop makes: the first n tokens for n at or past the last
-    settled point, and the last two lengths asked for again. Anything further back is decoded
-    whole.
+    settled point, and the last two lengths asked for again (known by length and last id, which
+    only tell prefixes of one answer apart). Anything further back is decoded whole.
     """
 
     def __init__(self, decode: Decode) -> None:
@@ -61,6 +63,11 @@ class PrefixText:
         self._settled, self._settled_text = len(ids), text
         self._head_start = max(0, len(ids) - CONTEXT_TOKENS)
         self._head = self._decode(ids[self._head_start :])
+        # The head must read as the end of the text: one starting inside a character spelled in byte
+        # tokens (byte fallback) decodes each of its bytes as U+FFFD. Start it further back until it does.
+        while self._head_start > 0 and not text.endswith(self._head):
+            self._head_start -= 1
+            self._head = self._decode(ids[self._head_start :])
 
     def _remember(self, n: int, last_id: int, text: str) -> None:
         self._recent[n] = (last_id, text)

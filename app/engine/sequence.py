@@ -122,6 +122,7 @@ class SequenceState:
 
     def token_ids(self, count: int | None = None) -> TokenIds:
         """The ids of its first `count` tokens (all by default), without copying them."""
+        assert count is None or 0 <= count <= len(self.tokens), (count, len(self.tokens))
         return TokenIds(self.tokens, 0, len(self.tokens) if count is None else count)
 
     @property

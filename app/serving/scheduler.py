@@ -4,10 +4,10 @@ Requests wait in a bounded queue. The worker admits them into the running batch 
 decode steps (an idle worker first waits a short window for more to arrive), prefills them,
 merges them into the batch, and steps the whole batch one token at a time; finished sequences
 leave at once. Admitted prompts are prefilled in groups that fit in `prefill_chunk_tokens`
-together (`prefill_groups`), the first at once and the others one a step, each joining the batch
-as soon as it is done; a prompt longer than that runs that many of its tokens per step (chunked
-prefill, one pending prefill a step, oldest first; on an idle server too), so a long prompt
-delays running answers a chunk at a time and a short prompt arriving meanwhile is not held
+together (`prefill_groups`): the first at once, the others queued with any longer prompt, which
+runs that many of its tokens per pass (chunked prefill); one queued pass runs per step, oldest
+first (on an idle server too), and each group joins the batch as soon as it is done. So a long
+prompt delays running answers a chunk at a time and a short prompt arriving meanwhile is not held
 behind it. Teacher-forced scoring requests run between steps, their prompts chunked the same
 way. The scheduler only batches: what a request wants after each step (streamed tokens, early
 stop, the scored result) is its observer's business (`app/serving/progress.py`); the events
@@ -87,7 +87,7 @@ class Scheduler:
         self._earliest_deadline = math.inf  # of the running items: no row can be past its deadline before it
         self._outbox = Outbox()
         self._prime_failure_logged = False
-        self._pending: deque[PendingWork] = deque()  # chunked work under way, oldest first; the worker's own
+        self._pending: deque[PendingWork] = deque()  # queued prefills and scoring passes, oldest first (worker only)
         self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
 
     # ------------------------------------------------------------------ lifecycle
@@ -338,7 +338,7 @@ class Scheduler:
             self._join(at_once, batch)
 
     def _advance_pending(self) -> None:
-        """The oldest chunked work's next chunk; done, it is merged into the batch (a prefill) or
+        """The oldest queued work's next pass; done, it is merged into the batch (a prefill) or
         answered (a scoring pass)."""
         pending = self._pending[0]
         now = time.monotonic()

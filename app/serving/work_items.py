@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,7 +76,8 @@ class ScoringItem(WorkItem):
 
 @dataclass(eq=False)
 class PendingWork:
-    """A chunked prefill or teacher-forced scoring pass under way, and the items it answers."""
+    """Queued or under way: a prefill (a group of whole prompts, or prompts chunked by columns) or a
+    teacher-forced scoring pass, and the items it answers."""
 
     job: PromptPrefill | ScoringPass
     items: list[GenerationItem] | list[ScoringItem]
@@ -131,13 +133,22 @@ def prefill_groups(items: list[GenerationItem], budget: int) -> tuple[list[Gener
     Whole prompts in separate passes rather than one pass chunked by columns: a group's rows start
     decoding as soon as it is prefilled instead of all waiting for the last chunk, and a pass over
     whole prompts costs less than a chunk of the same size over all of them, which attends to the
-    columns before it and appends to every layer's cache."""
+    columns before it and appends to every layer's cache. Unless the queued groups would take more
+    passes than chunking their prompts together (prompts just over half the budget, a group each):
+    those are then queued as one prefill, chunked by columns."""
     groups: list[list[GenerationItem]] = []
     for item in sorted(items, key=_prompt_length):
         if groups and (len(groups[-1]) + 1) * _prompt_length(item) <= budget:
             groups[-1].append(item)
         else:
             groups.append([item])
-    if not groups or _prompt_length(groups[0][0]) > budget:
-        return [], groups
-    return groups[0], groups[1:]
+    at_once: list[GenerationItem] = []
+    if groups and _prompt_length(groups[0][0]) <= budget:
+        at_once = groups.pop(0)
+    fitting = [group for group in groups if _prompt_length(group[-1]) <= budget]
+    rows = [item for group in fitting for item in group]
+    if rows:
+        columns_per_chunk = max(1, budget // len(rows))  # as `ChunkedColumns.chunk_end` cuts them
+        if len(fitting) > math.ceil(_prompt_length(rows[-1]) / columns_per_chunk):
+            groups = [rows, *groups[len(fitting) :]]
+    return at_once, groups

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -109,6 +111,19 @@ def test_stop_string_cuts_the_text_and_keeps_its_tokens(engine: Engine) -> None:
     assert free.text.startswith(stopped.text)
     kept = engine.decode([t.token_id for t in stopped.kept_tokens])
     assert kept.startswith(stopped.text) and len(stopped.attention_rows) == stopped.n_kept
+
+
+def test_a_sequence_searching_for_stop_strings_does_not_keep_its_prefill_batch_alive(engine: Engine) -> None:
+    """The stop search's text is kept with the sequence across steps: it must not hold the batch that chose the
+    first token, whose cache the running batch has copied (a second copy of the prompts' keys and values)."""
+    request = _requests(engine, max_new_tokens=4, stop=("never appears",))[0]
+    prefilled = DecodeBatch.prefill(engine.context, [request])
+    sequence = prefilled.sequences[0]
+    assert sequence.stop_search_text is not None
+    gone = weakref.ref(prefilled)
+    del prefilled
+    gc.collect()
+    assert gone() is None
 
 
 def test_stop_tokens_end_generation_unscored(engine: Engine) -> None:

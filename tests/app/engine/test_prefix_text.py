@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer, SentencePieceBPETokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -19,11 +20,27 @@ CORPUS = [
 ] * 10
 
 
+def _byte_fallback() -> PreTrainedTokenizerFast:
+    """SentencePiece with byte fallback, as Llama 2, Mistral and Gemma decode: a character missing from the
+    vocabulary is spelled in byte tokens, and the decoder turns every byte of one left incomplete into U+FFFD."""
+    vocabulary = {"<unk>": 0, **{f"<0x{byte:02X}>": 1 + byte for byte in range(256)}}
+    for piece in ["\u2581", "\u2581the", "\u2581cat", "日", "is", "a", "b", "c", ".", "é"]:
+        vocabulary[piece] = len(vocabulary)
+    backend = Tokenizer(models.BPE(vocab=vocabulary, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", clean_up_tokenization_spaces=False)
+
+
 def _trained(kind: str) -> PreTrainedTokenizerFast:
-    """Small tokenizers of the three decoder families real models use, trained on the corpus in milliseconds:
+    """Small tokenizers of the decoder families real models use, trained on the corpus in milliseconds:
     byte-level BPE (GPT-2, Llama 3, Qwen: a character split over tokens), SentencePiece-style Metaspace (a
-    leading space stripped from the first token), WordPiece (joins "##" pieces; its transformers wrapper also
-    cleans up spaces before punctuation, across token boundaries)."""
+    leading space stripped from the first token), byte fallback, WordPiece (joins "##" pieces; its
+    transformers wrapper also cleans up spaces before punctuation, across token boundaries)."""
+    if kind == "byte-fallback":
+        return _byte_fallback()
     if kind == "byte-level":
         backend = ByteLevelBPETokenizer()
         backend.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, show_progress=False)
@@ -39,7 +56,7 @@ def _trained(kind: str) -> PreTrainedTokenizerFast:
     )
 
 
-KINDS = ["byte-level", "metaspace", "wordpiece"]
+KINDS = ["byte-level", "metaspace", "byte-fallback", "wordpiece"]
 
 
 @pytest.fixture(scope="module", params=KINDS)

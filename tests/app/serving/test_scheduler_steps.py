@@ -270,6 +270,75 @@ def test_a_request_cancelled_while_its_prefill_group_waits_its_turn_is_abandoned
     assert scheduler.in_flight == 0
 
 
+def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_joins(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts just over half the budget are chunked together by columns (`prefill_groups`). One cancelled as
+    the first pass runs is seen by a step of the running batch while the chunks go on; the step after they
+    join must still look for it, or it would decode for nobody until its deadline."""
+    scheduler = Scheduler(
+        engine, AnswerScorer(None), max_batch_size=10, max_queue=10, batch_window_s=0.0, prefill_chunk_tokens=9
+    )
+
+    async def body() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        running = _item(loop, (5, 6), 60, Observer(needs_steps=False))
+        recorder = PrefillRecorder(engine, running)
+        monkeypatch.setattr(engine, "start_prefill", recorder)
+        scheduler.submit_generation(running)
+        while running.sequence is None or len(running.sequence.tokens) < 2:
+            await asyncio.sleep(0.002)
+        kept = [_item(loop, (7 + i, 8, 9, 10, 11), 4, Observer(needs_steps=False)) for i in range(7)]
+        dropped = _item(loop, (30, 31, 32, 33, 34), 10_000, Observer(needs_steps=False))
+        recorder.on_first_pass = lambda: scheduler.cancel(dropped)
+        _submit_together(scheduler, [*kept, dropped])
+        answers = [await _events_until_done(item) for item in (running, *kept)]
+        deadline = time.monotonic() + 20
+        while scheduler.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        chunked = [prompts for prompts, _ in recorder.passes if (30, 31, 32, 33, 34) in prompts]
+        assert len(chunked) == 5 and len(chunked[0]) == 7  # seven rows, a column a pass
+        assert dropped.sequence is not None and dropped.sequence.abandoned
+        assert len(dropped.sequence.tokens) < 100
+        return answers
+
+    _run(scheduler, body)
+    assert scheduler.in_flight == 0
+
+
+def test_queued_prefill_groups_hold_their_slots_until_they_join(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every queued group's rows count against the batch size, not only the group whose turn it is."""
+    scheduler = Scheduler(
+        engine, AnswerScorer(None), max_batch_size=6, max_queue=8, batch_window_s=0.0, prefill_chunk_tokens=4
+    )
+    prompts = [(5 + i, 6, 7, 8) for i in range(8)]  # one a group
+    rows_at_each_pass: list[int] = []
+
+    async def body() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        running = _item(loop, (5, 6), 40, Observer(needs_steps=False))
+        recorder = PrefillRecorder(engine, running)
+        monkeypatch.setattr(engine, "start_prefill", recorder)
+        scheduler.submit_generation(running)
+        while running.sequence is None or len(running.sequence.tokens) < 2:
+            await asyncio.sleep(0.002)
+        items = [_item(loop, prompt, 6, Observer(needs_steps=False)) for prompt in prompts]
+
+        def rows_held() -> int:
+            decoding = len(scheduler._batch.sequences) if scheduler._batch is not None else 0
+            return decoding + sum(len(pending.items) for pending in scheduler._pending)
+
+        recorder.watch = lambda: rows_at_each_pass.append(rows_held())
+        _submit_together(scheduler, items)
+        return [await _events_until_done(item) for item in (running, *items)]
+
+    answers = _run(scheduler, body)
+    assert len(answers) == 9 and all(events[-1][0] == "done" for events in answers)
+    assert len(rows_at_each_pass) >= len(prompts) and max(rows_at_each_pass) <= 6, rows_at_each_pass
+
+
 @pytest.mark.parametrize("lookahead", [False, True], ids=["in-step", "lookahead"])
 def test_with_a_slot_batch_the_scheduler_decodes_in_its_slots_and_answers_equal_alone(
     engine: Engine, monkeypatch: Any, lookahead: bool

@@ -52,3 +52,9 @@ def test_a_prompt_longer_than_the_budget_is_a_group_of_its_own() -> None:
 def test_nothing_runs_at_once_when_even_the_shortest_prompt_is_longer_than_the_budget() -> None:
     at_once, queued = prefill_groups(_items(9, 12), budget=8)
     assert at_once == [] and [_lengths(group) for group in queued] == [[9], [12]]
+
+
+def test_prompts_just_over_half_the_budget_are_chunked_together_when_that_takes_fewer_passes() -> None:
+    """Seven groups of one would take seven passes; the seven chunked by columns take five (one column each)."""
+    at_once, queued = prefill_groups(_items(*[5] * 8, 20), budget=9)
+    assert _lengths(at_once) == [5] and [_lengths(group) for group in queued] == [[5] * 7, [20]]
