@@ -69,20 +69,24 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
     """Server-sent events for a submitted generation; a consumer that goes away cancels it."""
 
     async def chunks() -> AsyncIterator[str]:
-        for chunk in encoder.opening():
-            yield chunk
+        # The events already waiting go out in one write: a stream that fell behind its steps catches up
+        # with one pass through the ASGI stack and one socket write instead of one per token.
+        waiting = submitted.item.events
+        if opening := "".join(encoder.opening()):
+            yield opening  # at once: the client sees the answer begin before its first token is computed
+        written: list[str] = []
         try:
             async for event in service.stream(submitted, keep_alive=True):
                 if isinstance(event, KeepAlive):
-                    yield KEEP_ALIVE
-                    continue
-                parts = encoder.token(event) if isinstance(event, StreamedToken) else encoder.final(event)
-                for chunk in parts:
-                    yield chunk
+                    written.append(KEEP_ALIVE)
+                else:
+                    written += encoder.token(event) if isinstance(event, StreamedToken) else encoder.final(event)
+                if waiting.empty():
+                    yield "".join(written)
+                    written.clear()
         except ServiceError as error:
-            for chunk in encoder.error(error):
-                yield chunk
-        for chunk in encoder.done():
-            yield chunk
+            written += encoder.error(error)
+        if last := "".join([*written, *encoder.done()]):
+            yield last
 
     return GenerationStream(chunks(), cancel=lambda: service.scheduler.cancel(submitted.item))

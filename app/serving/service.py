@@ -306,6 +306,8 @@ class GenerationService:
         no request can wait forever even if the worker thread were stuck. A KeepAlive instead
         if none has come by `keep_alive_at` (monotonic time; the event stays queued).
         """
+        if not item.events.empty():  # already delivered (a stream behind its steps): no future, no timer
+            return item.events.get_nowait()
         getter = asyncio.ensure_future(item.events.get())
         try:
             while True:

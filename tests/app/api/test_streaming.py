@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,6 +64,29 @@ def test_a_response_that_ends_before_its_stream_is_read_cancels_the_generation()
     with contextlib.suppress(Exception):
         asyncio.run(response(scope, receive, gone))
     assert cancelled == [item]
+
+
+def test_events_already_waiting_go_out_in_one_write_and_the_opening_at_once() -> None:
+    """A stream behind its steps: the events queued for it are sent together, one pass through the ASGI stack."""
+    encoder = SimpleNamespace(
+        opening=lambda: ["open\n"], final=lambda event: [f"event {event}\n"], error=list, done=lambda: ["done\n"]
+    )
+    item = SimpleNamespace(events=asyncio.Queue())
+
+    async def stream(submitted: object, keep_alive: bool) -> AsyncIterator[int]:
+        for burst in ([0, 1, 2], [3, 4]):  # as a step's events are delivered to the event loop together
+            for event in burst:
+                item.events.put_nowait(event)
+            while not item.events.empty():
+                yield item.events.get_nowait()
+
+    service = SimpleNamespace(stream=stream, scheduler=SimpleNamespace(cancel=lambda item: None))
+    response = stream_response(service, SimpleNamespace(item=item), encoder)  # type: ignore[arg-type]
+
+    async def chunks() -> list[str]:
+        return [chunk async for chunk in response.body_iterator]  # type: ignore[misc]
+
+    assert asyncio.run(chunks()) == ["open\n", "event 0\nevent 1\nevent 2\n", "event 3\nevent 4\n", "done\n"]
 
 
 def test_a_client_gone_before_a_withheld_burst_is_noticed_not_written_to(
