@@ -10,9 +10,9 @@ detokenizer does the same with its prefix and read offsets. The tokens of contex
 that look at neighbouring tokens the same text for the head as in the whole answer. That covers
 a leading space stripped from the first token, spaces cleaned up before punctuation, and
 WordPiece's "##"; a head that starts inside a character spelled in byte tokens (byte fallback)
-starts further back, until its text is the end of the settled text. Where the window's text
-does not start with the head's (a decoder rewrote text across the boundary), the prefix is
-decoded whole, as it was before.
+starts further back, until its text is the end of the settled text (for a decoder where none
+is, every prefix is decoded whole). Where the window's text does not start with the head's (a decoder
+rewrote text across the boundary), the prefix is decoded whole, as it was before.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class PrefixText:
         self._head_start = 0
         self._head = ""  # the text of tokens `_head_start`..`_settled` decoded alone
         self._recent: dict[int, tuple[int, str]] = {}  # length -> (its last id, its text), the last two asked
+        self._whole = False  # a decoder no head works for: every prefix decoded whole, as before
 
     def __call__(self, ids: Sequence[int]) -> str:
         n = len(ids)
@@ -46,7 +47,7 @@ class PrefixText:
         recent = self._recent.get(n)
         if recent is not None and recent[0] == last_id:
             return recent[1]
-        if n < self._settled:
+        if n < self._settled or self._whole:
             text = self._decode(ids)
         else:
             window = self._decode(ids[self._head_start :])
@@ -64,8 +65,14 @@ class PrefixText:
         self._head_start = max(0, len(ids) - CONTEXT_TOKENS)
         self._head = self._decode(ids[self._head_start :])
         # The head must read as the end of the text: one starting inside a character spelled in byte
-        # tokens (byte fallback) decodes each of its bytes as U+FFFD. Start it further back until it does.
-        while self._head_start > 0 and not text.endswith(self._head):
+        # tokens (byte fallback) decodes each of its bytes as U+FFFD. Start it further back until it does
+        # (a character is at most 4 bytes); for a decoder where none does, decode whole from then on.
+        tries = 2 * CONTEXT_TOKENS
+        while not text.endswith(self._head):
+            if self._head_start == 0 or tries == 0:
+                self._whole = True
+                return
+            tries -= 1
             self._head_start -= 1
             self._head = self._decode(ids[self._head_start :])
 

@@ -134,3 +134,22 @@ def test_a_decoder_that_rewrites_text_across_the_window_falls_back_to_the_whole_
     text = PrefixText(shouting)
     for n in range(len(answer) + 1):
         assert text(answer[:n]) == shouting(answer[:n])
+
+
+def test_a_decoder_whose_head_never_reads_as_the_texts_end_decodes_every_prefix_whole() -> None:
+    """Each decode here capitalises its first word, so no head read alone ends the text: every prefix is then
+    decoded whole, as before `PrefixText`, after a bounded search for a head."""
+    words = ["alpha", "beta", "gamma", "delta"]
+    calls = 0
+
+    def capitalised(ids: Sequence[int]) -> str:
+        nonlocal calls
+        calls += 1
+        return " ".join(words[i] for i in ids).capitalize()
+
+    answer = [i % 4 for i in range(60)]
+    text = PrefixText(capitalised)
+    for n in range(len(answer) + 1):
+        expected = " ".join(words[i] for i in answer[:n]).capitalize()
+        assert text(answer[:n]) == expected
+    assert calls <= 2 * len(answer) + 20
