@@ -70,7 +70,8 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
 
     async def chunks() -> AsyncIterator[str]:
         # The events already waiting go out in one write: a stream that fell behind its steps catches up
-        # with one pass through the ASGI stack and one socket write instead of one per token.
+        # with one pass through the ASGI stack and one socket write instead of one per token. A keep-alive
+        # (nothing else is coming for a while) sends everything at once.
         waiting = submitted.item.events
         if opening := "".join(encoder.opening()):
             yield opening  # at once: the client sees the answer begin before its first token is computed
@@ -81,11 +82,15 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
                     written.append(KEEP_ALIVE)
                 else:
                     written += encoder.token(event) if isinstance(event, StreamedToken) else encoder.final(event)
-                if waiting.empty():
+                if isinstance(event, KeepAlive) or waiting.empty():
                     yield "".join(written)
                     written.clear()
         except ServiceError as error:
             written += encoder.error(error)
+        except Exception:
+            if written:  # what was already answered still goes out before the stream breaks
+                yield "".join(written)
+            raise
         if last := "".join([*written, *encoder.done()]):
             yield last
 

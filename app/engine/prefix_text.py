@@ -10,8 +10,8 @@ detokenizer does the same with its prefix and read offsets. The tokens of contex
 that look at neighbouring tokens the same text for the head as in the whole answer. That covers
 a leading space stripped from the first token, spaces cleaned up before punctuation, and
 WordPiece's "##"; a head that starts inside a character spelled in byte tokens (byte fallback)
-starts further back, until its text is the end of the settled text (for a decoder where none
-is, every prefix is decoded whole). Where the window's text does not start with the head's (a decoder
+starts further back, until its text is the end of the settled text (where none is, prefixes are
+decoded whole for a while). Where the window's text does not start with the head's (a decoder
 rewrote text across the boundary), the prefix is decoded whole, as it was before.
 """
 
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 Decode = Callable[[Sequence[int]], str]
 
 CONTEXT_TOKENS = 4  # tokens decoded before the settled point, so the head's text is what the whole gives it
+RETRY_TOKENS = 64  # tokens decoded whole after a settle point where no head was found, before looking again
 
 
 class PrefixText:
@@ -39,7 +40,7 @@ class PrefixText:
         self._head_start = 0
         self._head = ""  # the text of tokens `_head_start`..`_settled` decoded alone
         self._recent: dict[int, tuple[int, str]] = {}  # length -> (its last id, its text), the last two asked
-        self._whole = False  # a decoder no head works for: every prefix decoded whole, as before
+        self._retry_at = 0  # no head found at the last settle: decode whole until this many tokens, then look again
 
     def __call__(self, ids: Sequence[int]) -> str:
         n = len(ids)
@@ -47,8 +48,11 @@ class PrefixText:
         recent = self._recent.get(n)
         if recent is not None and recent[0] == last_id:
             return recent[1]
-        if n < self._settled or self._whole:
+        if n < self._settled or self._retry_at:
             text = self._decode(ids)
+            if self._retry_at and n >= self._retry_at and not text.endswith("\ufffd"):
+                self._retry_at = 0
+                self._settle(ids, text)
         else:
             window = self._decode(ids[self._head_start :])
             if window.startswith(self._head):
@@ -66,11 +70,12 @@ class PrefixText:
         self._head = self._decode(ids[self._head_start :])
         # The head must read as the end of the text: one starting inside a character spelled in byte
         # tokens (byte fallback) decodes each of its bytes as U+FFFD. Start it further back until it does
-        # (a character is at most 4 bytes); for a decoder where none does, decode whole from then on.
+        # (a character is at most 4 bytes). Where none does (a decoder that rewrites text further back),
+        # prefixes are decoded whole for a while, and a head is looked for again later.
         tries = 2 * CONTEXT_TOKENS
         while not text.endswith(self._head):
             if self._head_start == 0 or tries == 0:
-                self._whole = True
+                self._retry_at = len(ids) + RETRY_TOKENS
                 return
             tries -= 1
             self._head_start -= 1

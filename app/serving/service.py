@@ -355,6 +355,8 @@ class GenerationService:
                 elif isinstance(event, GenerationResult):
                     finished = True
                     if REGISTRY[submitted.policy.method.value].needs_check_pass:
+                        if keep_alive:  # the check is a scoring pass: what the consumer holds goes out first
+                            yield KeepAlive()
                         event = await self._self_check(submitted, event, request)
                     outcome = self.conclude(submitted, event)
                     for token in held if held is not None and not outcome.withheld else ():

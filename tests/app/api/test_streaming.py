@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.api.streaming import stream_response
+from app.serving.events import KeepAlive
 from app.settings import RejectAction, Settings
 from tests.app.service_client import make_client
 
@@ -67,18 +68,22 @@ def test_a_response_that_ends_before_its_stream_is_read_cancels_the_generation()
 
 
 def test_events_already_waiting_go_out_in_one_write_and_the_opening_at_once() -> None:
-    """A stream behind its steps: the events queued for it are sent together, one pass through the ASGI stack."""
+    """A stream behind its steps: the events queued for it are sent together, one pass through the ASGI stack;
+    a keep-alive sends what is written at once."""
     encoder = SimpleNamespace(
         opening=lambda: ["open\n"], final=lambda event: [f"event {event}\n"], error=list, done=lambda: ["done\n"]
     )
     item = SimpleNamespace(events=asyncio.Queue())
 
-    async def stream(submitted: object, keep_alive: bool) -> AsyncIterator[int]:
-        for burst in ([0, 1, 2], [3, 4]):  # as a step's events are delivered to the event loop together
+    async def stream(submitted: object, keep_alive: bool) -> AsyncIterator[object]:
+        for burst in ([0, 1, 2], [3, 4, 5]):  # as a step's events are delivered to the event loop together
             for event in burst:
                 item.events.put_nowait(event)
             while not item.events.empty():
-                yield item.events.get_nowait()
+                event = item.events.get_nowait()
+                yield event
+                if event == 3:
+                    yield KeepAlive()  # nothing else for a while (a check pass): everything written goes out
 
     service = SimpleNamespace(stream=stream, scheduler=SimpleNamespace(cancel=lambda item: None))
     response = stream_response(service, SimpleNamespace(item=item), encoder)  # type: ignore[arg-type]
@@ -86,7 +91,13 @@ def test_events_already_waiting_go_out_in_one_write_and_the_opening_at_once() ->
     async def chunks() -> list[str]:
         return [chunk async for chunk in response.body_iterator]  # type: ignore[misc]
 
-    assert asyncio.run(chunks()) == ["open\n", "event 0\nevent 1\nevent 2\n", "event 3\nevent 4\n", "done\n"]
+    assert asyncio.run(chunks()) == [
+        "open\n",
+        "event 0\nevent 1\nevent 2\n",
+        "event 3\n: keep-alive\n\n",
+        "event 4\nevent 5\n",
+        "done\n",
+    ]
 
 
 def test_a_client_gone_before_a_withheld_burst_is_noticed_not_written_to(

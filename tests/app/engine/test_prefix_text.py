@@ -136,20 +136,49 @@ def test_a_decoder_that_rewrites_text_across_the_window_falls_back_to_the_whole_
         assert text(answer[:n]) == shouting(answer[:n])
 
 
-def test_a_decoder_whose_head_never_reads_as_the_texts_end_decodes_every_prefix_whole() -> None:
-    """Each decode here capitalises its first word, so no head read alone ends the text: every prefix is then
-    decoded whole, as before `PrefixText`, after a bounded search for a head."""
+def _counted(decode: Decode) -> tuple[Decode, list[int]]:
+    """`decode`, and a running count of the tokens it has decoded."""
+    count = [0]
+
+    def counting(ids: Sequence[int]) -> str:
+        count[0] += len(ids)
+        return decode(ids)
+
+    return counting, count
+
+
+def test_a_decoder_whose_head_never_reads_as_the_texts_end_costs_about_decoding_whole() -> None:
+    """Each decode here capitalises its first word, so no head read alone ends the text: the prefixes are
+    decoded whole, as before `PrefixText`, with a bounded search for a head now and then."""
     words = ["alpha", "beta", "gamma", "delta"]
-    calls = 0
 
     def capitalised(ids: Sequence[int]) -> str:
-        nonlocal calls
-        calls += 1
         return " ".join(words[i] for i in ids).capitalize()
 
-    answer = [i % 4 for i in range(60)]
-    text = PrefixText(capitalised)
+    answer = [i % 4 for i in range(300)]
+    decode, decoded = _counted(capitalised)
+    text = PrefixText(decode)
     for n in range(len(answer) + 1):
-        expected = " ".join(words[i] for i in answer[:n]).capitalize()
-        assert text(answer[:n]) == expected
-    assert calls <= 2 * len(answer) + 20
+        assert text(answer[:n]) == capitalised(answer[:n])
+    whole = sum(range(len(answer) + 1))
+    assert decoded[0] < 1.5 * whole
+
+
+def test_after_text_rewritten_further_back_than_a_head_reaches_it_finds_a_head_again() -> None:
+    """Text between "<" and ">" is upper case: a head starting inside a long bracket reads in lower case.
+    Prefixes are decoded whole for a while, then the answer goes back to decoding a few tokens at a time."""
+    words = ["a", "b", "c", "d", "<", ">"]
+
+    def bracketed(ids: Sequence[int]) -> str:
+        parts, upper = [], False
+        for token in ids:
+            upper = (upper or words[token] == "<") and words[token] != ">"
+            parts.append(words[token].upper() if upper else words[token])
+        return " ".join(parts)
+
+    answer = [i % 4 for i in range(20)] + [4] + [i % 4 for i in range(30)] + [5] + [i % 4 for i in range(850)]
+    decode, decoded = _counted(bracketed)
+    text = PrefixText(decode)
+    for n in range(len(answer) + 1):
+        assert text(answer[:n]) == bracketed(answer[:n])
+    assert decoded[0] < 0.1 * sum(range(len(answer) + 1))

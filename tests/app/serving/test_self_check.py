@@ -49,6 +49,21 @@ def test_a_streamed_answer_is_decided_with_p_true_at_its_end(client: TestClient)
     assert final[1]["uncertainty"]["p_true"] == pytest.approx(plain["uncertainty"]["p_true"])
 
 
+def test_a_streamed_answer_sends_its_tokens_before_the_check_pass_runs(client: TestClient) -> None:
+    """The check is a scoring pass that may wait its turn: a keep-alive first sends every token written so
+    far (the last one arrives with the answer's end, and would otherwise wait for the check)."""
+    payload = {"messages": CHAT, "max_new_tokens": 6, "policy": P_TRUE_POLICY, "stream": True}
+    with client.stream("POST", "/v1/generate", json=payload) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert "event: token" in lines
+    last_token, keep_alive, final = (
+        max(i for i, line in enumerate(lines) if line == "event: token"),
+        lines.index(": keep-alive"),
+        lines.index("event: final"),
+    )
+    assert last_token < keep_alive < final
+
+
 def test_a_target_for_p_true_needs_calibrated_thresholds(client: TestClient) -> None:
     response = client.post(
         "/v1/generate",
