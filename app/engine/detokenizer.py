@@ -77,7 +77,8 @@ class StreamDetokenizer:
     emitted_text: str = ""
     text_ends: list[int] = field(default_factory=list)  # decoded length after each token (stop strings only)
     text: str = ""  # the decoded text of every token so far (stop strings only)
-    # One per kind of call, each asked for ever longer prefixes (what `PrefixText` does cheaply).
+    # One per kind of call, each asked for ever longer prefixes (what `PrefixText` does cheaply); the stop
+    # text's only for a sequence without the decode loop's own.
     _piece_text: PrefixText = field(init=False, repr=False)
     _stop_text: PrefixText = field(init=False, repr=False)
 
@@ -140,8 +141,10 @@ class StreamDetokenizer:
         counts such placeholders, so a token holding part of a character is held with it.
         """
         ids = sequence.token_ids()
+        # The decode loop's stop search has just asked for this text: its `PrefixText` answers again for free.
+        text_of = sequence.stop_search_text or self._stop_text
         while len(self.text_ends) < len(ids):
-            self.text = self._stop_text(ids[: len(self.text_ends) + 1])
+            self.text = text_of(ids[: len(self.text_ends) + 1])
             self.text_ends.append(len(self.text))
         if not self.text_ends:
             return 0

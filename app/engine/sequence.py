@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from operator import itemgetter
-from typing import overload
+from operator import attrgetter, itemgetter
+from typing import TypeVar, overload
 
 import numpy as np
 import torch
@@ -15,6 +15,8 @@ from app.engine.prefix_text import PrefixText
 from app.engine.sampling import SamplingParams
 from app.engine.token_stats import TOKEN_STATISTICS
 from app.uncertainty.trace import TokenTrace
+
+T = TypeVar("T")
 
 
 class FinishReason(StrEnum):
@@ -56,14 +58,18 @@ class TokenRecord:
         return self.stats["entropy"]
 
 
-class TokenIds(Sequence[int]):
-    """The ids of a run of a sequence's token records, read in place: slicing gives another view, so
-    that the decode loop can hand out an answer's ids at every step without copying them all."""
+class TokenValues(Sequence[T]):
+    """One value of each of a run of a sequence's token records (its id, its log-prob), read in place:
+    slicing gives another view, so that the decode loop can hand an answer's ids or log-probs out at
+    every step without copying them all."""
 
-    __slots__ = ("_start", "_stop", "_tokens")
+    __slots__ = ("_start", "_stop", "_tokens", "_value")
 
-    def __init__(self, tokens: list[TokenRecord], start: int = 0, stop: int | None = None) -> None:
+    def __init__(
+        self, tokens: list[TokenRecord], value: Callable[[TokenRecord], T], start: int = 0, stop: int | None = None
+    ) -> None:
         self._tokens = tokens
+        self._value = value
         self._start = start
         self._stop = len(tokens) if stop is None else stop
 
@@ -71,24 +77,28 @@ class TokenIds(Sequence[int]):
         return self._stop - self._start
 
     @overload
-    def __getitem__(self, index: int) -> int: ...
+    def __getitem__(self, index: int) -> T: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[int]: ...
+    def __getitem__(self, index: slice) -> Sequence[T]: ...
 
-    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+    def __getitem__(self, index: int | slice) -> T | Sequence[T]:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
-            return TokenIds(self._tokens, self._start + start, self._start + max(start, stop))
+            return TokenValues(self._tokens, self._value, self._start + start, self._start + max(start, stop))
         position = index + len(self) if index < 0 else index
         if not 0 <= position < len(self):
             raise IndexError("token index out of range")
-        return self._tokens[self._start + position].token_id
+        return self._value(self._tokens[self._start + position])
 
-    def __iter__(self) -> Iterator[int]:
-        return (token.token_id for token in self._tokens[self._start : self._stop])
+    def __iter__(self) -> Iterator[T]:
+        return map(self._value, self._tokens[self._start : self._stop])
+
+
+_TOKEN_ID: Callable[[TokenRecord], int] = attrgetter("token_id")
+_LOGPROB: Callable[[TokenRecord], float] = attrgetter("logprob")
 
 
 @dataclass
@@ -120,10 +130,15 @@ class SequenceState:
     def params(self) -> SamplingParams:
         return self.request.params
 
-    def token_ids(self, count: int | None = None) -> TokenIds:
+    def token_ids(self, count: int | None = None) -> TokenValues[int]:
         """The ids of its first `count` tokens (all by default), without copying them."""
         assert count is None or 0 <= count <= len(self.tokens), (count, len(self.tokens))
-        return TokenIds(self.tokens, 0, len(self.tokens) if count is None else count)
+        return TokenValues(self.tokens, _TOKEN_ID, 0, count)
+
+    def logprobs(self) -> TokenValues[float]:
+        """Its tokens' log-probs, without copying them (TAD's stream reads only the new ones each step; a copy of
+        all of them was most of a streamed answer's cost per step)."""
+        return TokenValues(self.tokens, _LOGPROB)
 
     @property
     def finished(self) -> bool:

@@ -7,38 +7,15 @@ know about its answer as it grows is decided here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import overload
-
 import numpy as np
 
 from app.engine.engine import Engine
-from app.engine.sequence import FinishReason, SequenceState, TokenRecord, trace_of
+from app.engine.sequence import FinishReason, SequenceState, trace_of
 from app.serving.events import Event, GenerationResult, StreamedToken, Timing
 from app.serving.policy import EARLY_STOP_MIN_TOKENS, Policy
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.methods import REGISTRY, MethodInput
 from app.uncertainty.tad import TadStream
-
-
-class _Logprobs(Sequence[float]):
-    """An answer's log-probs as TAD's stream reads them: it takes only the ones it has not seen, so they are not
-    copied out of the whole answer at every step (that copy was most of a streamed answer's cost per step)."""
-
-    def __init__(self, tokens: Sequence[TokenRecord]) -> None:
-        self.tokens = tokens
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @overload
-    def __getitem__(self, index: int) -> float: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[float]: ...
-    def __getitem__(self, index: int | slice) -> float | list[float]:
-        if isinstance(index, slice):
-            return [token.logprob for token in self.tokens[index]]
-        return self.tokens[index].logprob
 
 
 class AnswerProgress:
@@ -77,7 +54,7 @@ class AnswerProgress:
         """Tokens that can be sent now; cuts the answer off if the policy says so."""
         confidences: list[float] | None = None
         if self.tad_stream is not None:
-            self.tad_stream.advance(_Logprobs(sequence.tokens), sequence.attention_rows)
+            self.tad_stream.advance(sequence.logprobs(), sequence.attention_rows)
             confidences = self.tad_stream.confidences
         events: list[Event] = []
         if self.detokenizer is not None and not sequence.abandoned:

@@ -196,22 +196,45 @@ def _submit_together(scheduler: Scheduler, items: list[GenerationItem]) -> None:
             scheduler.submit_generation(item)
 
 
+def _prefilling_scheduler(engine: Engine, max_batch_size: int, prefill_chunk_tokens: int) -> Scheduler:
+    return Scheduler(
+        engine,
+        AnswerScorer(None),
+        max_batch_size=max_batch_size,
+        max_queue=max_batch_size,
+        batch_window_s=0.0,
+        prefill_chunk_tokens=prefill_chunk_tokens,
+    )
+
+
+async def _decoding_answer(
+    scheduler: Scheduler, engine: Engine, monkeypatch: pytest.MonkeyPatch, tokens: int
+) -> tuple[GenerationItem, PrefillRecorder]:
+    """An answer of `tokens` tokens, decoding, with the engine's prefills recorded from its own on."""
+    running = _item(asyncio.get_running_loop(), (5, 6), tokens, Observer(needs_steps=False))
+    recorder = PrefillRecorder(engine, running)
+    monkeypatch.setattr(engine, "start_prefill", recorder)
+    scheduler.submit_generation(running)
+    while running.sequence is None or len(running.sequence.tokens) < 2:
+        await asyncio.sleep(0.002)
+    return running, recorder
+
+
+async def _until_idle(scheduler: Scheduler) -> None:
+    deadline = time.monotonic() + 20
+    while scheduler.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 def test_short_prompts_beyond_one_chunk_are_prefilled_whole_a_group_a_step_and_decode_as_soon_as_prefilled(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scheduler = Scheduler(
-        engine, AnswerScorer(None), max_batch_size=8, max_queue=8, batch_window_s=0.0, prefill_chunk_tokens=8
-    )
+    scheduler = _prefilling_scheduler(engine, max_batch_size=8, prefill_chunk_tokens=8)
     prompts = [(5 + i, 6 + i, 7 + i, 8 + i) for i in range(6)]  # two fit in a chunk: three groups
 
     async def body() -> list[Any]:
         loop = asyncio.get_running_loop()
-        running = _item(loop, (5, 6), 60, Observer(needs_steps=False))
-        recorder = PrefillRecorder(engine, running)
-        monkeypatch.setattr(engine, "start_prefill", recorder)
-        scheduler.submit_generation(running)
-        while running.sequence is None or len(running.sequence.tokens) < 2:
-            await asyncio.sleep(0.002)
+        running, recorder = await _decoding_answer(scheduler, engine, monkeypatch, tokens=60)
         items = [_item(loop, prompt, 8, Observer(needs_steps=False)) for prompt in prompts]
         recorder.watch = lambda: [len(item.sequence.tokens) if item.sequence else 0 for item in items[:2]]
         _submit_together(scheduler, items)
@@ -238,18 +261,11 @@ def test_a_request_cancelled_while_its_prefill_group_waits_its_turn_is_abandoned
 ) -> None:
     """Its cancellation is seen by a step of the running batch while its group still waits to be prefilled; the
     step after the group joins must still look for it, or it would decode for nobody until its deadline."""
-    scheduler = Scheduler(
-        engine, AnswerScorer(None), max_batch_size=8, max_queue=8, batch_window_s=0.0, prefill_chunk_tokens=6
-    )
+    scheduler = _prefilling_scheduler(engine, max_batch_size=8, prefill_chunk_tokens=6)
 
     async def body() -> list[Any]:
         loop = asyncio.get_running_loop()
-        running = _item(loop, (5, 6), 60, Observer(needs_steps=False))
-        recorder = PrefillRecorder(engine, running)
-        monkeypatch.setattr(engine, "start_prefill", recorder)
-        scheduler.submit_generation(running)
-        while running.sequence is None or len(running.sequence.tokens) < 2:
-            await asyncio.sleep(0.002)
+        running, recorder = await _decoding_answer(scheduler, engine, monkeypatch, tokens=60)
         # Two fit in a chunk: groups (first, second) at once, (third, fourth) after them in the same pass,
         # (kept, dropped) at the next; `dropped` is cancelled as the first group runs.
         fillers = [_item(loop, (7 + i, 8 + i, 9 + i), 4, Observer(needs_steps=False)) for i in range(4)]
@@ -258,9 +274,7 @@ def test_a_request_cancelled_while_its_prefill_group_waits_its_turn_is_abandoned
         recorder.on_first_pass = lambda: scheduler.cancel(dropped)
         _submit_together(scheduler, [*fillers, kept, dropped])
         answers = [await _events_until_done(item) for item in (running, *fillers, kept)]
-        deadline = time.monotonic() + 20
-        while scheduler.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _until_idle(scheduler)
         assert recorder.passes[-1][0] == [(20, 21, 22), (23, 24, 25)]
         assert dropped.sequence is not None and dropped.sequence.abandoned
         assert len(dropped.sequence.tokens) < 100
@@ -276,26 +290,17 @@ def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_
     """Prompts just over half the budget are chunked together by columns (`prefill_groups`). One cancelled as
     the first pass runs is seen by a step of the running batch while the chunks go on; the step after they
     join must still look for it, or it would decode for nobody until its deadline."""
-    scheduler = Scheduler(
-        engine, AnswerScorer(None), max_batch_size=10, max_queue=10, batch_window_s=0.0, prefill_chunk_tokens=9
-    )
+    scheduler = _prefilling_scheduler(engine, max_batch_size=10, prefill_chunk_tokens=9)
 
     async def body() -> list[Any]:
         loop = asyncio.get_running_loop()
-        running = _item(loop, (5, 6), 60, Observer(needs_steps=False))
-        recorder = PrefillRecorder(engine, running)
-        monkeypatch.setattr(engine, "start_prefill", recorder)
-        scheduler.submit_generation(running)
-        while running.sequence is None or len(running.sequence.tokens) < 2:
-            await asyncio.sleep(0.002)
+        running, recorder = await _decoding_answer(scheduler, engine, monkeypatch, tokens=60)
         kept = [_item(loop, (7 + i, 8, 9, 10, 11), 4, Observer(needs_steps=False)) for i in range(7)]
         dropped = _item(loop, (30, 31, 32, 33, 34), 10_000, Observer(needs_steps=False))
         recorder.on_first_pass = lambda: scheduler.cancel(dropped)
         _submit_together(scheduler, [*kept, dropped])
         answers = [await _events_until_done(item) for item in (running, *kept)]
-        deadline = time.monotonic() + 20
-        while scheduler.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _until_idle(scheduler)
         chunked = [prompts for prompts, _ in recorder.passes if (30, 31, 32, 33, 34) in prompts]
         assert len(chunked) == 5 and len(chunked[0]) == 7  # seven rows, a column a pass
         assert dropped.sequence is not None and dropped.sequence.abandoned
@@ -310,20 +315,13 @@ def test_queued_prefill_groups_hold_their_slots_until_they_join(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every queued group's rows count against the batch size, not only the group whose turn it is."""
-    scheduler = Scheduler(
-        engine, AnswerScorer(None), max_batch_size=6, max_queue=8, batch_window_s=0.0, prefill_chunk_tokens=4
-    )
+    scheduler = _prefilling_scheduler(engine, max_batch_size=6, prefill_chunk_tokens=4)
     prompts = [(5 + i, 6, 7, 8) for i in range(8)]  # one a group
     rows_at_each_pass: list[int] = []
 
     async def body() -> list[Any]:
         loop = asyncio.get_running_loop()
-        running = _item(loop, (5, 6), 40, Observer(needs_steps=False))
-        recorder = PrefillRecorder(engine, running)
-        monkeypatch.setattr(engine, "start_prefill", recorder)
-        scheduler.submit_generation(running)
-        while running.sequence is None or len(running.sequence.tokens) < 2:
-            await asyncio.sleep(0.002)
+        running, recorder = await _decoding_answer(scheduler, engine, monkeypatch, tokens=40)
         items = [_item(loop, prompt, 6, Observer(needs_steps=False)) for prompt in prompts]
 
         def rows_held() -> int:
