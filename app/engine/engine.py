@@ -16,7 +16,6 @@ from app.engine.detokenizer import StreamDetokenizer, decode_text
 from app.engine.loading import LoadedModel, ModelIdentity
 from app.engine.sequence import GenerationRequest, SequenceState, trace_of
 from app.engine.slot_decoding import SlotDecodeBatch, slot_decoding_refusal
-from app.engine.slot_prefill import CompiledPromptPrefill, Prefill
 from app.engine.teacher_forcing import ScoringPass, score_responses
 from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
@@ -178,12 +177,8 @@ class Engine:
         return self._token_bytes.text(token_id)
 
     # ------------------------------------------------------------------ compute
-    def start_prefill(self, requests: Sequence[GenerationRequest]) -> Prefill:
-        """A prefill to run chunk by chunk (`PromptPrefill.advance`): compiled when the decode step is compiled
-        on a CPU and the program takes every prompt (`CompiledPrefill`)."""
-        compiled = self._slot_batch.prompt_prefill if self._slot_batch is not None else None
-        if compiled is not None and all(compiled.takes(request.prompt_ids) for request in requests):
-            return CompiledPromptPrefill(compiled, requests)
+    def start_prefill(self, requests: Sequence[GenerationRequest]) -> PromptPrefill:
+        """A prefill to run chunk by chunk (`PromptPrefill.advance`)."""
         return PromptPrefill(self.context, requests)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[SequenceState]:

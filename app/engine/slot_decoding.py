@@ -13,8 +13,6 @@ prefilled rows are copied into free slots, and the same graph or code runs whate
 
 One graph (or compiled program) per read width (128, 256, ... up to the slot length), all built by
 `warm_up` before the first request: a step reads only as many columns as its longest sequence needs.
-On a CPU, `warm_up` also compiles the prompt prefill, one program for every prompt length that fits a
-slot (`app/engine/slot_prefill.py`).
 Every slot is computed at every step, running or empty. A sequence that would outgrow its slot
 finishes with reason `length`.
 
@@ -43,7 +41,6 @@ from app.engine.batch_cache import padding_mask_suffices
 from app.engine.decoding import DecodeBatch, DecodeContext, QueuedChoice
 from app.engine.sequence import FinishReason, SequenceState
 from app.engine.slot_cache import SlotCache
-from app.engine.slot_prefill import SHORTEST_PROMPT, CompiledPrefill
 from app.engine.token_stats import stats_by_name, token_stats_tensor
 
 logger = logging.getLogger(__name__)
@@ -151,11 +148,6 @@ class SlotDecodeBatch(DecodeBatch):
         # On a CPU, one compiled program per width (`_compiled_step`); `warm_up` builds them all.
         self.compiled_on_cpu = compiled and device.type == "cpu"
         self._compiled: dict[int, Callable[[], _StepOutputs]] = {}
-        # Prompts that fit a slot (room left for two tokens), prefilled by a compiled program too (`warm_up`).
-        longest_prompt = max_length - 2
-        self.prompt_prefill: CompiledPrefill | None = None
-        if self.compiled_on_cpu and longest_prompt > SHORTEST_PROMPT:
-            self.prompt_prefill = CompiledPrefill(context, longest_prompt)
         self._free = list(range(slots - 1, -1, -1))  # popped from the end: the lowest free slot first
         self._columns = torch.arange(max_length, device=device)
         self._lags = torch.arange(context.n_lags, -1, -1, device=device)  # a window's columns, oldest first
@@ -276,9 +268,8 @@ class SlotDecodeBatch(DecodeBatch):
         return [*widths, self.slot_cache.max_length]
 
     def warm_up(self) -> float:
-        """Build the step of every width now (CUDA graphs captured, CPU programs compiled: seconds each), and on a
-        CPU the prompt prefill, not when a request first reaches them; the slots must be empty. Returns the
-        seconds it took."""
+        """Build the step of every width now (CUDA graphs captured, CPU programs compiled: seconds each), not
+        when a request first reaches it; the slots must be empty. Returns the seconds it took."""
         if self.sequences:
             raise RuntimeError("warm_up needs empty slots")
         if not self.cuda_graphs and not self.compiled_on_cpu:
@@ -293,15 +284,12 @@ class SlotDecodeBatch(DecodeBatch):
                 self._run(width)
                 positions.copy_(saved)  # the empty slots' keys it wrote are hidden by the mask until overwritten
                 self.tokens.copy_(saved_tokens)
-        if self.prompt_prefill is not None:
-            self.prompt_prefill.build()
         seconds = time.monotonic() - started
         logger.info(
-            "decode step compiled (%s) for %d slots, widths %s%s, in %.1f s",
+            "decode step compiled (%s) for %d slots, widths %s, in %.1f s",
             "CUDA graphs" if self.cuda_graphs else "torch.compile",
             len(self.lengths),
             widths,
-            ", and the prompt prefill" if self.prompt_prefill is not None else "",
             seconds,
         )
         return seconds

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.engine import phase_timing
-from app.engine.decoding import DecodeBatch
+from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, SequenceState
 from app.engine.teacher_forcing import ScoringPass
@@ -252,7 +252,7 @@ class Scheduler:
 
     def _prefilling(self) -> int:
         """Generation requests being prefilled: they hold batch slots."""
-        return sum(len(pending.items) for pending in self._pending if not isinstance(pending.job, ScoringPass))
+        return sum(len(pending.items) for pending in self._pending if isinstance(pending.job, PromptPrefill))
 
     def _chunk_budget(self) -> int | None:
         """Prompt tokens chunked work may run per step (None: all of it, chunking off). An idle server
@@ -342,7 +342,7 @@ class Scheduler:
         answered (a scoring pass)."""
         pending = self._pending[0]
         now = time.monotonic()
-        prefill = not isinstance(pending.job, ScoringPass)
+        prefill = isinstance(pending.job, PromptPrefill)
         if all(item.cancelled or now > item.deadline for item in pending.items):
             # Nobody waits for these any more: stop spending chunks on them.
             self._pending.popleft()

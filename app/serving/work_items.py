@@ -12,8 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
+from app.engine.decoding import PromptPrefill
 from app.engine.sequence import GenerationRequest, SequenceState
-from app.engine.slot_prefill import Prefill
 from app.engine.teacher_forcing import ScoringPass
 from app.serving.events import Event, Timing
 from app.uncertainty.answer import AnswerScorer
@@ -79,7 +79,7 @@ class PendingWork:
     """Queued or under way: a prefill (a group of whole prompts, or prompts chunked by columns) or a
     teacher-forced scoring pass, and the items it answers."""
 
-    job: Prefill | ScoringPass
+    job: PromptPrefill | ScoringPass
     items: list[GenerationItem] | list[ScoringItem]
 
 
