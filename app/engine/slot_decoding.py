@@ -39,7 +39,6 @@ from app.engine import phase_timing
 from app.engine.attention_capture import reversed_slots
 from app.engine.batch_cache import padding_mask_suffices
 from app.engine.decoding import DecodeBatch, DecodeContext, QueuedChoice
-from app.engine.held_tensors import hold, tensors_in, tensors_of
 from app.engine.sequence import FinishReason, SequenceState
 from app.engine.slot_cache import SlotCache
 from app.engine.token_stats import stats_by_name, token_stats_tensor
@@ -161,7 +160,6 @@ class SlotDecodeBatch(DecodeBatch):
         self._in_flight: _Launched | None = None  # a step queued ahead, its results not read yet
         self._buffers: list[_HostBuffers | None] = [None, None]
         self._buffer_turn = 0
-        self._held: object = None  # `held_tensors.hold` of the compiled step's inputs
 
     # ------------------------------------------------------------------ the captured step
     def _body(self, width: int) -> _StepOutputs:
@@ -286,9 +284,6 @@ class SlotDecodeBatch(DecodeBatch):
                 self._run(width)
                 positions.copy_(saved)  # the empty slots' keys it wrote are hidden by the mask until overwritten
                 self.tokens.copy_(saved_tokens)
-        if self.compiled_on_cpu:
-            lags = reversed_slots(self.context.n_lags + 1, self.tokens.device)
-            self._held = hold([*tensors_of(self.context.model), *tensors_in(self), lags])
         seconds = time.monotonic() - started
         logger.info(
             "decode step compiled (%s) for %d slots, widths %s, in %.1f s",
