@@ -12,7 +12,8 @@ from starlette.types import Receive, Scope, Send
 from app.errors import ServiceError
 from app.numeric import finite_tree
 from app.serving.events import KeepAlive, StreamedToken
-from app.serving.service import GenerationOutcome, GenerationService, Submitted
+from app.serving.outcomes import GenerationOutcome, Submitted
+from app.serving.service import GenerationService
 
 
 class StreamEncoder(Protocol):

@@ -12,8 +12,8 @@ import asyncio
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 from fastapi import Request
 
@@ -24,6 +24,15 @@ from app.engine.sequence import GenerationRequest
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
 from app.serving.decision_log import log_decision
 from app.serving.events import Event, Failure, GenerationResult, KeepAlive, StreamedToken
+from app.serving.outcomes import (
+    ClientDisconnected,
+    GenerationOutcome,
+    PreparedGeneration,
+    PromptInput,
+    ScoreOutcome,
+    ServedModel,
+    Submitted,
+)
 from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
 from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
@@ -38,88 +47,12 @@ DISCONNECT_POLL_S = 0.25
 DEADLINE_GRACE_S = 30.0
 
 
-class ClientDisconnected(Exception):
-    """The client went away; its work was cancelled."""
-
-
-@dataclass(frozen=True)
-class PromptInput:
-    """A raw prompt (sent as is) or chat messages (through the model's chat template): exactly one."""
-
-    prompt: str | None = None
-    messages: Sequence[Mapping[str, str]] | None = None
-
-    @property
-    def field(self) -> str:
-        return "messages" if self.messages is not None else "prompt"
-
-
 def _question(prompt: PromptInput) -> str:
     """What the user asked: the last user turn, or the raw prompt."""
     if prompt.messages is not None:
         users = [m.get("content", "") for m in prompt.messages if m.get("role") == "user"]
         return str(users[-1]) if users else ""
     return prompt.prompt or ""
-
-
-@dataclass(frozen=True)
-class PreparedGeneration:
-    prompt_ids: list[int]
-    params: SamplingParams
-    policy: Policy
-    seed: int | None
-    serving: ServingArtifact  # read once: policy and scores come from the same artifact
-    question: str  # the user's last turn (or the raw prompt): what a self-check pass asks about
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """A generation handed to the scheduler, with what deciding on its answer needs."""
-
-    item: GenerationItem
-    policy: Policy
-    seed: int | None
-    served: ServedModel  # the artifact that scores it, even if a reload swaps another in meanwhile
-    question: str  # what a self-check pass asks about
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """Who answered: what every response names."""
-
-    model: str
-    artifact: str | None
-    artifact_sha256: str | None = None  # the manifest's hash: the decision log tells reloaded versions apart
-    tad_available: bool = False  # an artifact with a regressor (a calibration-only one has none)
-
-
-@dataclass(frozen=True)
-class GenerationOutcome:
-    result: GenerationResult
-    decision: Decision
-    seed: int | None
-    text: str  # what the client may see: the answer, or the withheld message in its place
-    served: ServedModel
-
-    @property
-    def withheld(self) -> bool:
-        return self.decision.withheld
-
-    @property
-    def scored(self) -> ScoredAnswer:
-        return self.result.scored
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.result.sequence.request.prompt_ids)
-
-
-@dataclass(frozen=True)
-class ScoreOutcome:
-    scored: ScoredAnswer
-    decision: Decision
-    prompt_tokens: int
-    served: ServedModel
 
 
 class GenerationService:

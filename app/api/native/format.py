@@ -11,7 +11,7 @@ from app.api.streaming import sse_event
 from app.errors import ServiceError, error_body
 from app.numeric import logprob_or_floor
 from app.serving.events import StreamedToken
-from app.serving.service import GenerationOutcome, ScoreOutcome
+from app.serving.outcomes import GenerationOutcome, ScoreOutcome
 from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.features import FeatureSpec
 

@@ -23,7 +23,7 @@ from app.api.common import (
     StrictModel,
     is_blank,
 )
-from app.serving.service import PromptInput as DomainPrompt
+from app.serving.outcomes import PromptInput as DomainPrompt
 
 MAX_MESSAGES = 256
 ATTENTION_DOC = (

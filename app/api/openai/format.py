@@ -29,7 +29,7 @@ from app.engine.token_bytes import token_text
 from app.errors import ServiceError, error_body
 from app.numeric import logprob_or_floor
 from app.serving.events import StreamedToken
-from app.serving.service import GenerationOutcome, ServedModel
+from app.serving.outcomes import GenerationOutcome, ServedModel
 
 TokenBytes = Callable[[int], bytes]
 """A token's exact bytes: the `bytes` field, from which clients rebuild characters split over tokens."""

@@ -20,8 +20,9 @@ from app.api.openai.protocol import (
 from app.api.openapi import V1_ERRORS, client_gone, errors, streamed
 from app.api.streaming import stream_response
 from app.errors import InvalidRequest, ServiceError
+from app.serving.outcomes import PromptInput, Submitted
 from app.serving.runtime import Runtime
-from app.serving.service import GenerationService, PromptInput, Submitted
+from app.serving.service import GenerationService
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
 
