@@ -25,6 +25,11 @@ drifts); the last line is `scheduler_vs_generate=<median ratio>`. Also printed: 
 `TAD_PHASE_TIMING=1` in the server), the CPU time of the event loop's thread (HTTP, streaming,
 decisions) and of the worker per step, and `generate`'s time per step with its forward's share.
 
+With `--no-http` the window's requests are sent inside the server instead, by `--clients` tasks on its
+event loop calling the service as a route does (`POST /bench/window`): no HTTP, JSON or middleware
+sharing the worker's GIL and cores, so the ratio then bounds what taking the HTTP side out of the
+worker's process could give.
+
     python -m benchmarks.serving --model tiny-llama --device cpu --clients 32
     python -m benchmarks.serving --model smollm2-135m --device cpu --clients 8 --prompt-tokens 64 --new-tokens 64
     python -m benchmarks.serving --model llama --clients 32 --requests 128
@@ -154,6 +159,19 @@ class Client:
                     return final, confident
         raise SystemExit("the stream ended without its final event")
 
+    def in_server(self, prompts: list[str]) -> list[Answer]:
+        """`--no-http`: the window's requests sent inside the server, by `--clients` tasks on its event loop."""
+        body = {"prompts": prompts, "clients": self.args.clients, "new_tokens": self.args.new_tokens}
+        response = self.http.post(f"{self.url}/bench/window", json=body)
+        if response.status_code != 200:
+            raise SystemExit(f"window failed: {response.status_code} {response.text[:300]}")
+        answers, wanted = [], (self.args.prompt_tokens, self.args.new_tokens)
+        for result in response.json()["answers"]:
+            if (result["prompt_tokens"], result["completion_tokens"]) != wanted:
+                raise SystemExit(f"an answer of {result['completion_tokens']} tokens to {result['prompt_tokens']}")
+            answers.append(Answer(result["seconds"], result["completion_tokens"], result["method"], result["scored"]))
+        return answers
+
     def generate(self, split: bool) -> dict[str, float]:
         """Plain `generate` on as many tokens as a window: `--requests` / `--clients` batches back to back."""
         batches = max(1, self.args.requests // self.args.clients)
@@ -165,7 +183,10 @@ class Client:
     def window(self, pool: ThreadPoolExecutor, prompts: list[str]) -> Window:
         before = self.http.post(f"{self.url}/bench/reset").json()
         started, cpu_started = time.perf_counter(), time.process_time()
-        answers = list(pool.map(self.one, prompts))
+        if self.args.http:
+            answers = list(pool.map(self.one, prompts))
+        else:
+            answers = self.in_server(prompts)
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         after = self.http.get(f"{self.url}/bench/phases").json()
         return Window(seconds=seconds, answers=answers, before=before, after=after, client_cpu_seconds=cpu)
@@ -234,7 +255,8 @@ def report(args: argparse.Namespace, windows: list[Window]) -> None:
     generate_rates = [w.generate_tokens_per_s for w in windows]
     print(
         f"\n{info['model']} on {info['device']}, {info['torch_threads']} torch threads, artifact {info['artifact']}; "
-        f"{args.clients} clients ({'streaming' if args.stream else 'whole answers'}), {args.requests} requests a "
+        f"{args.clients} clients ({'streaming' if args.stream else 'whole answers'}"
+        f"{'' if args.http else ', in the server without HTTP'}), {args.requests} requests a "
         f"window, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, {len(windows)} repeats"
     )
     print(
@@ -326,6 +348,13 @@ def main() -> None:
     parser.add_argument(
         "--no-phases", dest="phases", action="store_false", help="phase timing off (the throughput without it)"
     )
+    parser.add_argument(
+        "--no-http",
+        dest="http",
+        action="store_false",
+        help="the clients are tasks on the server's event loop calling the service directly (no HTTP, JSON or "
+        "middleware): what the worker reaches with less Python sharing its GIL",
+    )
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--layers", type=int, default=0, help="random weights: override the layer count")
@@ -334,6 +363,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.requests = args.requests or 4 * args.clients
+    if args.stream and not args.http:
+        parser.error("--no-http sends whole answers only")
     if args.role == "server":
         from benchmarks.serving_server import serve
 

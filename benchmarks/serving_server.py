@@ -14,6 +14,7 @@ tokens from the same prompts.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import json
 import logging
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from fastapi import Request
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from app.engine import phase_timing
@@ -257,6 +259,9 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate) -> None:
+    from app.serving.outcomes import PromptInput
+    from app.serving.service import GenerationService
+
     runtime = app.state.runtime
 
     def prompts() -> dict[str, Any]:
@@ -291,7 +296,43 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate) -> Non
             "artifact": runtime.serving.name,
         }
 
+    async def window(body: dict[str, Any], request: Request) -> dict[str, Any]:
+        """`--no-http`: a window's requests sent by `clients` tasks on the server's own event loop, straight to
+        the service (what a route does after parsing its body, without HTTP, JSON or the middleware)."""
+        service = GenerationService(runtime)
+        waiting = list(reversed(body["prompts"]))
+        answers: list[dict[str, Any]] = []
+
+        async def client() -> None:
+            while waiting:
+                prompt = waiting.pop()
+                started = time.perf_counter()
+                prepared = service.prepare(
+                    PromptInput(prompt=prompt),
+                    max_new_tokens=int(body["new_tokens"]),
+                    temperature=0.0,
+                    top_p=1.0,
+                    seed=None,
+                    stop=None,
+                )
+                outcome = await service.finish(service.submit(prepared, stream=False, early_stop=False), request)
+                assert outcome is not None
+                answers.append(
+                    {
+                        "seconds": time.perf_counter() - started,
+                        "prompt_tokens": outcome.prompt_tokens,
+                        "completion_tokens": len(outcome.scored.trace),
+                        "method": outcome.decision.method.value,
+                        "scored": outcome.decision.score is not None,
+                    }
+                )
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(int(body["clients"]))))
+        return {"seconds": time.perf_counter() - started, "answers": answers}
+
     app.add_api_route("/bench/prompts", prompts, methods=["GET"])
+    app.add_api_route("/bench/window", window, methods=["POST"])
     app.add_api_route("/bench/generate", time_generate, methods=["POST"])
     app.add_api_route("/bench/reset", reset, methods=["POST"])
     app.add_api_route("/bench/phases", phases, methods=["GET"])

@@ -35,3 +35,10 @@ def test_a_model_folder_with_a_calibration_only_artifact_decides_with_its_free_s
     out = _run("--model", str(tiny_model_dir), "--artifact", str(tiny_calibration_artifact), "--no-phases")
     assert "every answer scored: True" in out and "'tad'" not in out
     assert out.strip().splitlines()[-1].startswith("scheduler_vs_generate=")
+
+
+def test_without_http_the_requests_are_sent_inside_the_server() -> None:
+    out = _run("--model", "tiny-llama", "--no-http")
+    assert "in the server without HTTP" in out
+    assert "decided by {'tad': 2}, every answer scored: True" in out
+    assert out.strip().splitlines()[-1].startswith("scheduler_vs_generate=")
