@@ -183,6 +183,7 @@ def test_rows_with_too_few_slots_are_refused() -> None:
 
 
 @pytest.mark.parametrize("convention", list(Convention))
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # any fitted MLP will do here
 def test_streaming_in_arrival_order_equals_whole_sequence(convention: Convention) -> None:
     spec = FeatureSpec(n_lags=2, num_layers=1, num_heads=2, convention=convention)
     rng = np.random.default_rng(3)
