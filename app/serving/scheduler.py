@@ -131,11 +131,11 @@ class Scheduler:
         waiting = len(self._waiting) + 1
         return math.ceil(self.stats.average_request_s * waiting / self.max_batch_size)
 
-    def _admit(self, queue: deque[Any], item: WorkItem) -> None:
+    def _admit(self, queue: deque[Any], item: WorkItem, capped: bool = True) -> None:
         with self._condition:
             if self._stopping:
                 raise Overloaded("the service is shutting down", retry_after_s=5)
-            if self._in_system >= self.max_queue + self.max_batch_size:
+            if capped and self._in_system >= self.max_queue + self.max_batch_size:
                 raise Overloaded(
                     f"too many requests in flight ({self._in_system}); retry later",
                     retry_after_s=self._retry_after(),
@@ -148,8 +148,9 @@ class Scheduler:
     def submit_generation(self, item: GenerationItem) -> None:
         self._admit(self._waiting, item)
 
-    def submit_scoring(self, item: ScoringItem) -> None:
-        self._admit(self._scoring, item)
+    def submit_scoring(self, item: ScoringItem, follow_up: bool = False) -> None:
+        """`follow_up`: a pass of a request already admitted (a self-check), which the queue's cap does not refuse."""
+        self._admit(self._scoring, item, capped=not follow_up)
 
     def abandon_everything(self, error: ServiceError) -> None:
         """Shutdown that cannot wait any longer: every request queued or running is answered with `error`

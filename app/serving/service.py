@@ -125,6 +125,17 @@ class GenerationService:
                 param=field,
             )
 
+    def _check_check_pass(self, check_ids: Sequence[int], answer_tokens: int, field: str) -> None:
+        """A self-check pass (`check_ids`: its prompt, holding `answer_tokens` of the answer or about to) fits in
+        the context, with the one token it scores."""
+        context = self._context()
+        if context is not None and len(check_ids) + answer_tokens + 1 > context:
+            raise InvalidRequest(
+                f"the decision asks the model about its answer in a prompt of {len(check_ids)} tokens plus the "
+                f"answer's {answer_tokens}, which exceeds the model's context of {context} tokens",
+                param=field,
+            )
+
     def policy(self, request: PolicyRequest | None, serving: ServingArtifact | None = None) -> Policy:
         if request is not None and not self.settings.policy_overrides:
             raise InvalidRequest(
@@ -183,6 +194,13 @@ class GenerationService:
                 )
             wanted = min(wanted, room)
         self._check_context(len(prompt_ids), wanted, max_tokens_field)
+        serving = self.runtime.serving
+        resolved = self.policy(policy, serving)
+        question = _question(prompt)
+        if REGISTRY[resolved.method.value].needs_check_pass:
+            # The answer is asked about in a prompt of its own after it is generated: refused now if that could
+            # not fit, rather than once the answer has been computed.
+            self._check_check_pass(check_pass(self.engine, question, "")[0], wanted, max_tokens_field)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
         params = SamplingParams(
@@ -193,14 +211,13 @@ class GenerationService:
             stop=stops,
             top_logprobs=top_logprobs,
         )
-        serving = self.runtime.serving
         return PreparedGeneration(
             prompt_ids=prompt_ids,
             params=params,
-            policy=self.policy(policy, serving),
+            policy=resolved,
             seed=seed,
             serving=serving,
-            question=_question(prompt),
+            question=question,
         )
 
     # ------------------------------------------------------------------ running
@@ -208,9 +225,20 @@ class GenerationService:
         return time.monotonic() + self.settings.request_timeout_s
 
     def submit(
-        self, prepared: PreparedGeneration, stream: bool, early_stop: bool, attention: bool = False
+        self,
+        prepared: PreparedGeneration,
+        stream: bool,
+        early_stop: bool,
+        attention: bool = False,
+        early_stop_field: str = "early_stop",
     ) -> Submitted:
         """Hand a generation to the scheduler; `attention`: streamed tokens carry what TAD reads of their attention."""
+        if early_stop and REGISTRY[prepared.policy.method.value].needs_check_pass:
+            raise InvalidRequest(
+                f"early stop needs a score that runs along the answer; {prepared.policy.method.value} is computed "
+                "once the answer has ended",
+                param=early_stop_field,
+            )
         item = GenerationItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -286,11 +314,12 @@ class GenerationService:
                     finished = True
                     raise event.error
                 elif isinstance(event, GenerationResult):
-                    finished = True
                     if REGISTRY[submitted.policy.method.value].needs_check_pass:
                         if keep_alive:  # the check is a scoring pass: what the consumer holds goes out first
                             yield KeepAlive()
-                        event = await self._self_check(submitted, event, request)
+                        scored = await self._with_p_true(submitted.question, event.sequence.text, event.scored, request)
+                        event = replace(event, scored=scored)
+                    finished = True
                     outcome = self.conclude(submitted, event)
                     for token in held if held is not None and not outcome.withheld else ():
                         yield token
@@ -333,11 +362,13 @@ class GenerationService:
             return None
         raise ServiceError("the generation ended without a result")
 
-    async def _self_check(
-        self, submitted: Submitted, result: GenerationResult, request: Request | None
-    ) -> GenerationResult:
-        """The answer's P(True), from one more pass over the question and the answer (`app/serving/self_check.py`)."""
-        prompt_ids, yes = check_pass(self.engine, submitted.question, result.sequence.text)
+    async def _with_p_true(
+        self, question: str, answer: str, scored: ScoredAnswer, request: Request | None
+    ) -> ScoredAnswer:
+        """`scored` with the answer's P(True), from one more pass over the question and the answer
+        (`app/serving/self_check.py`); the pass is cancelled if the client goes away meanwhile."""
+        prompt_ids, yes = check_pass(self.engine, question, answer)
+        self._check_check_pass(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -345,13 +376,18 @@ class GenerationService:
             prompt_ids=prompt_ids,
             response_ids=yes,
         )
-        self.scheduler.submit_scoring(item)
-        event = await self.next_event(item, request)
+        # Part of a request already admitted: a full queue must not throw away the answer it has computed.
+        self.scheduler.submit_scoring(item, follow_up=True)
+        try:
+            event = await self.next_event(item, request)
+        except BaseException:
+            self.scheduler.cancel(item)
+            raise
         if isinstance(event, Failure):
             raise event.error
         if not isinstance(event, ScoredAnswer):
             raise ServiceError("unexpected scheduler event")
-        return replace(result, scored=with_p_true(result.scored, p_true_of(event)))
+        return with_p_true(scored, p_true_of(event))
 
     def conclude(self, submitted: Submitted, result: GenerationResult) -> GenerationOutcome:
         """Record a finished generation in the metrics and decide on it."""
@@ -387,6 +423,9 @@ class GenerationService:
         if len(response_ids) > limit:
             raise InvalidRequest(f"the response has {len(response_ids)} tokens; the limit is {limit}", param="response")
         self._check_context(len(prompt_ids), len(response_ids), "response")
+        question = _question(prompt)
+        if REGISTRY[resolved.method.value].needs_check_pass:
+            self._check_check_pass(check_pass(self.engine, question, response)[0], 0, "response")
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -404,6 +443,11 @@ class GenerationService:
             raise event.error
         if not isinstance(event, ScoredAnswer):
             raise ServiceError("unexpected scheduler event")
+        if REGISTRY[resolved.method.value].needs_check_pass:
+            try:
+                event = await self._with_p_true(question, response, event, request)
+            except ClientDisconnected:
+                return None
         decision = self.decide(resolved, event)
         served = self._served_by(serving)
         self._log(decision, served, kind="score", prompt_tokens=len(prompt_ids), answer_tokens=len(response_ids))

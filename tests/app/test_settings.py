@@ -51,6 +51,7 @@ def test_a_log_level_neither_logging_nor_uvicorn_knows_is_refused_by_name() -> N
 def test_the_compiled_decode_length_is_read_under_its_name_and_its_former_cuda_only_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("COMPILED_DECODE_LENGTH", "64")  # no `TAD_` prefix: not this service's setting
     assert Settings().compiled_decode_length == 0
     assert Settings(compiled_decode_length=512).compiled_decode_length == 512
     monkeypatch.setenv("TAD_CUDA_GRAPHS_LENGTH", "288")

@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--force-average",
         action="store_true",
         help="with --mlp-average: install the average even when the trial rule does not keep it (the verdict "
-        "is still recorded); the default artifact's was adopted on the dev split this way",
+        "is still recorded); the SmolLM2-135M artifact's was adopted on the dev split this way",
     )
     parser.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
     parser.add_argument(

@@ -16,6 +16,7 @@ from app.api.openai.protocol import (
     CompletionResponse,
     ModelCard,
     ModelList,
+    OpenAIMessage,
 )
 from app.api.openapi import V1_ERRORS, client_gone, errors, streamed
 from app.api.streaming import stream_response
@@ -71,7 +72,8 @@ def _submit(
         if error.param is not None and error.param.startswith("policy"):
             error.param = f"tad.{error.param}"
         raise
-    return service.submit(prepared, stream=bool(body.stream), early_stop=bool(body.tad and body.tad.early_stop))
+    early_stop = bool(body.tad and body.tad.early_stop)
+    return service.submit(prepared, stream=bool(body.stream), early_stop=early_stop, early_stop_field="tad.early_stop")
 
 
 def _check_overridden_max_tokens(service: GenerationService, body: ChatCompletionRequest) -> None:
@@ -99,6 +101,13 @@ def _encoder(
     )
 
 
+def chat_message(message: OpenAIMessage) -> dict[str, str]:
+    """A message as the chat template reads it; a participant's `name` goes along, for templates that write it
+    (as vLLM passes it)."""
+    rendered = {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
+    return rendered if message.name is None else {**rendered, "name": message.name}
+
+
 @router.post(
     "/chat/completions",
     response_model=ChatCompletionResponse,
@@ -108,7 +117,7 @@ def _encoder(
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, service: ServiceDep
 ) -> ChatCompletionResponse | Response:
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    messages = [chat_message(m) for m in body.messages]
     _check_overridden_max_tokens(service, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     submitted = _submit(service, body, PromptInput(messages=messages), max_tokens, body.top_logprobs or 0)

@@ -39,7 +39,8 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
 )
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     if runtime.state is State.FAILED:
-        raise NotReady(f"startup failed: {runtime.failure}", retry_after_s=60)
+        # Unauthenticated: the reason (paths, a loader's own words) is for the operator, in the log.
+        raise NotReady("startup failed; the server's log says why", retry_after_s=60)
     runtime.require_ready()
     return ReadyResponse(
         status="ready", model=runtime.model_name, artifact=runtime.artifact.name if runtime.artifact else None

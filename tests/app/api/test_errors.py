@@ -252,14 +252,19 @@ def test_failing_scoring_passes_count_too_and_tad_ready_follows_the_state(
         assert "tad_ready 1.0" in client.get("/metrics").text  # back in rotation, not stuck at 0
 
 
-def test_failed_start_is_reported(service_settings: Settings, tmp_path) -> None:
-    with make_client(service_settings, ready=False, model=str(tmp_path / "no-such-model")) as client:
+def test_failed_start_is_reported_with_its_reason_in_the_log_only(
+    service_settings: Settings, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/ready answers anyone: the reason (a path, a loader's own words) is for the operator's log."""
+    missing = tmp_path / "no-such-model"
+    with caplog.at_level("ERROR"), make_client(service_settings, ready=False, model=str(missing)) as client:
         deadline = time.monotonic() + 10
         while client.get("/ready").json()["error"]["message"].startswith("the model is still loading"):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         error = assert_error(client.get("/ready"), 503)
-        assert "model path not found" in error["message"]
+    assert error["message"].startswith("startup failed") and str(missing) not in error["message"]
+    assert any("model path not found" in record.getMessage() for record in caplog.records)
 
 
 def test_429_when_the_in_flight_limit_is_reached(service_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -149,3 +149,30 @@ def test_a_stream_left_mid_answer_counts_as_a_client_disconnect(service_settings
         while time.monotonic() < deadline and f"{metric} 1.0" not in client.get("/metrics").text:
             time.sleep(0.1)
         assert f"{metric} 1.0" in client.get("/metrics").text
+
+
+def test_an_unexpected_error_mid_stream_ends_it_with_an_error_event_not_its_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    encoder = SimpleNamespace(
+        opening=list,
+        final=lambda event: [f"final {event}\n"],
+        error=lambda error: [f"error {error.error_type}: {error.message}\n"],
+        done=lambda: ["done\n"],
+    )
+    item = SimpleNamespace(events=asyncio.Queue())
+
+    async def stream(submitted: object, keep_alive: bool) -> AsyncIterator[object]:
+        yield "answered"
+        raise RuntimeError("/secret/path: tensor a (3) must match tensor b (4)")
+
+    service = SimpleNamespace(stream=stream, scheduler=SimpleNamespace(cancel=lambda item: None))
+    response = stream_response(service, SimpleNamespace(item=item), encoder)  # type: ignore[arg-type]
+
+    async def chunks() -> str:
+        return "".join([chunk async for chunk in response.body_iterator])  # type: ignore[misc]
+
+    with caplog.at_level(logging.ERROR):
+        sent = asyncio.run(chunks())
+    assert sent.endswith("error internal_error: internal server error\ndone\n") and sent.startswith("final answered")
+    assert "secret" not in sent and "tensor a" in caplog.text

@@ -89,3 +89,11 @@ def test_a_template_that_refuses_messages_is_a_prompt_error() -> None:
     strict.chat_template = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(PromptError, match="roles must alternate"):
         encode_chat(strict, CONVERSATIONS[0])
+
+
+def test_a_template_that_breaks_on_the_messages_refuses_them_without_its_internals() -> None:
+    broken = build_tokenizer()
+    broken.chat_template = "{{ messages[0].content.missing_method() }}"
+    with pytest.raises(PromptError) as refused:
+        encode_chat(broken, CONVERSATIONS[0])
+    assert str(refused.value) == "the model's chat template refused these messages"

@@ -143,8 +143,11 @@ def test_admission_beyond_batch_and_queue_is_refused(engine: Engine) -> None:
         scheduler.submit_generation(second)
         with pytest.raises(Overloaded):
             scheduler.submit_generation(third)
-        scheduler.cancel(first)
-        scheduler.cancel(second)
+        # A request's own follow-up pass (a self-check) is part of work already admitted.
+        check = _scoring_item(loop, (5, 6), (7,))
+        scheduler.submit_scoring(check, follow_up=True)
+        for item in (first, second, check):
+            scheduler.cancel(item)
 
     _run(scheduler, body)
     deadline = time.monotonic() + 10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,72 @@ def test_an_artifact_deciding_with_p_true_checks_every_answer_at_its_certified_t
     assert decision["method"] == "p_true" and decision["policy"] == f"calibrated:{manifest.default_target}"
     assert decision["threshold"] == pytest.approx(threshold) and decision["score"] == pytest.approx(p_true)
     assert decision["accept"] is (p_true <= threshold)
+
+
+def test_a_given_answer_is_decided_with_p_true_as_the_same_generated_answer_is(client: TestClient) -> None:
+    generated = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 6, "policy": P_TRUE_POLICY})
+    answer = generated.json()
+    assert answer["text"].strip()
+    scored = client.post("/v1/score", json={"messages": CHAT, "response": answer["text"], "policy": P_TRUE_POLICY})
+    assert scored.status_code == 200
+    decision, p_true = scored.json()["decision"], scored.json()["uncertainty"]["p_true"]
+    assert p_true == pytest.approx(answer["uncertainty"]["p_true"], abs=1e-5)
+    assert decision["method"] == "p_true" and decision["score"] == pytest.approx(p_true)
+    assert decision["accept"] is answer["decision"]["accept"]
+
+
+@pytest.fixture(scope="module")
+def long_client(service_settings: Settings) -> Iterator[TestClient]:
+    """Prompts and answers up to the tiny model's whole context of 2,048 tokens."""
+    with make_client(service_settings, max_prompt_tokens=2048, max_new_tokens_limit=512) as client:
+        yield client
+
+
+def _near_the_context(client: TestClient, room: int) -> tuple[list[dict[str, str]], int]:
+    """A chat prompt that leaves about `room` tokens of the tiny model's 2,048, and its length."""
+    messages = [{"role": "user", "content": "x " * (2048 - room)}]
+    usage = client.post("/v1/generate", json={"messages": messages, "max_new_tokens": 1}).json()["usage"]
+    return messages, usage["prompt_tokens"]
+
+
+def test_an_answer_whose_check_prompt_would_not_fit_is_refused_before_it_is_generated(
+    long_client: TestClient,
+) -> None:
+    client = long_client
+    messages, prompt_tokens = _near_the_context(client, room=80)
+    fits = 2048 - prompt_tokens  # prompt and answer fill the context; the check prompt holds both and more
+    assert 0 < fits < 512
+    plain = {"messages": messages, "max_new_tokens": fits}
+    assert client.post("/v1/generate", json={**plain, "policy": {"method": "msp", "threshold": 1.0}}).status_code == 200
+    refused = client.post("/v1/generate", json={**plain, "policy": P_TRUE_POLICY})
+    error = refused.json()["error"]
+    assert refused.status_code == 422 and error["param"] == "max_new_tokens"
+    assert "asks the model about its answer" in error["message"]
+
+
+def test_a_given_answer_whose_check_prompt_would_not_fit_is_refused(long_client: TestClient) -> None:
+    client = long_client
+    messages, prompt_tokens = _near_the_context(client, room=80)
+    response = "y " * (2048 - prompt_tokens - 10)
+    body = {"messages": messages, "response": response}
+    assert client.post("/v1/score", json=body).status_code == 200
+    refused = client.post("/v1/score", json={**body, "policy": P_TRUE_POLICY})
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "response"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/generate", {"messages": CHAT, "early_stop": True, "policy": P_TRUE_POLICY}, "early_stop"),
+        (
+            "/v1/chat/completions",
+            {"model": "model", "messages": CHAT, "tad": {"early_stop": True, "policy": P_TRUE_POLICY}},
+            "tad.early_stop",
+        ),
+    ],
+)
+def test_early_stop_with_p_true_is_refused_as_it_could_never_stop(
+    client: TestClient, route: str, body: dict, param: str
+) -> None:
+    response = client.post(route, json={**body, "max_tokens" if "tad" in body else "max_new_tokens": 4})
+    assert response.status_code == 422 and response.json()["error"]["param"] == param

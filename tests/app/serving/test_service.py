@@ -61,3 +61,28 @@ def test_a_compiled_steps_slot_shorter_than_the_context_caps_prompt_plus_answer(
     eager._check_context(40, 2008, "max_tokens")
     with pytest.raises(InvalidRequest, match="context of 2048 tokens"):
         eager._check_context(40, 2009, "max_tokens")
+
+
+def test_a_self_check_pass_whose_client_has_gone_is_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer is finished when its check pass runs: the pass is the only work left to drop."""
+    from app.serving import service as service_module
+
+    monkeypatch.setattr(service_module, "check_pass", lambda engine, question, answer: ((1, 2, 3), (4,)))
+    service = _service_on(context=2048, refusal="compiled decoding is off", slot_length=64)
+    submitted: list[WorkItem] = []
+    cancelled: list[WorkItem] = []
+    service.scheduler = SimpleNamespace(  # type: ignore[assignment]
+        submit_scoring=lambda item, follow_up: submitted.append(item), cancel=cancelled.append
+    )
+    service.settings = SimpleNamespace(request_timeout_s=60)  # type: ignore[assignment]
+
+    async def leave_during_the_check() -> None:
+        check = asyncio.create_task(service._with_p_true("question", "answer", None, None))  # type: ignore[arg-type]
+        while not submitted:
+            await asyncio.sleep(0.01)
+        check.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await check
+
+    asyncio.run(leave_during_the_check())
+    assert cancelled == submitted and len(submitted) == 1

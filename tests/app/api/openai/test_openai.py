@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from app.api.openai.protocol import OpenAIMessage
+from app.api.openai.routes import chat_message
 from app.settings import Settings
 from app.uncertainty.methods import METHODS
 from tests.app.live_server import live_server
@@ -117,6 +119,12 @@ def test_text_parts_of_a_message_are_joined_by_newlines_as_in_vllm(client: opena
     as_text = client.chat.completions.create(model="model", messages=joined, max_tokens=4, temperature=0)
     assert as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens
     assert as_parts.choices[0].message.content == as_text.choices[0].message.content
+
+
+def test_a_participants_name_goes_to_the_chat_template_as_vllm_passes_it() -> None:
+    named = OpenAIMessage(role="developer", content="be brief", name="ops")
+    assert chat_message(named) == {"role": "system", "content": "be brief", "name": "ops"}
+    assert chat_message(OpenAIMessage(role="user", content="hi")) == {"role": "user", "content": "hi"}
 
 
 def test_seeded_sampling_reproduces(client: openai.OpenAI) -> None:
