@@ -307,7 +307,7 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate) -> Non
             while waiting:
                 prompt = waiting.pop()
                 started = time.perf_counter()
-                prepared = service.prepare(
+                prepared = await service.prepare(
                     PromptInput(prompt=prompt),
                     max_new_tokens=int(body["new_tokens"]),
                     temperature=0.0,

@@ -9,11 +9,14 @@ turns results into decisions and metrics. It returns domain objects (`Generation
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TypeVar
 
 from fastapi import Request
 
@@ -45,6 +48,26 @@ from app.uncertainty.methods import REGISTRY
 
 DISCONNECT_POLL_S = 0.25
 DEADLINE_GRACE_S = 30.0
+# Text longer than this is tokenized on a thread of its own. The tokenizer releases the GIL, and a long text
+# (a body at its 1 MB limit: most of a second) would otherwise stop the event loop, and every stream, every
+# disconnect check and health probe with it; a short one costs less inline than the thread hop.
+TOKENIZE_INLINE_CHARS = 16_384
+_TOKENIZER_THREAD = ThreadPoolExecutor(1, thread_name_prefix="tad-tokenize")
+
+T = TypeVar("T")
+
+
+def _chars(prompt: PromptInput) -> int:
+    if prompt.messages is not None:
+        return sum(len(str(m.get("content", ""))) for m in prompt.messages)
+    return len(prompt.prompt or "")
+
+
+async def _tokenized(chars: int, tokenize: Callable[..., T], *args: object) -> T:
+    """`tokenize(*args)`, off the event loop when its text (`chars` long) is long."""
+    if chars <= TOKENIZE_INLINE_CHARS:
+        return tokenize(*args)
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, functools.partial(tokenize, *args))
 
 
 def _question(prompt: PromptInput) -> str:
@@ -91,13 +114,11 @@ class GenerationService:
         return artifact.scorer.spec if artifact is not None and artifact.scorer is not None else None
 
     # ------------------------------------------------------------------ validation
-    def encode(self, prompt: PromptInput) -> list[int]:
+    async def encode(self, prompt: PromptInput) -> list[int]:
         field = prompt.field
+        messages = [dict(m) for m in prompt.messages] if prompt.messages is not None else None
         try:
-            ids = self.engine.encode_prompt(
-                prompt=prompt.prompt,
-                messages=[dict(m) for m in prompt.messages] if prompt.messages is not None else None,
-            )
+            ids = await _tokenized(_chars(prompt), self.engine.encode_prompt, prompt.prompt, messages)
         except PromptError as error:
             raise InvalidRequest(str(error), param=field) from error
         if not ids:
@@ -152,7 +173,7 @@ class GenerationService:
             )
         return resolved
 
-    def prepare(
+    async def prepare(
         self,
         prompt: PromptInput,
         *,
@@ -180,7 +201,7 @@ class GenerationService:
             raise InvalidRequest(
                 f"{top_logprobs_field} must be at most {self.settings.max_top_logprobs}", param=top_logprobs_field
             )
-        prompt_ids = self.encode(prompt)
+        prompt_ids = await self.encode(prompt)
         context = self._context()
         if max_new_tokens is None and context is not None:
             # The default is a default: a prompt near the end of the context gets what room is left (as
@@ -200,7 +221,8 @@ class GenerationService:
         if REGISTRY[resolved.method.value].needs_check_pass:
             # The answer is asked about in a prompt of its own after it is generated: refused now if that could
             # not fit, rather than once the answer has been computed.
-            self._check_check_pass(check_pass(self.engine, question, "")[0], wanted, max_tokens_field)
+            check_ids, _ = await _tokenized(len(question), check_pass, self.engine, question, "")
+            self._check_check_pass(check_ids, wanted, max_tokens_field)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
         params = SamplingParams(
@@ -367,7 +389,7 @@ class GenerationService:
     ) -> ScoredAnswer:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
         (`app/serving/self_check.py`); the pass is cancelled if the client goes away meanwhile."""
-        prompt_ids, yes = check_pass(self.engine, question, answer)
+        prompt_ids, yes = await _tokenized(len(question) + len(answer), check_pass, self.engine, question, answer)
         self._check_check_pass(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
@@ -413,10 +435,10 @@ class GenerationService:
         self, prompt: PromptInput, response: str, policy: PolicyRequest | None, request: Request | None
     ) -> ScoreOutcome | None:
         """Uncertainty and decision of a given answer; None if the client went away."""
-        prompt_ids = self.encode(prompt)
+        prompt_ids = await self.encode(prompt)
         serving = self.runtime.serving
         resolved = self.policy(policy, serving)
-        response_ids = self.engine.encode_response(response)
+        response_ids = await _tokenized(len(response), self.engine.encode_response, response)
         if not response_ids:
             raise InvalidRequest("the response has no tokens", param="response")
         limit = self.settings.max_new_tokens_limit
@@ -425,7 +447,8 @@ class GenerationService:
         self._check_context(len(prompt_ids), len(response_ids), "response")
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
-            self._check_check_pass(check_pass(self.engine, question, response)[0], 0, "response")
+            check_ids, _ = await _tokenized(len(question) + len(response), check_pass, self.engine, question, response)
+            self._check_check_pass(check_ids, 0, "response")
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),

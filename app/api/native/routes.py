@@ -30,7 +30,7 @@ STREAM_DOC = streamed(
     summary="Generate, with per-token and sequence uncertainty and an accept/reject decision",
 )
 async def generate(body: GenerateRequest, request: Request, service: ServiceDep) -> GenerateResponse | Response:
-    prepared = service.prepare(
+    prepared = await service.prepare(
         body.to_prompt(),
         max_new_tokens=body.max_new_tokens,
         temperature=body.temperature,

@@ -42,7 +42,7 @@ def _check_model(service: GenerationService, requested: str) -> None:
         raise ModelNotFound(f"model '{requested}' is not served here; this server serves '{served}'", param="model")
 
 
-def _submit(
+async def _submit(
     service: GenerationService,
     body: ChatCompletionRequest | CompletionRequest,
     prompt: PromptInput,
@@ -52,7 +52,7 @@ def _submit(
     _check_model(service, body.model)
     chat = isinstance(body, ChatCompletionRequest)
     try:
-        prepared = service.prepare(
+        prepared = await service.prepare(
             prompt,
             max_new_tokens=max_tokens,
             temperature=body.effective_temperature,
@@ -120,7 +120,7 @@ async def chat_completions(
     messages = [chat_message(m) for m in body.messages]
     _check_overridden_max_tokens(service, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    submitted = _submit(service, body, PromptInput(messages=messages), max_tokens, body.top_logprobs or 0)
+    submitted = await _submit(service, body, PromptInput(messages=messages), max_tokens, body.top_logprobs or 0)
     if body.stream:
         return stream_response(service, submitted, _encoder(service, submitted, body))
     outcome = await service.finish(submitted, request)
@@ -136,7 +136,7 @@ async def chat_completions(
     summary="OpenAI-compatible text completion (raw prompt), with an `uncertainty` extension",
 )
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> CompletionResponse | Response:
-    submitted = _submit(service, body, PromptInput(prompt=str(body.prompt)), body.max_tokens, body.logprobs or 0)
+    submitted = await _submit(service, body, PromptInput(prompt=str(body.prompt)), body.max_tokens, body.logprobs or 0)
     if body.stream:
         return stream_response(service, submitted, _encoder(service, submitted, body))
     outcome = await service.finish(submitted, request)
