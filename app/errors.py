@@ -165,7 +165,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 400:  # a body FastAPI could not parse (e.g. not UTF-8): bad input, like any other
             return error_response(422, InvalidRequest.error_type, f"body: {error.detail}", "body")
-        error_type = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+        error_type = {404: "not_found", 405: "method_not_allowed", 413: PayloadTooLarge.error_type}.get(
             error.status_code, "http_error"
         )
         return error_response(error.status_code, error_type, str(error.detail), None, getattr(error, "headers", None))

@@ -6,7 +6,7 @@ answer is decided with the service's default policy (the artifact's default targ
 beside it with MSP at the same coverage: the artifact's MSP threshold calibrated to accept
 the share of calibration answers the default policy accepts (`coverage@<c>`, written by
 `calibrate`). A policy deciding with P(True) asks the model about each answer as the server does
-(app/serving/self_check.py). Every answer here is wrong, so the share rejected is the share caught.
+(app/serving/check_pass.py). Every answer here is wrong, so the share rejected is the share caught.
 
     python -m benchmarks.false_premises [--artifact DIR] [--model SPEC]
 """
@@ -23,8 +23,8 @@ from app.engine.engine import Engine
 from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
+from app.serving.check_pass import check_pass, p_true_of
 from app.serving.policy import Policy, resolve_policy
-from app.serving.self_check import check_pass, p_true_of_trace
 from app.settings import DEFAULT_CACHE_DIR, DEFAULT_MODEL, Settings, committed_artifact
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import Manifest, load_artifact
@@ -104,7 +104,7 @@ def main() -> None:
     checked: list[float | None] = [None] * len(records)
     if any(REGISTRY[rule.method.value].needs_check_pass for rule in rules):
         checks = [check_pass(engine, r["question"], s.text) for r, s in zip(records, sequences, strict=True)]
-        checked = [p_true_of_trace(trace) for trace in engine.score(checks)]
+        checked = [p_true_of(trace) for trace in engine.score(checks)]
     rejected = {rule.label: 0 for rule in rules}
     for record, sequence, p_true in zip(records, sequences, checked, strict=True):
         scores = {**scorer.score(engine.trace(sequence)).sequence.values, Method("p_true"): p_true}

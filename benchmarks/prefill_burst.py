@@ -33,7 +33,8 @@ from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
 from app.serving.events import Event, Timing
-from app.serving.scheduler import GenerationItem, Scheduler
+from app.serving.scheduler import Scheduler
+from app.serving.work_items import GenerationItem
 from app.uncertainty.answer import AnswerScorer
 from benchmarks.default_engine import add_model_arguments, load_capturing_engine
 

@@ -184,7 +184,7 @@ def make_prompts(
     else:
         text = (Path(__file__).with_name("long_prompt.txt")).read_text()
         special = set(engine.loaded.tokenizer.all_special_ids)  # an unknown word's id would vanish in decoding
-        stream = [token for token in engine.encode_response(text) if token not in special]
+        stream = [token for token in engine.encode_answer(text) if token not in special]
         while len(stream) < count * length * 2:
             stream = stream + stream
     texts: list[str] = []
@@ -391,7 +391,6 @@ def random_model(args: argparse.Namespace, config: PretrainedConfig) -> tuple[Lo
             "num_layers": config.num_hidden_layers,
             "num_heads": config.num_attention_heads,
             "convention": Convention.GENERATING,
-            "extra_stats": [],
             "stage1_size": tad.spec.stage1_size,
             "stage2_size": tad.spec.stage2_size,
         }

@@ -8,6 +8,7 @@ needs neither the training extra nor torch.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,3 +144,15 @@ CENTRINGS = ("none", "group-0.25", "group-0.5", "group")
 # interruption replaces nothing.
 RESUMES = "finished shards are kept; rerunning the same command resumes"
 STARTS_OVER = "nothing was replaced; rerunning starts over"
+
+
+def check_report_folder(out: Path, option: str = "--out") -> None:
+    """Refuse a report folder that could not be written before the work, not after it; nothing is made yet (a
+    command refused later leaves nothing behind)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{option} {out} is a file: give a folder for the report")
+    existing = next(folder for folder in (out, *out.absolute().parents) if folder.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{option} {out} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"{option} {out} cannot be written ({existing} is not writable)")

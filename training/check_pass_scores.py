@@ -1,6 +1,6 @@
 """Scores that need a check pass (P(True)) on stored answers, computed as the server computes them.
 
-The server asks the model about its own answer after generating it (app/serving/self_check.py): the
+The server asks the model about its own answer after generating it (app/serving/check_pass.py): the
 question is the request's last user turn, the answer the generated text. A run stores the answer and
 where its record is, so the same check can be asked afterwards: the record's user turn is rebuilt in
 the run's prompt style. The model is loaded only when some answer has no value yet; values are kept in
@@ -49,7 +49,7 @@ class CheckPassOptions:
 
 def check_prompt_version() -> str:
     """A digest of the check prompt and the token read: cached values of another prompt are not reused."""
-    from app.serving.self_check import CHECK_PROMPT, YES
+    from app.serving.check_pass import CHECK_PROMPT, YES
 
     return hashlib.sha256(f"{CHECK_PROMPT}|{YES}".encode()).hexdigest()[:16]
 
@@ -170,10 +170,10 @@ class _Checker:
         return self._engine
 
     def p_true(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        from app.serving.self_check import check_pass, p_true_of_trace
+        from app.serving.check_pass import check_pass, p_true_of
 
         engine = self.engine()
-        return [p_true_of_trace(trace) for trace in engine.score([check_pass(engine, q, a) for q, a in pairs])]
+        return [p_true_of(trace) for trace in engine.score([check_pass(engine, q, a) for q, a in pairs])]
 
 
 def p_true_values(runs: Sequence[Path], texts: Sequence[TextTrace], options: CheckPassOptions) -> np.ndarray:

@@ -39,11 +39,6 @@ class DecisionRule:
         return {**asdict(self), "chosen": self.chosen, "level": LEVEL}
 
 
-def _mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if len(finite) else math.nan
-
-
 def fold_interval(differences: Sequence[float] | np.ndarray) -> tuple[float, float] | None:
     """Student-t interval of the mean of per-fold differences (the folds are the paired units)."""
     values = np.asarray(differences, dtype=np.float64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 
 # Distribution (as pyproject names it) -> the module it provides; a test checks the list against pyproject.
-TRAIN_EXTRA = {"tqdm": "tqdm", "matplotlib": "matplotlib", "rouge-score": "rouge_score", "scipy": "scipy"}
+TRAIN_EXTRA = {"matplotlib": "matplotlib", "rouge-score": "rouge_score", "scipy": "scipy"}  # tqdm: a runtime dependency
 INSTALL_HINT = 'run `make install-dev` (or `pip install -e ".[train]"`)'
 EXIT_STATUS = 2
 

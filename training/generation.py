@@ -303,9 +303,12 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         list(read_records(options.data, limit=options.limit, bad=bad, skip=options.skip)), bad
     )
     bad_in_data = len(bad)
-    if not records:
-        # Not an error (a --skip past the end is a finished extension), but an empty run is almost always a
-        # wrong file or --skip/--limit, and fit/calibrate would only fail on it later.
+    if not records and not options.skip:
+        # Before the model loads and before anything is written: an empty run would refuse the rerun with the
+        # right file as "different settings", and fit/calibrate would only fail on it later.
+        shown = f"{len(bad)} lines refused, the first {bad[0]}" if bad else "the files hold no records"
+        raise SystemExit(f"no valid records in {', '.join(map(str, options.data))}: {shown}")
+    if not records:  # a --skip past the end: a finished extension, but more often a wrong --skip
         logger.warning("0 valid records in %s: the run will hold no answers", ", ".join(map(str, options.data)))
     shards = plan_shards(records, options.shard_size)
     out = options.out

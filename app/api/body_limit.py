@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
-from app.errors import error_body
+from app.errors import PayloadTooLarge, error_body
 
 
 class BodySizeLimitMiddleware:
@@ -49,13 +49,13 @@ class BodySizeLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
-        payload = json.dumps(
-            error_body(413, "payload_too_large", f"request body exceeds the limit of {self.max_bytes} bytes")
-        ).encode()
+        # Answered here, before FastAPI and its exception handlers ever see the request.
+        error = PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
+        payload = json.dumps(error_body(error.status_code, error.error_type, error.message)).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": error.status_code,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
             }
         )

@@ -16,7 +16,7 @@ from app.engine.detokenizer import StreamDetokenizer, decode_text
 from app.engine.loading import LoadedModel, ModelIdentity
 from app.engine.sequence import GenerationRequest, SequenceState, trace_of
 from app.engine.slot_decoding import SlotDecodeBatch, slot_decoding_refusal
-from app.engine.teacher_forcing import ScoringPass, score_responses
+from app.engine.teacher_forcing import ScoringPass, score_answers
 from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
 
@@ -151,7 +151,7 @@ class Engine:
             raise PromptError("either prompt or messages is required")
         return [int(i) for i in tokenizer(prompt, add_special_tokens=True)["input_ids"]]
 
-    def encode_response(self, text: str) -> list[int]:
+    def encode_answer(self, text: str) -> list[int]:
         """Token ids of an answer as the model would have produced it.
 
         Special-token strings in the text ("<|im_end|>") are read as plain text: generation never
@@ -196,8 +196,8 @@ class Engine:
         return trace_of(sequence)
 
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
-        """Teacher-forced traces of given (prompt ids, response ids) pairs."""
-        return score_responses(self.context, pairs)
+        """Teacher-forced traces of given (prompt ids, answer ids) pairs."""
+        return score_answers(self.context, pairs)
 
     def start_scoring(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> ScoringPass:
         """A teacher-forced scoring pass to run chunk by chunk (`ScoringPass.advance`)."""

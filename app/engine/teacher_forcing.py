@@ -18,8 +18,8 @@ from app.engine.token_stats import TOKEN_STATISTICS
 from app.uncertainty.trace import TokenTrace
 
 
-def score_responses(context: DecodeContext, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
-    """Traces of each (prompt ids, response ids) pair, computed in one left-padded batch."""
+def score_answers(context: DecodeContext, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenTrace]:
+    """Traces of each (prompt ids, answer ids) pair, computed in one left-padded batch."""
     traces = ScoringPass(context, pairs).advance()
     assert traces is not None
     return traces
@@ -28,7 +28,7 @@ def score_responses(context: DecodeContext, pairs: Sequence[tuple[Sequence[int],
 class ScoringPass:
     """Teacher-forced scoring of a left-padded batch, the prompts' part runnable a chunk at a time.
 
-    The last forward runs the responses' columns and the one before them (whose logits predict
+    The last forward runs the answers' columns and the one before them (whose logits predict
     the first answer token), with capture; the columns before it only fill the cache, so they
     can run in chunks between decode steps, as a prompt's prefill does (`PromptPrefill`), with
     the same result to float rounding.
@@ -38,13 +38,13 @@ class ScoringPass:
         if any(len(prompt) == 0 for prompt, _ in pairs):
             raise ValueError("a prompt must have at least one token")
         self.context = context
-        self.lengths = [len(response) for _, response in pairs]
-        self.responses = [tuple(int(t) for t in response) for _, response in pairs]
+        self.lengths = [len(answer) for _, answer in pairs]
+        self.answers = [tuple(int(t) for t in answer) for _, answer in pairs]
         self.longest = max(self.lengths, default=0)
         self.done = not pairs or self.longest == 0
         if self.done:
             return
-        self.columns = ChunkedColumns(context, [list(prompt) + list(response) for prompt, response in pairs])
+        self.columns = ChunkedColumns(context, [list(prompt) + list(answer) for prompt, answer in pairs])
         self.tail_start = self.columns.width - self.longest - 1  # >= 0: every prompt has a token
 
     def advance(self, max_tokens: int | None = None) -> list[TokenTrace] | None:
@@ -71,18 +71,18 @@ class ScoringPass:
         logits = output.logits[:, :-1, :]
         rows = capture.stacked().numpy() if capture is not None else None  # [b, longest, L, H, N + 1]
         traces = []
-        for index, response in enumerate(self.responses):
+        for index, answer in enumerate(self.answers):
             count = self.lengths[index]
             if count == 0:
                 traces.append(_empty_trace(context))
                 continue
             start = longest - count
             distribution = RawDistribution.from_logits(logits[index, start:longest])
-            targets = torch.tensor(list(response), dtype=torch.long, device=distribution.log_probs.device)
+            targets = torch.tensor(list(answer), dtype=torch.long, device=distribution.log_probs.device)
             stats = distribution.token_stats(targets)
             traces.append(
                 TokenTrace(
-                    token_ids=response,
+                    token_ids=answer,
                     stats={name: np.array(values, dtype=np.float64) for name, values in stats.items()},
                     attention=None if rows is None else np.ascontiguousarray(rows[index, start:longest]),
                 )

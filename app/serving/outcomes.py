@@ -9,7 +9,7 @@ from app.engine.sampling import SamplingParams
 from app.serving.events import GenerationResult
 from app.serving.policy import Decision, Policy
 from app.serving.runtime import ServingArtifact
-from app.serving.scheduler import GenerationItem
+from app.serving.work_items import GenerationItem
 from app.uncertainty.answer import ScoredAnswer
 
 
@@ -36,7 +36,7 @@ class PreparedGeneration:
     policy: Policy
     seed: int | None
     serving: ServingArtifact  # read once: policy and scores come from the same artifact
-    question: str  # the user's last turn (or the raw prompt): what a self-check pass asks about
+    question: str  # the user's last turn (or the raw prompt): what a check pass asks about
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Submitted:
     policy: Policy
     seed: int | None
     served: ServedModel  # the artifact that scores it, even if a reload swaps another in meanwhile
-    question: str  # what a self-check pass asks about
+    question: str  # what a check pass asks about
 
 
 @dataclass(frozen=True)

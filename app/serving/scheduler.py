@@ -37,14 +37,11 @@ from app.serving.work_items import (
     PendingWork,
     SchedulerStats,
     ScoringItem,
-    SequenceObserver,
     WorkItem,
     prefill_groups,
 )
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import prime_streams
-
-__all__ = ["GenerationItem", "Scheduler", "SchedulerStats", "ScoringItem", "SequenceObserver", "WorkItem"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +146,7 @@ class Scheduler:
         self._admit(self._waiting, item)
 
     def submit_scoring(self, item: ScoringItem, follow_up: bool = False) -> None:
-        """`follow_up`: a pass of a request already admitted (a self-check), which the queue's cap does not refuse."""
+        """`follow_up`: a pass of a request already admitted (a check pass), which the queue's cap does not refuse."""
         self._admit(self._scoring, item, capped=not follow_up)
 
     def abandon_everything(self, error: ServiceError) -> None:
@@ -282,19 +279,19 @@ class Scheduler:
         run in chunks."""
         now = time.monotonic()
         live = [item for item in items if self._still_wanted(item, now)]
-        live.sort(key=lambda item: len(item.prompt_ids) + len(item.response_ids))
+        live.sort(key=lambda item: len(item.prompt_ids) + len(item.answer_ids))
         budget = self._chunk_budget()
         spent = 0
         for start in range(0, len(live), self.max_batch_size):
             group = live[start : start + self.max_batch_size]
             try:
-                scoring = self.engine.start_scoring([(item.prompt_ids, item.response_ids) for item in group])
+                scoring = self.engine.start_scoring([(item.prompt_ids, item.answer_ids) for item in group])
             except Exception:
                 logger.exception("scoring failed")
                 self._fail_scoring(group)
                 self._model_step(succeeded=False)
                 continue
-            tokens = len(group) * max(len(item.prompt_ids) + len(item.response_ids) for item in group)
+            tokens = len(group) * max(len(item.prompt_ids) + len(item.answer_ids) for item in group)
             if budget is None or spent + tokens <= budget:
                 spent += tokens
                 self._run_scoring_job(scoring, group, None)

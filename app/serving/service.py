@@ -25,6 +25,7 @@ from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
+from app.serving.check_pass import check_pass, p_true_of, with_p_true
 from app.serving.decision_log import log_decision
 from app.serving.events import Event, Failure, GenerationResult, KeepAlive, StreamedToken
 from app.serving.outcomes import (
@@ -39,8 +40,7 @@ from app.serving.outcomes import (
 from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
 from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
-from app.serving.scheduler import GenerationItem, ScoringItem, WorkItem
-from app.serving.self_check import check_pass, p_true_of, with_p_true
+from app.serving.work_items import GenerationItem, ScoringItem, WorkItem
 from app.settings import RejectAction
 from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.features import FeatureSpec
@@ -147,7 +147,7 @@ class GenerationService:
             )
 
     def _check_check_pass(self, check_ids: Sequence[int], answer_tokens: int, field: str) -> None:
-        """A self-check pass (`check_ids`: its prompt, holding `answer_tokens` of the answer or about to) fits in
+        """A check pass (`check_ids`: its prompt, holding `answer_tokens` of the answer or about to) fits in
         the context, with the one token it scores."""
         context = self._context()
         if context is not None and len(check_ids) + answer_tokens + 1 > context:
@@ -388,7 +388,7 @@ class GenerationService:
         self, question: str, answer: str, scored: ScoredAnswer, request: Request | None
     ) -> ScoredAnswer:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
-        (`app/serving/self_check.py`); the pass is cancelled if the client goes away meanwhile."""
+        (`app/serving/check_pass.py`); the pass is cancelled if the client goes away meanwhile."""
         prompt_ids, yes = await _tokenized(len(question) + len(answer), check_pass, self.engine, question, answer)
         self._check_check_pass(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
         item = ScoringItem(
@@ -396,7 +396,7 @@ class GenerationService:
             events=asyncio.Queue(),
             deadline=self._deadline(),
             prompt_ids=prompt_ids,
-            response_ids=yes,
+            answer_ids=yes,
         )
         # Part of a request already admitted: a full queue must not throw away the answer it has computed.
         self.scheduler.submit_scoring(item, follow_up=True)
@@ -409,7 +409,7 @@ class GenerationService:
             raise event.error
         if not isinstance(event, ScoredAnswer):
             raise ServiceError("unexpected scheduler event")
-        return with_p_true(scored, p_true_of(event))
+        return with_p_true(scored, p_true_of(event.trace))
 
     def conclude(self, submitted: Submitted, result: GenerationResult) -> GenerationOutcome:
         """Record a finished generation in the metrics and decide on it."""
@@ -438,13 +438,13 @@ class GenerationService:
         prompt_ids = await self.encode(prompt)
         serving = self.runtime.serving
         resolved = self.policy(policy, serving)
-        response_ids = await _tokenized(len(response), self.engine.encode_response, response)
-        if not response_ids:
+        answer_ids = await _tokenized(len(response), self.engine.encode_answer, response)
+        if not answer_ids:
             raise InvalidRequest("the response has no tokens", param="response")
         limit = self.settings.max_new_tokens_limit
-        if len(response_ids) > limit:
-            raise InvalidRequest(f"the response has {len(response_ids)} tokens; the limit is {limit}", param="response")
-        self._check_context(len(prompt_ids), len(response_ids), "response")
+        if len(answer_ids) > limit:
+            raise InvalidRequest(f"the response has {len(answer_ids)} tokens; the limit is {limit}", param="response")
+        self._check_context(len(prompt_ids), len(answer_ids), "response")
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
             check_ids, _ = await _tokenized(len(question) + len(response), check_pass, self.engine, question, response)
@@ -454,7 +454,7 @@ class GenerationService:
             events=asyncio.Queue(),
             deadline=self._deadline(),
             prompt_ids=tuple(prompt_ids),
-            response_ids=tuple(response_ids),
+            answer_ids=tuple(answer_ids),
             scorer=serving.scorer,
         )
         self.scheduler.submit_scoring(item)
@@ -473,7 +473,7 @@ class GenerationService:
                 return None
         decision = self.decide(resolved, event)
         served = self._served_by(serving)
-        self._log(decision, served, kind="score", prompt_tokens=len(prompt_ids), answer_tokens=len(response_ids))
+        self._log(decision, served, kind="score", prompt_tokens=len(prompt_ids), answer_tokens=len(answer_ids))
         return ScoreOutcome(scored=event, decision=decision, prompt_tokens=len(prompt_ids), served=served)
 
     def _log(

@@ -53,9 +53,6 @@ class WorkItem:
     cancelled: bool = False
     released: bool = False
 
-    def emit(self, event: Event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
 
 @dataclass(eq=False)
 class GenerationItem(WorkItem):
@@ -70,7 +67,7 @@ class GenerationItem(WorkItem):
 @dataclass(eq=False)
 class ScoringItem(WorkItem):
     prompt_ids: tuple[int, ...] = ()
-    response_ids: tuple[int, ...] = ()
+    answer_ids: tuple[int, ...] = ()
     scorer: AnswerScorer | None = None  # the artifact the request started with (None: the scheduler's)
 
 

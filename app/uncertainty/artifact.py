@@ -49,34 +49,30 @@ class FeatureInfo(BaseModel):
     num_heads: int = Field(ge=1)
     # Artifacts from before the field existed were all trained with the consuming convention.
     convention: Convention = Convention.CONSUMING
-    # Features that studies added and that were not adopted: per-token statistics after p_i, and the authors'
-    # p_i * c_{i-l} terms. Manifests still carry them, empty and false; an artifact fitted with either is
-    # refused, since this code would score it on other features than it was fitted on.
-    extra_stats: list[str] = Field(default_factory=list)
-    products: bool = False
     stage1_size: int
     stage2_size: int
 
-    @field_validator("extra_stats")
+    @model_validator(mode="before")
     @classmethod
-    def _no_extra_statistics(cls, names: list[str]) -> list[str]:
-        if names:
+    def _no_unadopted_features(cls, data: Any) -> Any:
+        """Features that studies added and that were not adopted: per-token statistics after p_i
+        (`extra_stats`), and the authors' p_i * c_{i-l} terms (`products`). Manifests written before their
+        removal carry them empty and false: read as if absent. An artifact fitted with either is refused,
+        since this code would score it on other features than it was fitted on."""
+        if not isinstance(data, dict):
+            return data
+        if names := data.get("extra_stats"):
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             raise ValueError(
                 f"the artifact reads per-token statistics as features ({shown}), which this version does not "
                 "support: refit it without them"
             )
-        return names
-
-    @field_validator("products")
-    @classmethod
-    def _no_products(cls, products: bool) -> bool:
-        if products:
+        if data.get("products"):
             raise ValueError(
                 "the artifact reads the product terms p_i * c_{i-l} as features, which this version does not "
                 "support: refit it without them"
             )
-        return products
+        return {key: value for key, value in data.items() if key not in ("extra_stats", "products")}
 
     @classmethod
     def of(cls, spec: FeatureSpec) -> FeatureInfo:

@@ -28,7 +28,7 @@ class MethodInput:
     trace: TokenTrace
     tad_confidences: np.ndarray | None = None  # c_i per token, when a TAD artifact is loaded
     tad_aggregation: Aggregation | None = None
-    p_true: float | None = None  # from the self-check pass, when one ran (`app/serving/self_check.py`)
+    p_true: float | None = None  # from the check pass, when one ran (`app/serving/check_pass.py`)
 
 
 @dataclass(frozen=True)

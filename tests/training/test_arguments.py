@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
-from training.arguments import CENTRINGS, float_in, int_at_least, prompt_style
+from training.arguments import CENTRINGS, UsageError, check_report_folder, float_in, int_at_least, prompt_style
 from training.groups import TargetCentring
 from training.tasks import PromptStyle
 
@@ -31,3 +32,13 @@ def test_int_at_least_refuses_with_the_rule(text: str) -> None:
 def test_float_in_an_open_interval_refuses_its_ends_and_nan(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         float_in(0.0, 1.0, False, "in (0, 1)")(text)
+
+
+def test_a_report_folder_that_could_not_be_written_is_refused_and_none_is_made(tmp_path: Path) -> None:
+    check_report_folder(tmp_path / "reports" / "dev")
+    assert not (tmp_path / "reports").exists()
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(UsageError, match=r"--out .*taken is a file"):
+        check_report_folder(tmp_path / "taken")
+    with pytest.raises(UsageError, match=r"cannot be made: .*taken is a file"):
+        check_report_folder(tmp_path / "taken" / "below")

@@ -68,6 +68,10 @@ def test_dev_records_and_a_missing_source_are_refused(
     with pytest.raises(SystemExit) as refused:
         main(["calibration-artifact", "--out", str(tmp_path / "a")])
     assert refused.value.code == 2 and "--data" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        no_targets = ["--coverage", "--error"]
+        main(["calibration-artifact", "--out", str(tmp_path / "a"), "--data", str(tiny_data["train"][0]), *no_targets])
+    assert refused.value.code == 2 and "at least one --coverage or --error" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.engine.engine import Engine
-from app.serving.self_check import CHECK_PROMPT, YES
+from app.serving.check_pass import CHECK_PROMPT, YES
 from training.check_pass_scores import CheckPassOptions, _Checker, cache_key, p_true_values, question_of
 from training.runs import CHECK_PASS_FILE, RUN_FILE, iter_texts
 
@@ -36,7 +36,7 @@ def test_each_value_is_one_minus_the_probability_of_yes_after_the_check(run: Pat
     for text, value in zip(texts, values, strict=True):
         check = CHECK_PROMPT.format(question=question_of(text), answer=text.meta["answer"])
         prompt = engine.encode_prompt(messages=[{"role": "user", "content": check}])
-        (trace,) = engine.score([(prompt, engine.encode_response(YES)[:1])])
+        (trace,) = engine.score([(prompt, engine.encode_answer(YES)[:1])])
         assert value == pytest.approx(1.0 - math.exp(float(trace.logprobs[0])), abs=1e-5)
 
 

@@ -150,13 +150,23 @@ def test_few_shot_runs_take_examples_from_the_train_split_beside_the_data(
         run_generate(_options(tiny_model_dir, [lonely], tmp_path / "run2", prompt_style=PromptStyle.FEW_SHOT))
 
 
-def test_no_valid_records_is_warned_about(
-    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    empty = tmp_path / "empty_dev.jsonl"
+def test_no_valid_records_is_refused_before_anything_is_written(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """An empty run would refuse the rerun with the right file (as run with other settings)."""
+    empty, broken = tmp_path / "empty_dev.jsonl", tmp_path / "broken_dev.jsonl"
     empty.write_text("")
-    with caplog.at_level("WARNING", logger=generate_module.__name__):
+    broken.write_text("{not json\n")
+    with pytest.raises(SystemExit, match=r"no valid records in .*empty_dev\.jsonl: the files hold no records"):
         run_generate(_options(tiny_model_dir, [empty], tmp_path / "run"))
+    with pytest.raises(SystemExit, match=r"1 lines refused, the first .*broken_dev.jsonl:1"):
+        run_generate(_options(tiny_model_dir, [broken], tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_skip_past_the_end_is_a_finished_extension_and_only_warned_about(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger=generate_module.__name__):
+        run_generate(_options(tiny_model_dir, [tiny_data["dev"][0]], tmp_path / "run", skip=10_000))
     assert "0 valid records" in caplog.text
 
 

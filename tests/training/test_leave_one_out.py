@@ -208,6 +208,16 @@ def test_training_runs_of_one_dataset_are_refused_not_reported_empty(
     assert not (tmp_path / "lodo" / "lodo.json").exists()
 
 
+def test_an_out_that_cannot_hold_the_report_is_refused_before_any_refit(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    with pytest.raises(SystemExit) as refused:
+        _lodo(tiny_runs, tiny_artifact, taken)
+    assert refused.value.code == 2 and "is a file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("side", ["train", "test"])
 @pytest.mark.parametrize(
     ("setting", "value", "message"), [("model_sha256", "0" * 64, "another model"), ("n_lags", 1, "stores 1 lags")]

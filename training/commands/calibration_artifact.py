@@ -75,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> None:
+    if not args.coverage and not args.error:
+        raise UsageError("give at least one --coverage or --error target (the artifact decides with its thresholds)")
     if bool(args.data) == bool(args.run):
         raise UsageError("give --data files to generate on, or --run to reuse runs (not both)")
     if args.run:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.arguments import add_artifact_and_run_options, int_at_least, run_source_of
+from training.arguments import add_artifact_and_run_options, check_report_folder, int_at_least, run_source_of
 
 NAME = "evaluate"
 INTERRUPTED = "finished shards of answers it generated are kept; rerunning resumes them, then scores again"
@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> None:
     from training.evaluation import report_markdown, run_evaluate
 
+    check_report_folder(args.out)
     source = run_source_of(args, args.out / "run", "--out")
     report = run_evaluate(args.artifact, source, args.out, args.bootstrap, args.compare_artifact)
     print(report_markdown(report), end="")

@@ -123,7 +123,7 @@ def options_of(args: argparse.Namespace) -> FitOptions:
         raise UsageError("--force-average needs --mlp-average")
     return FitOptions(
         runs=args.runs,
-        out=args.out,
+        out=args.out.resolve(),  # `.` or `..` has no name for the staging folder beside it
         n_lags=args.n_lags,
         alphas=tuple(args.alphas or ALPHAS),
         folds=args.folds,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.arguments import CENTRINGS, STARTS_OVER, int_at_least, positive
+from training.arguments import CENTRINGS, STARTS_OVER, check_report_folder, int_at_least, positive
 
 NAME = "lodo"
 INTERRUPTED = STARTS_OVER
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> None:
     from training.groups import TargetCentring
     from training.leave_one_out import lodo_markdown, run_lodo
 
+    check_report_folder(args.out)
     report = run_lodo(
         args.runs,
         args.test,

@@ -17,10 +17,10 @@ from typing import Any
 
 import joblib
 
-from app.uncertainty.artifact import MANIFEST_NAME, Manifest, write_manifest
+from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, Manifest, read_manifest, write_manifest
 from app.uncertainty.tad import Regressor
 from training.fit.report import write_cv_report
-from training.runs import RUN_FILE
+from training.runs import RUN_FILE, read_run_settings
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,29 @@ def check_out(out: Path, runs: Sequence[Path]) -> None:
     for run in runs:
         if resolved == Path(run).resolve() or resolved in Path(run).resolve().parents:
             raise SystemExit(f"--out {out} holds the run {run}: give another folder for the artifact")
+    if out.is_dir() and any(out.iterdir()):
+        _check_replaceable(out, runs)
+
+
+def _check_replaceable(out: Path, runs: Sequence[Path]) -> None:
+    """A folder that is not empty is replaced only if it is an artifact of the runs' model: a refit in place."""
+    if not (out / MANIFEST_NAME).is_file():
+        raise SystemExit(
+            f"--out {out} is a folder with other files in it and no artifact: give a new or empty folder, or the "
+            "artifact to refit"
+        )
+    try:
+        artifact_model = read_manifest(out).llm
+    except ArtifactError as error:
+        raise SystemExit(
+            f"--out {out} holds an artifact this code cannot read ({error}): give another folder"
+        ) from None
+    models = {str(read_run_settings(Path(run))["model_sha256"]) for run in runs}
+    if artifact_model.sha256 not in models:
+        raise SystemExit(
+            f"--out {out} is the artifact of another model ({artifact_model.name}): refitting it on these runs would "
+            "replace it, calibration and reports included; give another folder"
+        )
 
 
 def write_artifact(

@@ -142,7 +142,6 @@ class Stage2:
     kind: str  # "ridge", "mlp" or "mlp+ridge"
     params: dict[str, Any]
     aggregation: Aggregation
-    cv_row: dict[str, Any]
 
 
 def choose_stage2(
@@ -154,7 +153,7 @@ def choose_stage2(
     chosen = Choice.of(chosen_row)
     shared = {"target_centring": result.centring.value, "row_weighting": result.weighting.value}
     ridge_params = {"alpha": chosen.alpha, "alpha_stage1": chosen.alpha_stage1, **shared}
-    kept = Stage2(ridge, "ridge", ridge_params, Aggregation(chosen_row["aggregation"]), chosen_row)
+    kept = Stage2(ridge, "ridge", ridge_params, Aggregation(chosen_row["aggregation"]))
     if not options.mlp:
         return kept, None
     texts, spec, data = result.texts, result.spec, result.data
@@ -184,4 +183,4 @@ def choose_stage2(
         params["alpha"] = chosen.alpha
     regressor = AveragedRegressor((ridge, network)) if averaged else network
     kind = "mlp+ridge" if averaged else "mlp"
-    return Stage2(regressor, kind, params, Aggregation(best_mlp["aggregation"]), best_mlp), record
+    return Stage2(regressor, kind, params, Aggregation(best_mlp["aggregation"])), record

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from app.numeric import finite_tree
-from app.uncertainty.artifact import Manifest, read_manifest, write_manifest
+from app.uncertainty.artifact import Manifest
 from app.uncertainty.features import Convention
 from training.fit.cross_validation import SELECTION_WORDS, ConventionResult, mean_finite
 from training.fit.options import FitOptions
@@ -120,19 +120,3 @@ def read_cv_record(artifact: Path, manifest: Manifest) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise SystemExit(f"{path} is not a cross-validation record (not a JSON object)")
     return record
-
-
-def move_cv_record_to_report(artifact: Path) -> bool:
-    """Move the whole CV record out of the manifest of an artifact fitted before report/cv.json existed, the
-    manifest keeping the summary `fit` writes now. The regressors are untouched, and `write_manifest`
-    hashes them again. False where there was no record to move."""
-    manifest = read_manifest(Path(artifact))
-    record = manifest.metrics.get("cv")
-    if not isinstance(record, dict) or not record or "report" in record:
-        return False
-    write_cv_report(Path(artifact), record)
-    if manifest.regressor is None:
-        return False
-    metrics = {**manifest.metrics, "cv": manifest_summary(record, manifest.regressor.kind)}
-    write_manifest(Path(artifact), manifest.model_copy(update={"metrics": metrics}))
-    return True

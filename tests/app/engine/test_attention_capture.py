@@ -31,7 +31,7 @@ def test_generation_rows_match_eager_attention(engine: Engine, eager_model, fuse
 
 def test_teacher_forced_rows_match_eager_attention(engine: Engine, eager_model) -> None:
     prompt = prompts(engine)[0]
-    answer = engine.encode_response("the capital of france is paris .")
+    answer = engine.encode_answer("the capital of france is paris .")
     trace = engine.score([(prompt, answer)])[0]
     expected, logprobs = eager_rows(eager_model, prompt, answer, engine.n_lags)
     np.testing.assert_allclose(generated_only(trace.attention), expected, atol=TOLERANCE)

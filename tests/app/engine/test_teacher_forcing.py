@@ -13,7 +13,7 @@ from tests.app.engine.eager_reference import prompts
 def test_teacher_forced_trace_equals_generation(engine: Engine) -> None:
     batch = prompts(engine)
     generated = engine.generate([GenerationRequest(tuple(p), SamplingParams(max_new_tokens=10)) for p in batch])
-    pairs = [(p, engine.encode_response(s.text)) for p, s in zip(batch, generated, strict=True)]
+    pairs = [(p, engine.encode_answer(s.text)) for p, s in zip(batch, generated, strict=True)]
     scored = engine.score(pairs)  # one left-padded batch of different lengths
     for sequence, trace in zip(generated, scored, strict=True):
         expected = engine.trace(sequence)

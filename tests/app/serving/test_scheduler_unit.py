@@ -16,7 +16,8 @@ from app.engine.sequence import GenerationRequest, SequenceState
 from app.engine.teacher_forcing import ScoringPass
 from app.errors import DeadlineExceeded, Overloaded
 from app.serving.events import Event, Failure, Timing
-from app.serving.scheduler import GenerationItem, Scheduler, ScoringItem
+from app.serving.scheduler import Scheduler
+from app.serving.work_items import GenerationItem, ScoringItem
 from app.uncertainty.answer import AnswerScorer
 
 
@@ -143,7 +144,7 @@ def test_admission_beyond_batch_and_queue_is_refused(engine: Engine) -> None:
         scheduler.submit_generation(second)
         with pytest.raises(Overloaded):
             scheduler.submit_generation(third)
-        # A request's own follow-up pass (a self-check) is part of work already admitted.
+        # A request's own follow-up pass (a check pass) is part of work already admitted.
         check = _scoring_item(loop, (5, 6), (7,))
         scheduler.submit_scoring(check, follow_up=True)
         for item in (first, second, check):
@@ -436,7 +437,7 @@ class ScoringRecorder:
 
 def _scoring_item(loop: asyncio.AbstractEventLoop, prompt: tuple[int, ...], response: tuple[int, ...]) -> ScoringItem:
     return ScoringItem(
-        loop=loop, events=asyncio.Queue(), deadline=time.monotonic() + 60, prompt_ids=prompt, response_ids=response
+        loop=loop, events=asyncio.Queue(), deadline=time.monotonic() + 60, prompt_ids=prompt, answer_ids=response
     )
 
 

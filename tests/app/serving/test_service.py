@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from app.errors import DeadlineExceeded
 from app.serving.events import KeepAlive
-from app.serving.scheduler import WorkItem
 from app.serving.service import DEADLINE_GRACE_S, TOKENIZE_INLINE_CHARS, GenerationService
+from app.serving.work_items import WorkItem
 
 
 def _service_cancelling_into(cancelled: list[WorkItem]) -> GenerationService:
@@ -65,7 +65,7 @@ def test_a_compiled_steps_slot_shorter_than_the_context_caps_prompt_plus_answer(
         eager._check_context(40, 2009, "max_tokens")
 
 
-def test_a_self_check_pass_whose_client_has_gone_is_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_check_pass_whose_client_has_gone_is_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
     """The answer is finished when its check pass runs: the pass is the only work left to drop."""
     from app.serving import service as service_module
 

@@ -89,10 +89,13 @@ def test_features_of_studies_not_adopted_are_refused(
     artifact_copy: Path, field: str, value: object, message: str
 ) -> None:
     """An artifact fitted with them (`fit --extra-stats`, `--products` of earlier versions) would be scored on other
-    features than it was fitted on; empty and false, as every manifest writes them, they load."""
+    features than it was fitted on; empty and false, as manifests written before their removal carry them, they
+    load, and are no longer written."""
     manifest = _manifest(artifact_copy)
-    assert manifest["features"][field] in ([], False)
-    load_artifact(artifact_copy)
+    assert field not in manifest["features"]  # not written any more
+    manifest["features"][field] = [] if field == "extra_stats" else False  # as older manifests carry it
+    _write_manifest(artifact_copy, manifest)
+    assert field not in load_artifact(artifact_copy).manifest.features.model_dump()
     manifest["features"][field] = value
     _write_manifest(artifact_copy, manifest)
     with pytest.raises(ArtifactError, match=message):

@@ -30,6 +30,33 @@ def test_an_out_that_cannot_be_the_artifact_is_refused_before_the_runs_are_read(
         run_fit(FitOptions(runs=[tiny_runs["train"]], out=tiny_runs["dev"], **QUICK_FIT))
     with pytest.raises(SystemExit, match="holds the run"):
         run_fit(FitOptions(runs=[tiny_runs["train"]], out=tiny_runs["train"].parent, **QUICK_FIT))
+    other_files = tmp_path / "experiments"
+    other_files.mkdir()
+    (other_files / "notes.joblib").write_text("")
+    with pytest.raises(SystemExit, match="other files in it and no artifact"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=other_files, **QUICK_FIT))
+
+
+def test_only_an_artifact_of_the_runs_model_is_refitted_in_place(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import training.fit.pipeline as pipeline
+
+    def read(*args: object) -> None:
+        raise AssertionError("the runs were read")
+
+    monkeypatch.setattr(pipeline, "load_runs", read)
+    same = Path(shutil.copytree(tiny_artifact, tmp_path / "same"))
+    with pytest.raises(AssertionError, match="the runs were read"):  # accepted: the fit goes on
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=same, **QUICK_FIT))
+    other = Path(shutil.copytree(tiny_artifact, tmp_path / "other"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["llm"] = {**manifest["llm"], "name": "another-model", "sha256": "0" * 64}
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match=r"the artifact of another model \(another-model\)"):
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=other, **QUICK_FIT))
 
 
 def test_a_run_given_twice_is_refused(tiny_runs: dict[str, Path], tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from app.uncertainty.artifact import load_artifact, read_manifest, write_manifes
 from tests.training.fit import QUICK_FIT
 from training.fit.options import FitOptions
 from training.fit.pipeline import run_fit
-from training.fit.report import CV_REPORT, manifest_summary, move_cv_record_to_report, read_cv_record
+from training.fit.report import CV_REPORT, read_cv_record
 
 SUMMARY = {"report", "folds", "split", "seed", "selection_metric", "chosen", "best_per_variant", "served"}
 
@@ -59,23 +59,6 @@ def _as_fitted_before_the_report(fitted: Path, out: Path) -> dict[str, object]:
 def test_an_artifact_fitted_before_the_report_is_read_from_its_manifest(fitted: Path, tmp_path: Path) -> None:
     record = _as_fitted_before_the_report(fitted, tmp_path / "old")
     assert _same(read_cv_record(tmp_path / "old", read_manifest(tmp_path / "old")), record)
-
-
-def test_an_artifact_fitted_before_the_report_is_migrated_without_touching_its_regressors(
-    fitted: Path, tmp_path: Path
-) -> None:
-    old = tmp_path / "old"
-    record = _as_fitted_before_the_report(fitted, old)
-    before = read_manifest(old)
-    assert move_cv_record_to_report(old)
-    after = load_artifact(old).manifest  # hashes checked
-    assert _same(json.loads((old / CV_REPORT).read_text()), record)
-    assert _same(after.metrics["cv"], manifest_summary(record, before.regressor.kind))
-    assert after.files == before.files
-    assert _same(
-        {k: v for k, v in after.metrics.items() if k != "cv"}, {k: v for k, v in before.metrics.items() if k != "cv"}
-    )
-    assert not move_cv_record_to_report(old)  # already moved: nothing to do
 
 
 def test_a_corrupt_record_is_named(fitted: Path, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.serving.self_check import CHECK_PROMPT, YES
+from app.serving.check_pass import CHECK_PROMPT, YES
 from app.settings import Settings
 from app.uncertainty.artifact import load_artifact
 from app.uncertainty.methods import BASELINES, REGISTRY, Method

@@ -30,13 +30,9 @@ def check_pass(engine: Engine, question: str, answer: str) -> tuple[tuple[int, .
     return prompt_ids, tuple(int(t) for t in yes)
 
 
-def p_true_of(check: ScoredAnswer) -> float:
-    """1 - P("Yes") from the check pass's teacher-forced first token."""
-    return p_true_of_trace(check.trace)
-
-
-def p_true_of_trace(trace: TokenTrace) -> float:
-    """1 - P("Yes") from a check pass's trace (training reads stored answers' checks with it)."""
+def p_true_of(trace: TokenTrace) -> float:
+    """1 - P("Yes") from a check pass's trace: its teacher-forced first token (the server's passes, and training's
+    of stored answers)."""
     return 1.0 - math.exp(float(trace.logprobs[0]))
 
 
