@@ -47,7 +47,7 @@ from training.rejection import (
     prediction_rejection_ratio,
 )
 from training.run_source import check_runs_match
-from training.runs import iter_texts
+from training.runs import check_no_duplicates, iter_texts
 from training.two_stage import Variant
 from training.weighting import RowWeighting, weighted
 
@@ -109,6 +109,7 @@ def run_lodo(
     fold_unit = fold_unit_of_split(record.get("split"))
     texts, _, _ = load_runs(train_runs, spec.n_lags)
     tests = list(iter_texts(test_runs))
+    check_no_duplicates(t.answer_key for t in tests)  # counted twice, an answer would narrow the intervals
     if only_datasets is not None:
         kept = set(only_datasets)
         if len(kept) < 2:

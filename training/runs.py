@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
+from pydantic import ValidationError
 
+from app.identity import ModelIdentity
 from app.uncertainty.trace import TokenTrace
 from training.tasks import PromptStyle
 
@@ -207,11 +209,24 @@ def read_run_settings(run_dir: Path) -> dict[str, Any]:
         problem = "not a JSON object"
     elif not isinstance(settings.get("n_lags"), int) or isinstance(settings["n_lags"], bool) or settings["n_lags"] < 0:
         problem = "no whole number of attention lags (n_lags)"
-    elif not isinstance(settings.get("model_sha256"), str) or not isinstance(settings.get("identity"), dict):
+    elif not isinstance(settings.get("model_sha256"), str) or not _is_identity(settings.get("identity")):
         problem = "no model identity (model_sha256, identity)"
     if problem is not None:
         raise SystemExit(f"{path} is not a run's settings ({problem}): regenerate the run")
     return settings
+
+
+def _is_identity(value: object) -> bool:
+    try:
+        ModelIdentity.model_validate(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def run_dtype(settings: dict[str, Any]) -> str:
+    """The dtype a run's answers were generated in (runs made before it was recorded: float32)."""
+    return str(settings.get("dtype") or "float32")
 
 
 def run_targets_version(settings: dict[str, Any]) -> int:

@@ -88,7 +88,14 @@ def test_every_command_says_what_an_interruption_leaves() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    ["{}", "[]", '"abc"', '{"n_lags": "ten", "model_sha256": "x", "identity": {}}', '{"n_lags": 10}'],
+    [
+        "{}",
+        "[]",
+        '"abc"',
+        '{"n_lags": "ten", "model_sha256": "x", "identity": {}}',
+        '{"n_lags": 10}',
+        '{"n_lags": 10, "model_sha256": "x", "identity": {"name": "m"}}',
+    ],
 )
 def test_run_settings_that_are_not_a_runs_are_named(
     settings: str, tmp_path: Path, tiny_artifact: Path, tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
@@ -175,6 +182,8 @@ def test_bad_numbers_are_refused_when_parsed(argv: list[str], capsys: pytest.Cap
     [
         (["--mlp-average"], "--mlp-average needs --mlp"),
         (["--mlp", "--force-average"], "--force-average needs --mlp-average"),
+        (["--mlp-width", "64"], "--mlp-width needs --mlp"),
+        (["--mlp-grid", "small", "--mlp-width", "64"], "--mlp-width and --mlp-grid need --mlp"),
     ],
 )
 def test_stage_2_options_without_what_they_build_on_are_refused(

@@ -208,6 +208,12 @@ def test_training_runs_of_one_dataset_are_refused_not_reported_empty(
     assert not (tmp_path / "lodo" / "lodo.json").exists()
 
 
+def test_a_test_answer_given_twice_is_refused(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
+    """Counted twice, it would narrow the intervals."""
+    with pytest.raises(SystemExit, match="more than once"):
+        _lodo(tiny_runs, tiny_artifact, tmp_path / "lodo", more_test=[tiny_runs["dev"]])
+
+
 def test_an_out_that_cannot_hold_the_report_is_refused_before_any_refit(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -53,3 +53,12 @@ def test_the_same_answers_in_an_old_and_a_new_run_are_one_answer_twice(
     new = restyled(tiny_runs["train"], tmp_path / "new", "chat")
     with pytest.raises(SystemExit, match="more than once"):
         load_runs([old, new], None)
+
+
+def test_runs_generated_in_two_dtypes_are_not_fitted_together(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
+    """The artifact records one dtype, and the server runs the model in it."""
+    other = Path(shutil.copytree(tiny_runs["dev"], tmp_path / "bf16"))
+    settings = json.loads((other / RUN_FILE).read_text())
+    (other / RUN_FILE).write_text(json.dumps({**settings, "dtype": "bfloat16"}))
+    with pytest.raises(SystemExit, match=r"generated in bfloat16, .* in float32: fit runs of one dtype"):
+        load_runs([tiny_runs["train"], other], None)

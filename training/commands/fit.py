@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="training variants to cross-validate (training/two_stage.py)",
     )
     parser.add_argument("--mlp", action="store_true", help="also search a stage-2 MLP (holds a fold in memory)")
-    parser.add_argument("--mlp-width", type=int_at_least(1), default=256)
+    parser.add_argument("--mlp-width", type=int_at_least(1), help="with --mlp: the hidden layers' width (256)")
     parser.add_argument(
         "--mlp-average",
         action="store_true",
@@ -71,7 +71,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --mlp-average: install the average even when the trial rule does not keep it (the verdict "
         "is still recorded); the SmolLM2-135M artifact's was adopted on the dev split this way",
     )
-    parser.add_argument("--mlp-grid", choices=("paper", "small"), default="paper", help="MLP hyperparameter grid")
+    parser.add_argument(
+        "--mlp-grid", choices=("paper", "small"), help="with --mlp: the MLP hyperparameter grid (paper)"
+    )
     parser.add_argument(
         "--conventions",
         nargs="+",
@@ -117,6 +119,9 @@ def options_of(args: argparse.Namespace) -> FitOptions:
     from training.two_stage import Variant
     from training.weighting import RowWeighting
 
+    given = [name for name, value in (("--mlp-width", args.mlp_width), ("--mlp-grid", args.mlp_grid)) if value]
+    if given and not args.mlp:
+        raise UsageError(f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} --mlp (ignored without it)")
     if args.mlp_average and not args.mlp:
         raise UsageError("--mlp-average needs --mlp (it averages the MLP with the ridge stage 2)")
     if args.force_average and not args.mlp_average:
@@ -131,10 +136,10 @@ def options_of(args: argparse.Namespace) -> FitOptions:
         seed=args.seed,
         epsilon=args.epsilon,
         mlp=args.mlp,
-        mlp_width=args.mlp_width,
+        mlp_width=args.mlp_width or FitOptions.mlp_width,
         mlp_average=args.mlp_average,
         mlp_average_force=args.force_average,
-        mlp_grid=dict(MLP_GRIDS[args.mlp_grid]),
+        mlp_grid=dict(MLP_GRIDS[args.mlp_grid or "paper"]),
         conventions=tuple(Convention(c) for c in args.conventions),
         variants=tuple(Variant(v) for v in args.variants),
         stage1_alphas=tuple(args.stage1_alphas) if args.stage1_alphas else None,

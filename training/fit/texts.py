@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from training.runs import check_no_duplicates, check_run_folders, iter_texts, read_run_settings
+from training.runs import check_no_duplicates, check_run_folders, iter_texts, read_run_settings, run_dtype
 from training.two_stage import FitText
 
 
@@ -18,6 +18,11 @@ def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], 
     for other, run in zip(settings[1:], runs[1:], strict=True):
         if other["model_sha256"] != first["model_sha256"]:
             raise SystemExit(f"run {run} was generated with a different model than {runs[0]}")
+        # The artifact records one dtype, the server runs the model in it: the answers must all be its.
+        if run_dtype(other) != run_dtype(first):
+            raise SystemExit(
+                f"run {run} was generated in {run_dtype(other)}, {runs[0]} in {run_dtype(first)}: fit runs of one dtype"
+            )
     available = min(s["n_lags"] for s in settings)
     lags = n_lags or available
     if lags > available:
