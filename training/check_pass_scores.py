@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -24,6 +23,7 @@ import numpy as np
 from pydantic import ValidationError
 from tqdm import tqdm
 
+from app.files import write_text_atomic
 from app.hashing import file_sha256
 from app.uncertainty.artifact import TadArtifact
 from app.uncertainty.methods import REGISTRY
@@ -133,10 +133,7 @@ def _read_cache(run: Path, identity: dict[str, str]) -> dict[str, float]:
 
 
 def _write_cache(run: Path, identity: dict[str, str], values: dict[str, float]) -> None:
-    path = run / CHECK_PASS_FILE
-    staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    staging.write_text(json.dumps({**identity, CHECKED: values}, indent=0) + "\n")
-    os.replace(staging, path)
+    write_text_atomic(run / CHECK_PASS_FILE, json.dumps({**identity, CHECKED: values}, indent=0) + "\n")
 
 
 def cache_key(text: TextTrace) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from app.files import write_text_atomic
 from app.numeric import finite_or_none
 from app.uncertainty.artifact import TadArtifact, load_artifact
 from app.uncertainty.methods import BASELINES, METHODS
@@ -298,8 +299,8 @@ def run_evaluate(
     report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared, checked=checked)
     report["runs"] = [str(run) for run in runs]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "report.md").write_text(report_markdown(report))
+    write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
+    write_text_atomic(out / "report.md", report_markdown(report))
     for stale in out.glob("rejection_*.png"):  # an earlier report's datasets that this one may not have
         stale.unlink()
     for name, data in arrays.items():

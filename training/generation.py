@@ -26,6 +26,7 @@ from app.engine.engine import Engine
 from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
+from app.files import write_text_atomic
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
@@ -359,13 +360,21 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
                 pools,
             )
             write_shard(out, index, texts, shape)
-    if distribution.rank != 0:
-        bad = bad[bad_in_data:]  # every process reads the same data; rank 0 reports its bad lines
-    if bad:
-        report = out / f"bad_records.{distribution.rank}.txt"
-        # Shards finished by earlier runs reported theirs already: keep those lines.
-        known = set(report.read_text().splitlines()) if report.is_file() else set()
-        lines = sorted(known | {str(item) for item in bad})
-        report.write_text("".join(f"{line}\n" for line in lines))
-        logger.warning("%d bad records skipped; see %s", len(lines), report)
+            # With each shard: a shard done is never redone, so its bad records must be on record by then.
+            report_bad_records(out, distribution.rank, bad, bad_in_data)
+    if lines := report_bad_records(out, distribution.rank, bad, bad_in_data):
+        logger.warning("%d bad records skipped; see %s", lines, out / f"bad_records.{distribution.rank}.txt")
     return out
+
+
+def report_bad_records(out: Path, rank: int, bad: Sequence[BadRecord], bad_in_data: int) -> int:
+    """Merge `bad` into the process's `bad_records.RANK.txt` (atomically); how many lines it holds."""
+    if rank != 0:
+        bad = bad[bad_in_data:]  # every process reads the same data; rank 0 reports its bad lines
+    report = out / f"bad_records.{rank}.txt"
+    # Shards finished by earlier runs reported theirs already: keep those lines.
+    known = set(report.read_text().splitlines()) if report.is_file() else set()
+    lines = sorted(known | {str(item) for item in bad})
+    if lines and len(lines) > len(known):
+        write_text_atomic(report, "".join(f"{line}\n" for line in lines))
+    return len(lines)

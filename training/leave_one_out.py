@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from app.files import write_text_atomic
 from app.numeric import finite_or_none
 from app.uncertainty.aggregation import Aggregation, aggregate
 from app.uncertainty.artifact import load_artifact
@@ -214,8 +215,8 @@ def run_lodo(
         other.value: _informative_mean(report, _tad_minus_msp_by(other)) for other in Aggregation
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lodo.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "lodo.md").write_text(lodo_markdown(report))
+    write_text_atomic(out / "lodo.json", json.dumps(report, indent=2) + "\n")
+    write_text_atomic(out / "lodo.md", lodo_markdown(report))
     return report
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -21,6 +20,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.errors import validation_message
+from app.files import write_text_atomic
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from app.uncertainty.aggregation import Aggregation
@@ -329,10 +329,5 @@ def write_manifest(path: Path, manifest: Manifest) -> Manifest:
     """
     files = {str(item.relative_to(path)): file_sha256(item) for item in sorted(path.rglob("*.joblib"))}
     final = manifest.model_copy(update={"files": files})
-    # A temporary file renamed over the manifest: a write killed midway leaves the previous manifest whole
-    # (a truncated one would make the artifact unloadable).
-    target = path / MANIFEST_NAME
-    staging = target.with_name(f"{MANIFEST_NAME}.{os.getpid()}.tmp")
-    staging.write_text(json.dumps(final.model_dump(mode="json"), indent=2) + "\n")
-    os.replace(staging, target)
+    write_text_atomic(path / MANIFEST_NAME, json.dumps(final.model_dump(mode="json"), indent=2) + "\n")
     return final

@@ -108,6 +108,31 @@ def test_bad_records_are_reported_and_skipped(
     assert all(line.startswith(str(broken)) for line in report)
 
 
+def test_bad_records_are_on_record_with_the_first_shard_done_even_if_the_run_is_stopped(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard done is never redone: a rerun would not find its bad records again."""
+    lines = tiny_data["dev"][0].read_text().splitlines()[:3]
+    broken = tmp_path / "broken_dev.jsonl"
+    broken.write_text("\n".join([lines[0], "{not json", lines[1], lines[2]]) + "\n")
+    written: list[int] = []
+    write_shard = generate_module.write_shard
+
+    def stopped_after_one(out: Path, index: int, *args: object) -> None:
+        if written:
+            raise KeyboardInterrupt
+        write_shard(out, index, *args)  # type: ignore[arg-type]
+        written.append(index)
+
+    monkeypatch.setattr(generate_module, "write_shard", stopped_after_one)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_generate(_options(tiny_model_dir, [broken], out, shard_size=1))
+    assert written == [0]
+    (report,) = (out / "bad_records.0.txt").read_text().splitlines()
+    assert report.startswith(f"{broken}:2")
+
+
 def test_data_parallel_workers_split_the_shards(
     tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
 ) -> None:

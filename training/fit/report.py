@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
+from app.files import write_text_atomic
 from app.numeric import finite_tree
 from app.uncertainty.artifact import Manifest
 from app.uncertainty.features import Convention
@@ -101,9 +101,7 @@ def write_cv_report(artifact: Path, record: dict[str, Any]) -> Path:
     wrong) is null, as the manifest wrote it when the record was there: valid JSON for any reader."""
     path = artifact / CV_REPORT
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    staging.write_text(json.dumps(finite_tree(record), indent=2, allow_nan=False) + "\n")
-    os.replace(staging, path)
+    write_text_atomic(path, json.dumps(finite_tree(record), indent=2, allow_nan=False) + "\n")
     return path
 
 
