@@ -93,14 +93,10 @@ class Engine:
 
     def with_lags(self, n_lags: int) -> Engine:
         """The same loaded model capturing a different number of lags (no reload)."""
-        clone = object.__new__(Engine)
-        clone.loaded = self.loaded
-        clone._token_bytes = self._token_bytes
+        # A shallow copy carries every field, one added later included; only what depends on the lags is new.
+        clone = copy.copy(self)
         clone.context = replace(self.context, n_lags=n_lags)
-        clone.compiled_decode_length = self.compiled_decode_length
-        clone._slot_batch = None
-        clone._compile_failure = self._compile_failure
-        clone._slot_refusal = self._slot_refusal
+        clone._slot_batch = None  # the slots are shaped for the lags captured
         return clone
 
     def compiled_decode_refusal(self) -> str | None:
