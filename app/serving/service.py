@@ -9,14 +9,11 @@ turns results into decisions and metrics. It returns domain objects (`Generation
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import TypeVar
 
 from fastapi import Request
 
@@ -40,6 +37,7 @@ from app.serving.outcomes import (
 from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
 from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
+from app.serving.tokenizing import prompt_chars, tokenized
 from app.serving.work_items import GenerationItem, ScoringItem, WorkItem
 from app.settings import RejectAction
 from app.uncertainty.answer import ScoredAnswer
@@ -48,26 +46,6 @@ from app.uncertainty.methods import REGISTRY
 
 DISCONNECT_POLL_S = 0.25
 DEADLINE_GRACE_S = 30.0
-# Text longer than this is tokenized on a thread of its own. The tokenizer releases the GIL, and a long text
-# (a body at its 1 MB limit: most of a second) would otherwise stop the event loop, and every stream, every
-# disconnect check and health probe with it; a short one costs less inline than the thread hop.
-TOKENIZE_INLINE_CHARS = 16_384
-_TOKENIZER_THREAD = ThreadPoolExecutor(1, thread_name_prefix="tad-tokenize")
-
-T = TypeVar("T")
-
-
-def _chars(prompt: PromptInput) -> int:
-    if prompt.messages is not None:
-        return sum(len(str(m.get("content", ""))) for m in prompt.messages)
-    return len(prompt.prompt or "")
-
-
-async def _tokenized(chars: int, tokenize: Callable[..., T], *args: object) -> T:
-    """`tokenize(*args)`, off the event loop when its text (`chars` long) is long."""
-    if chars <= TOKENIZE_INLINE_CHARS:
-        return tokenize(*args)
-    return await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, functools.partial(tokenize, *args))
 
 
 def _question(prompt: PromptInput) -> str:
@@ -118,7 +96,7 @@ class GenerationService:
         field = prompt.field
         messages = [dict(m) for m in prompt.messages] if prompt.messages is not None else None
         try:
-            ids = await _tokenized(_chars(prompt), self.engine.encode_prompt, prompt.prompt, messages)
+            ids = await tokenized(prompt_chars(prompt), self.engine.encode_prompt, prompt.prompt, messages)
         except PromptError as error:
             raise InvalidRequest(str(error), param=field) from error
         if not ids:
@@ -221,7 +199,7 @@ class GenerationService:
         if REGISTRY[resolved.method.value].needs_check_pass:
             # The answer is asked about in a prompt of its own after it is generated: refused now if that could
             # not fit, rather than once the answer has been computed.
-            check_ids, _ = await _tokenized(len(question), check_pass, self.engine, question, "")
+            check_ids, _ = await tokenized(len(question), check_pass, self.engine, question, "")
             self._check_check_pass(check_ids, wanted, max_tokens_field)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
@@ -389,7 +367,7 @@ class GenerationService:
     ) -> ScoredAnswer:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
         (`app/serving/check_pass.py`); the pass is cancelled if the client goes away meanwhile."""
-        prompt_ids, yes = await _tokenized(len(question) + len(answer), check_pass, self.engine, question, answer)
+        prompt_ids, yes = await tokenized(len(question) + len(answer), check_pass, self.engine, question, answer)
         self._check_check_pass(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
@@ -438,7 +416,7 @@ class GenerationService:
         prompt_ids = await self.encode(prompt)
         serving = self.runtime.serving
         resolved = self.policy(policy, serving)
-        answer_ids = await _tokenized(len(response), self.engine.encode_answer, response)
+        answer_ids = await tokenized(len(response), self.engine.encode_answer, response)
         if not answer_ids:
             raise InvalidRequest("the response has no tokens", param="response")
         limit = self.settings.max_new_tokens_limit
@@ -447,7 +425,7 @@ class GenerationService:
         self._check_context(len(prompt_ids), len(answer_ids), "response")
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
-            check_ids, _ = await _tokenized(len(question) + len(response), check_pass, self.engine, question, response)
+            check_ids, _ = await tokenized(len(question) + len(response), check_pass, self.engine, question, response)
             self._check_check_pass(check_ids, 0, "response")
         item = ScoringItem(
             loop=asyncio.get_running_loop(),

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
 
 from app.errors import DeadlineExceeded
 from app.serving.events import KeepAlive
-from app.serving.service import DEADLINE_GRACE_S, TOKENIZE_INLINE_CHARS, GenerationService
+from app.serving.service import DEADLINE_GRACE_S, GenerationService
 from app.serving.work_items import WorkItem
 
 
@@ -88,23 +86,3 @@ def test_a_check_pass_whose_client_has_gone_is_cancelled(monkeypatch: pytest.Mon
 
     asyncio.run(leave_during_the_check())
     assert cancelled == submitted and len(submitted) == 1
-
-
-def test_a_long_text_is_tokenized_off_the_event_loop_and_a_short_one_on_it(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A long text would stop the event loop (every stream, every disconnect check) while it is tokenized."""
-    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
-    threads: list[str] = []
-    encode_prompt = engine.encode_prompt
-
-    def recording(*args: object) -> list[int]:
-        threads.append(threading.current_thread().name)
-        return encode_prompt(*args)
-
-    monkeypatch.setattr(engine, "encode_prompt", recording)
-    short = client.post("/v1/generate", json={"prompt": "the capital of france", "max_new_tokens": 2})
-    long = client.post("/v1/generate", json={"prompt": "x " * TOKENIZE_INLINE_CHARS, "max_new_tokens": 2})
-    assert short.status_code == 200
-    assert long.status_code == 422 and long.json()["error"]["param"] == "prompt"  # over the prompt limit, once counted
-    assert not threads[0].startswith("tad-tokenize") and threads[1].startswith("tad-tokenize")
