@@ -115,25 +115,20 @@ class GenerationService:
             context = slot if context is None else min(context, slot)
         return context
 
-    def _check_context(self, prompt_tokens: int, answer_tokens: int, field: str) -> None:
+    def _check_context(self, prompt_tokens: int, answer_tokens: int, field: str, prompt: str = "prompt") -> None:
+        """`prompt`: what the prompt is, in the message (a check pass's is not the request's)."""
         context = self._context()
         if context is not None and prompt_tokens + answer_tokens > context:
             raise InvalidRequest(
-                f"prompt ({prompt_tokens} tokens) plus {field} ({answer_tokens}) exceeds the model's context of "
+                f"{prompt} ({prompt_tokens} tokens) plus {field} ({answer_tokens}) exceeds the model's context of "
                 f"{context} tokens",
                 param=field,
             )
 
-    def _check_check_pass(self, check_ids: Sequence[int], answer_tokens: int, field: str) -> None:
-        """A check pass (`check_ids`: its prompt, holding `answer_tokens` of the answer or about to) fits in
-        the context, with the one token it scores."""
-        context = self._context()
-        if context is not None and len(check_ids) + answer_tokens + 1 > context:
-            raise InvalidRequest(
-                f"the decision asks the model about its answer in a prompt of {len(check_ids)} tokens plus the "
-                f"answer's {answer_tokens}, which exceeds the model's context of {context} tokens",
-                param=field,
-            )
+    def _check_pass_fits(self, check_ids: Sequence[int], answer_tokens: int, field: str) -> None:
+        """A check pass's prompt (`check_ids`, holding `answer_tokens` more of the answer once it is written) and
+        the one token it scores fit in the context."""
+        self._check_context(len(check_ids) + 1, answer_tokens, field, "the prompt that asks the model about its answer")
 
     def policy(self, request: PolicyRequest | None, serving: ServingArtifact | None = None) -> Policy:
         if request is not None and not self.settings.policy_overrides:
@@ -200,7 +195,7 @@ class GenerationService:
             # The answer is asked about in a prompt of its own after it is generated: refused now if that could
             # not fit, rather than once the answer has been computed.
             check_ids, _ = await tokenized(len(question), check_pass, self.engine, question, "")
-            self._check_check_pass(check_ids, wanted, max_tokens_field)
+            self._check_pass_fits(check_ids, wanted, max_tokens_field)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
         params = SamplingParams(
@@ -368,7 +363,7 @@ class GenerationService:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
         (`app/serving/check_pass.py`); the pass is cancelled if the client goes away meanwhile."""
         prompt_ids, yes = await tokenized(len(question) + len(answer), check_pass, self.engine, question, answer)
-        self._check_check_pass(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
+        self._check_pass_fits(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -426,7 +421,7 @@ class GenerationService:
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
             check_ids, _ = await tokenized(len(question) + len(response), check_pass, self.engine, question, response)
-            self._check_check_pass(check_ids, 0, "response")
+            self._check_pass_fits(check_ids, 0, "response")
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
