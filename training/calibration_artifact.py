@@ -36,7 +36,7 @@ from training.check_pass_scores import CHECKED, CheckPassOptions, check_pass_tab
 from training.decision_rule import DecisionRule, choose
 from training.method_scores import baseline_table
 from training.rejection import accuracy, informative, interval, paired_bootstrap_prr, prediction_rejection_ratio
-from training.runs import TextTrace, check_no_duplicates, check_run_folders, iter_texts, read_run_settings
+from training.runs import TextTrace, check_no_duplicates, check_run_folders, iter_texts, read_run_settings, run_dtype
 from training.tasks import PromptStyle
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def per_dataset_table(
 
 def _identity_and_settings(runs: Sequence[Path]) -> tuple[ModelIdentity, dict[str, Any]]:
     settings = [read_run_settings(Path(run)) for run in runs]
-    if len({s["model_sha256"] for s in settings}) > 1 or len({s.get("dtype") for s in settings}) > 1:
+    if len({s["model_sha256"] for s in settings}) > 1 or len({run_dtype(s) for s in settings}) > 1:
         raise SystemExit("the runs were generated with different models or dtypes: give runs of one model")
     return ModelIdentity.model_validate(settings[0]["identity"]), settings[0]
 
@@ -169,7 +169,7 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
     manifest = Manifest(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         llm=identity,
-        dtype=settings.get("dtype", "float32"),
+        dtype=run_dtype(settings),
         features=FeatureInfo.of(spec),
         decision_method=decision,
         thresholds=calibration.thresholds,

@@ -28,6 +28,7 @@ from training.fit.options import FitOptions
 from training.fit.report import cv_record, manifest_summary, served_row
 from training.fit.texts import load_runs
 from training.fit.trial_rule import keep_by_trial_rule
+from training.runs import run_dtype
 from training.two_stage import FitText
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def run_fit(options: FitOptions) -> Manifest:
     manifest = Manifest(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         llm=identity,
-        dtype=settings.get("dtype", "float32"),
+        dtype=run_dtype(settings),
         features=FeatureInfo.of(spec),
         epsilon=options.epsilon,
         aggregation=stage2.aggregation,
