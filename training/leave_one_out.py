@@ -80,7 +80,7 @@ def run_lodo(
     tad = artifact.trained()
     spec, epsilon, aggregation = tad.spec, tad.epsilon, tad.aggregation
     params = tad.regressor.params
-    variant = Variant.of_manifest(tad.variant)
+    variant = Variant(tad.variant)
     # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
     # a ridge, whose ridge has one).
     artifact_alpha = float(params.get("alpha", math.nan))

@@ -40,12 +40,6 @@ class Variant(StrEnum):
     ALGORITHM1_LITERAL = "algorithm1-literal"
     AUTHORS = "authors"
 
-    @classmethod
-    def of_manifest(cls, name: str) -> Variant:
-        """The variant an artifact's manifest names; "paper-exact" is what algorithm1-literal was called before
-        the rename."""
-        return cls.ALGORITHM1_LITERAL if name == "paper-exact" else cls(name)
-
 
 @dataclass
 class FitText:

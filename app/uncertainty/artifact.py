@@ -131,8 +131,7 @@ class Manifest(BaseModel):
     regressor: RegressorInfo | None = None
     epsilon: float | None = Field(None, gt=0.0, lt=1.0)
     aggregation: Aggregation | None = None
-    # "paper-exact" is what "algorithm1-literal" was called in artifacts made before the rename.
-    variant: Literal["leak-free", "algorithm1-literal", "authors", "paper-exact"] | None = None
+    variant: Literal["leak-free", "algorithm1-literal", "authors"] | None = None
     thresholds: dict[Method, dict[str, Threshold]] = Field(default_factory=dict)
     default_target: str | None = None
     # The score the service decides with by default. `fit` writes TAD unless a free score beat it in
@@ -155,6 +154,12 @@ class Manifest(BaseModel):
                 "the artifact has a decision blend (tad_blend), which this version does not support: refit it"
             )
         return {key: value for key, value in data.items() if key != "blend"}
+
+    @field_validator("variant", mode="before")
+    @classmethod
+    def _renamed_variant(cls, name: Any) -> Any:
+        """ "paper-exact" is what "algorithm1-literal" was called in artifacts made before the rename."""
+        return "algorithm1-literal" if name == "paper-exact" else name
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:

@@ -121,6 +121,21 @@ def test_a_manifest_with_a_null_blend_loads_and_one_with_a_blend_is_refused(arti
         load_artifact(artifact_copy)
 
 
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [("paper-exact", "algorithm1-literal"), ("algorithm1-literal", "algorithm1-literal"), ("authors", "authors")],
+)
+def test_a_variant_is_read_by_its_current_name(artifact_copy: Path, written: str, read: str) -> None:
+    """ "paper-exact" is what algorithm1-literal was called before the rename: such artifacts load under
+    the new name, and an unknown variant is refused."""
+    manifest = _manifest(artifact_copy)
+    _write_manifest(artifact_copy, {**manifest, "variant": written})
+    assert load_artifact(artifact_copy).manifest.variant == read
+    _write_manifest(artifact_copy, {**manifest, "variant": "exact"})
+    with pytest.raises(ArtifactError, match="variant"):
+        load_artifact(artifact_copy)
+
+
 def test_a_nan_threshold_is_refused(artifact_copy: Path) -> None:
     manifest = _manifest(artifact_copy)
     method = next(iter(manifest["thresholds"]))
