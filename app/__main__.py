@@ -45,19 +45,21 @@ class DrainingServer(uvicorn.Server):
         self.exit_code = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler runs on the event loop's thread between two bytecodes, possibly while that thread
+        # holds a plain lock (the runtime's, a metric's) that draining takes too: taken here, it would never
+        # be released. So the handler only flags and starts a thread, which can wait for such a lock.
         if self._draining:
             # A second signal: stop now, but answer what is in flight first (a 503 each, see _abandon_in_flight).
-            logger.warning("signal %d again: stopping now", sig)
-            threading.Thread(target=self._stop_now, daemon=True).start()
+            threading.Thread(target=self._stop_now, args=(sig,), daemon=True).start()
             return
         self._draining = True
+        threading.Thread(target=self._drain_and_exit, args=(sig,), daemon=True).start()
+
+    def _drain_and_exit(self, sig: int) -> None:
         logger.info(
             "signal %d: draining (up to %.0f s for %d requests)", sig, self.grace_s, self.runtime.http_in_flight
         )
         self.runtime.begin_draining()
-        threading.Thread(target=self._exit_when_drained, args=(sig, frame), daemon=True).start()
-
-    def _exit_when_drained(self, sig: int, frame: FrameType | None) -> None:
         deadline = time.monotonic() + self.grace_s
         while self.runtime.http_in_flight > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -66,7 +68,8 @@ class DrainingServer(uvicorn.Server):
             self._abandon_in_flight()
         self.should_exit = True
 
-    def _stop_now(self) -> None:
+    def _stop_now(self, sig: int) -> None:
+        logger.warning("signal %d again: stopping now", sig)
         self._abandon_in_flight()
         self.should_exit = True
         self.force_exit = True  # uvicorn waits for no connection: they have their answers

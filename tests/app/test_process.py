@@ -12,7 +12,12 @@ import time
 from pathlib import Path
 
 import httpx
+import uvicorn
 
+from app.__main__ import DrainingServer
+from app.serving.metrics import ServiceMetrics
+from app.serving.runtime import Runtime, State
+from app.settings import Settings
 from benchmarks.server_process import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,3 +163,24 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path: Path) -> None
     assert process.returncode == 1
     assert f"tad-serve: cannot start: cannot listen on 127.0.0.1:{port}: it is in use" in output
     assert "missing-model" not in output and "Traceback" not in output
+
+
+def test_a_signal_arriving_while_the_event_loop_holds_the_runtime_lock_still_drains() -> None:
+    """A signal handler interrupts the loop's thread anywhere, inside its runtime-lock sections (every /v1
+    request's in-flight count) too: the handler must not take that lock itself, or the process hangs."""
+    runtime = Runtime(Settings(artifact_dir=""), ServiceMetrics())
+    server = DrainingServer(uvicorn.Config(app=lambda scope, receive, send: None), runtime, grace_s=0.0)
+
+    def signal_inside_the_lock() -> None:
+        with runtime._lock:
+            server.handle_exit(signal.SIGTERM, None)
+            time.sleep(0.2)  # the lock stays held a while after the handler returns, as a request's would
+
+    interrupted = threading.Thread(target=signal_inside_the_lock, daemon=True)
+    interrupted.start()
+    interrupted.join(timeout=5)
+    assert not interrupted.is_alive(), "the signal handler waited for a lock its own thread holds"
+    deadline = time.monotonic() + 5
+    while not server.should_exit and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.should_exit and runtime.state is State.DRAINING
