@@ -110,6 +110,26 @@ def test_text_completion(client: openai.OpenAI) -> None:
     assert [lp.tokens[0] for lp in streamed_logprobs] == choice.logprobs.tokens
 
 
+def test_a_sampled_completion_token_is_always_among_its_top_logprobs(client: openai.OpenAI) -> None:
+    """OpenAI's legacy completions return the sampled token's logprob with the `logprobs` most likely ones
+    (up to `logprobs` + 1 entries); at a high temperature it is often not among them."""
+    for stream in (False, True):
+        outside = 0
+        for seed in range(4):
+            request = dict(model="model", prompt="the capital of", max_tokens=10, temperature=2.0, logprobs=1)
+            if stream:
+                chunks = list(client.completions.create(**request, seed=seed, stream=True))
+                logprobs = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+                pairs = [(lp.tokens[0], lp.top_logprobs[0], lp.token_logprobs[0]) for lp in logprobs]
+            else:
+                lp = client.completions.create(**request, seed=seed).choices[0].logprobs
+                pairs = list(zip(lp.tokens, lp.top_logprobs, lp.token_logprobs, strict=True))
+            for token, top, logprob in pairs:
+                assert top[token] == pytest.approx(logprob) and len(top) <= 2
+                outside += len(top) == 2
+        assert outside > 0, "no sampled token fell outside the top 1: the case is not exercised"
+
+
 def test_text_parts_of_a_message_are_joined_by_newlines_as_in_vllm(client: openai.OpenAI) -> None:
     parts = [{"type": "text", "text": "what is the capital"}, {"type": "text", "text": "of france ?"}]
     joined = [{"role": "user", "content": "what is the capital\nof france ?"}]
