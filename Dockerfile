@@ -1,5 +1,5 @@
 # CPU image by default. For NVIDIA GPUs, build on an image that already has CUDA torch:
-#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime --build-arg TORCH_SPEC= .
+#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime --build-arg TORCH_SPEC= .
 # and run with `--gpus all` (TAD_DEVICE=auto picks cuda; several GPUs are spread by accelerate).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
@@ -15,7 +15,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TAD_HOST=0.0.0.0 \
     TAD_PORT=8000 \
-    TAD_CACHE_DIR=/cache
+    TAD_CACHE_DIR=/cache \
+    # A model given as a hub id is downloaded into the volume too: the user's home (/srv) is not writable.
+    HF_HOME=/cache/huggingface
 
 WORKDIR /srv
 RUN if [ -n "$TORCH_SPEC" ]; then pip install "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}; fi
@@ -37,6 +39,6 @@ EXPOSE 8000
 # default model); mount a volume there.
 VOLUME ["/cache"]
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
-    CMD python -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)" || exit 1
+    CMD python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ.get(\"TAD_PORT\", \"8000\")}/ready', timeout=4)" || exit 1
 STOPSIGNAL SIGTERM
 CMD ["python", "-m", "app"]

@@ -28,12 +28,18 @@ from pydantic_settings import SettingsError
 from app.errors import NotReady
 from app.main import create_app
 from app.serving.runtime import ArtifactReloadError, Runtime
+from app.serving.scheduler import STOP_TIMEOUT_S
 from app.settings import Settings
 
 logger = logging.getLogger("app")
 
 # After in-flight requests are answered with a 503 at shutdown, how long their handlers get to send it.
 ANSWER_SETTLE_S = 2.0
+# Then how long uvicorn waits for open connections, and the scheduler's worker for its last forward.
+UVICORN_SHUTDOWN_S = 5
+# The longest a shutdown takes after the drain: a deployment's grace period before SIGKILL covers the
+# drain (TAD_GRACEFUL_SHUTDOWN_S) plus this.
+AFTER_DRAIN_S = ANSWER_SETTLE_S + UVICORN_SHUTDOWN_S + STOP_TIMEOUT_S
 
 
 class DrainingServer(uvicorn.Server):
@@ -156,7 +162,7 @@ def main() -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=UVICORN_SHUTDOWN_S,
         access_log=False,
     )
     server = DrainingServer(config, app.state.runtime, settings.graceful_shutdown_s)

@@ -44,6 +44,8 @@ from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import prime_streams
 
 logger = logging.getLogger(__name__)
+# How long `stop` waits for the worker, which finishes a forward already running (seconds for a CPU prefill).
+STOP_TIMEOUT_S = 10.0
 
 
 class Scheduler:
@@ -94,7 +96,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="tad-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         with self._condition:
             self._stopping = True
             self._condition.notify_all()

@@ -151,6 +151,33 @@ def test_replicas_behind_haproxy_lose_no_request_when_one_is_killed_and_one_drai
                 process.wait(10)
 
 
+def test_the_balancers_own_503_says_when_to_retry(tmp_path: Path) -> None:
+    """With no replica up (all loading, or all draining) HAProxy answers for them: with Retry-After too."""
+    haproxy = _haproxy()
+    balancer_port = free_port()
+    env = {
+        **os.environ,
+        "TAD_BALANCER_BIND": f"127.0.0.1:{balancer_port}",
+        **{f"TAD_REPLICA_{i}": f"127.0.0.1:{free_port()}" for i in (1, 2, 3)},  # nothing listens there
+    }
+    balancer = subprocess.Popen(
+        [haproxy, "-db", "-f", str(REPO / "deploy" / "haproxy.cfg")], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                response = httpx.post(f"http://127.0.0.1:{balancer_port}/v1/generate", json={"prompt": "x"})
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline and balancer.poll() is None, "the balancer did not start"
+                time.sleep(0.1)
+        assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0
+    finally:
+        balancer.terminate()
+        balancer.wait(10)
+
+
 def test_compose_runs_the_same_balancer_layout() -> None:
     import yaml
 

@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from app.__main__ import AFTER_DRAIN_S
 from app.main import create_app
 from app.settings import Settings
 
@@ -81,10 +82,17 @@ def test_the_grace_period_covers_pre_stop_and_the_drain() -> None:
     environment = {item["name"]: item.get("value") for item in container["env"]}
     drain = float(environment["TAD_GRACEFUL_SHUTDOWN_S"])
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert spec["terminationGracePeriodSeconds"] > pre_stop + drain
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + drain + AFTER_DRAIN_S
+    assert "replicas" not in DOCUMENTS["Deployment"]["spec"]  # the autoscaler's, not reset by each apply
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     mounted = {mount["mountPath"] for mount in container["volumeMounts"]}
     assert environment["TAD_CACHE_DIR"] in mounted and "/tmp" in mounted
+
+
+def test_compose_waits_for_the_drain_and_the_shutdown_after_it() -> None:
+    tad = yaml.safe_load((K8S.parents[1] / "docker-compose.yml").read_text())["x-tad"]
+    drain = float(tad["environment"]["TAD_GRACEFUL_SHUTDOWN_S"])
+    assert float(tad["stop_grace_period"].removesuffix("s")) > drain + AFTER_DRAIN_S
 
 
 def test_the_image_is_tagged_with_the_package_version_everywhere() -> None:
