@@ -28,7 +28,10 @@ class ServiceMetrics:
         )
         self.in_flight = Gauge("tad_requests_in_flight", "Requests being handled", registry=r)
         self.time_per_token = Histogram(
-            "tad_time_per_output_token_seconds", "Generation time per output token", buckets=TOKEN_BUCKETS, registry=r
+            "tad_time_per_output_token_seconds",
+            "Time per output token after the first (decode steps only, as vLLM's TPOT)",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
         )
         self.time_to_first_token = Histogram(
             "tad_time_to_first_token_seconds", "Time from arrival to first token", buckets=LATENCY_BUCKETS, registry=r
@@ -91,8 +94,10 @@ class ServiceMetrics:
         self.queue_time.observe(timing.queued_s)
         if timing.first_token_s is not None:
             self.time_to_first_token.observe(timing.first_token_s)
-        if count:
-            self.time_per_token.observe((timing.total_s - timing.queued_s) / count)
+        # The first token's time is the prompt's prefill (time to first token): counted in, a short answer to a
+        # long prompt would look like slow decoding.
+        if count > 1 and timing.first_token_s is not None:
+            self.time_per_token.observe((timing.total_s - timing.first_token_s) / (count - 1))
 
     def observe_decision(
         self, decision: Decision, scores: SequenceUncertainty, thresholds: dict[str, float | None], generated: bool

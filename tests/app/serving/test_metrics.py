@@ -1,0 +1,27 @@
+"""The service's metrics from one answer's timing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from app.serving.events import Timing
+from app.serving.metrics import ServiceMetrics
+
+
+def _answer(tokens: int, timing: Timing) -> SimpleNamespace:
+    sequence = SimpleNamespace(kept_tokens=[object()] * tokens, finish_reason=None)
+    return SimpleNamespace(sequence=sequence, timing=timing)
+
+
+def test_time_per_output_token_counts_the_decode_steps_not_the_prefill() -> None:
+    """Queued 1 s, first token after 3 s (a long prompt's prefill), 5 tokens by 5 s: the four later tokens took
+    0.5 s each. Counting the prefill in would give 0.8 s, slow decoding that did not happen."""
+    metrics = ServiceMetrics()
+    metrics.observe_generation(_answer(5, Timing(queued_s=1.0, first_token_s=3.0, total_s=5.0)))  # type: ignore[arg-type]
+    metrics.observe_generation(_answer(1, Timing(queued_s=0.0, first_token_s=0.2, total_s=0.2)))  # type: ignore[arg-type]
+    sample = metrics.registry.get_sample_value
+    assert sample("tad_time_per_output_token_seconds_count") == 1  # one token: no time between tokens
+    assert sample("tad_time_per_output_token_seconds_sum") == pytest.approx(0.5)
+    assert sample("tad_time_to_first_token_seconds_sum") == pytest.approx(3.2)
