@@ -99,6 +99,15 @@ class Engine:
         clone._slot_batch = None  # the slots are shaped for the lags captured
         return clone
 
+    def with_own_tokenizer(self) -> Engine:
+        """The same engine with a tokenizer of its own, to encode request text on another thread than the event
+        loop's: a fast tokenizer sets its mode (`split_special_tokens`) on its backend and then encodes, so two
+        threads sharing one can each encode in the other's mode (a scored answer's "<|im_end|>" read as the
+        control token, a raw prompt's as text)."""
+        clone = copy.copy(self)
+        clone.loaded = replace(self.loaded, tokenizer=copy.deepcopy(self.loaded.tokenizer))
+        return clone
+
     def compiled_decode_refusal(self) -> str | None:
         """Why the decode step will not be compiled (None: it will)."""
         if not self.compiled_decode_length:

@@ -96,7 +96,7 @@ class GenerationService:
         field = prompt.field
         messages = [dict(m) for m in prompt.messages] if prompt.messages is not None else None
         try:
-            ids = await tokenized(prompt_chars(prompt), self.engine.encode_prompt, prompt.prompt, messages)
+            ids = await tokenized(prompt_chars(prompt), self.engine, Engine.encode_prompt, prompt.prompt, messages)
         except PromptError as error:
             raise InvalidRequest(str(error), param=field) from error
         if not ids:
@@ -194,7 +194,7 @@ class GenerationService:
         if REGISTRY[resolved.method.value].needs_check_pass:
             # The answer is asked about in a prompt of its own after it is generated: refused now if that could
             # not fit, rather than once the answer has been computed.
-            check_ids, _ = await tokenized(len(question), check_pass, self.engine, question, "")
+            check_ids, _ = await tokenized(len(question), self.engine, check_pass, question, "")
             self._check_pass_fits(check_ids, wanted, max_tokens_field)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
@@ -362,7 +362,7 @@ class GenerationService:
     ) -> ScoredAnswer:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
         (`app/serving/check_pass.py`); the pass is cancelled if the client goes away meanwhile."""
-        prompt_ids, yes = await tokenized(len(question) + len(answer), check_pass, self.engine, question, answer)
+        prompt_ids, yes = await tokenized(len(question) + len(answer), self.engine, check_pass, question, answer)
         self._check_pass_fits(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
@@ -411,7 +411,7 @@ class GenerationService:
         prompt_ids = await self.encode(prompt)
         serving = self.runtime.serving
         resolved = self.policy(policy, serving)
-        answer_ids = await tokenized(len(response), self.engine.encode_answer, response)
+        answer_ids = await tokenized(len(response), self.engine, Engine.encode_answer, response)
         if not answer_ids:
             raise InvalidRequest("the response has no tokens", param="response")
         limit = self.settings.max_new_tokens_limit
@@ -420,7 +420,7 @@ class GenerationService:
         self._check_context(len(prompt_ids), len(answer_ids), "response")
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
-            check_ids, _ = await tokenized(len(question) + len(response), check_pass, self.engine, question, response)
+            check_ids, _ = await tokenized(len(question) + len(response), self.engine, check_pass, question, response)
             self._check_pass_fits(check_ids, 0, "response")
         item = ScoringItem(
             loop=asyncio.get_running_loop(),

@@ -4,21 +4,27 @@ A text field may hold 200,000 characters, and a prompt is tokenized before its t
 refused. On the event loop that took 50-100 ms during which nothing else was answered: no stream's
 next token, no disconnect check, no health probe (`benchmarks/tokenize_stall.py`). The tokenizer
 releases the GIL, so a long text goes to a thread of its own; a short one costs less inline than the
-thread hop.
+thread hop. That thread encodes with a tokenizer of its own (`Engine.with_own_tokenizer`): sharing the
+event loop's would let each encode in the other's special-token mode.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
-from app.serving.outcomes import PromptInput
+from app.engine.engine import Engine
+
+if TYPE_CHECKING:  # outcomes imports the runtime, which prepares the tokenizing thread
+    from app.serving.outcomes import PromptInput
 
 TOKENIZE_INLINE_CHARS = 16_384
 _TOKENIZER_THREAD = ThreadPoolExecutor(1, thread_name_prefix="tad-tokenize")
+# The tokenizing thread's engines, each with its own tokenizer; read and written on that thread only.
+_OWN_ENGINES: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 
 T = TypeVar("T")
 
@@ -30,8 +36,23 @@ def prompt_chars(prompt: PromptInput) -> int:
     return len(prompt.prompt or "")
 
 
-async def tokenized(chars: int, tokenize: Callable[..., T], *args: object) -> T:
-    """`tokenize(*args)`, off the event loop when its text (`chars` long) is long."""
+def _with_own_tokenizer(engine: Engine, tokenize: Callable[..., T], args: Sequence[object]) -> T:
+    own = _OWN_ENGINES.get(engine)
+    if own is None:
+        own = _OWN_ENGINES[engine] = engine.with_own_tokenizer()
+    return tokenize(own, *args)
+
+
+def prepare_tokenizing(engine: Engine) -> Future[None]:
+    """Copy the engine's tokenizer for the tokenizing thread now, in the background (a second or two for a
+    large vocabulary), rather than when the first long text arrives."""
+    return _TOKENIZER_THREAD.submit(_with_own_tokenizer, engine, lambda _: None, ())
+
+
+async def tokenized(chars: int, engine: Engine, tokenize: Callable[..., T], *args: object) -> T:
+    """`tokenize(engine, *args)`, off the event loop when its text (`chars` long) is long."""
     if chars <= TOKENIZE_INLINE_CHARS:
-        return tokenize(*args)
-    return await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, functools.partial(tokenize, *args))
+        return tokenize(engine, *args)
+    return await asyncio.get_running_loop().run_in_executor(
+        _TOKENIZER_THREAD, _with_own_tokenizer, engine, tokenize, args
+    )
