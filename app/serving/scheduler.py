@@ -29,7 +29,7 @@ from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, SequenceState
 from app.engine.teacher_forcing import ScoringPass
-from app.errors import DeadlineExceeded, Overloaded, ServiceError
+from app.errors import DeadlineExceeded, NotReady, Overloaded, ServiceError
 from app.serving.events import Event, Failure, Timing
 from app.serving.work_items import (
     GenerationItem,
@@ -133,7 +133,7 @@ class Scheduler:
     def _admit(self, queue: deque[Any], item: WorkItem, capped: bool = True) -> None:
         with self._condition:
             if self._stopping:
-                raise Overloaded("the service is shutting down", retry_after_s=5)
+                raise NotReady("the service is shutting down", retry_after_s=5)
             if capped and self._in_system >= self.max_queue + self.max_batch_size:
                 raise Overloaded(
                     f"too many requests in flight ({self._in_system}); retry later",

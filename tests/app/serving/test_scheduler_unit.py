@@ -9,7 +9,7 @@ import pytest
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
-from app.errors import DeadlineExceeded, Overloaded
+from app.errors import DeadlineExceeded, NotReady, Overloaded
 from app.serving.events import Event, Failure
 from app.serving.scheduler import Scheduler
 from app.uncertainty.answer import AnswerScorer
@@ -124,3 +124,20 @@ def test_a_request_past_its_deadline_fails_with_deadline_exceeded(engine: Engine
 
     event = run_on(scheduler, body)
     assert isinstance(event, Failure) and isinstance(event.error, DeadlineExceeded)
+
+
+def test_a_stopped_scheduler_refuses_work_as_not_ready_not_as_overloaded(engine: Engine) -> None:
+    """A 429 invites a retry on the same replica; one that is shutting down is not ready (503), a check pass
+    of an answer already generated included."""
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0)
+    scheduler.start()
+    scheduler.stop()
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(NotReady):
+            scheduler.submit_generation(generation_item(loop, (5, 6), tokens=2))
+        with pytest.raises(NotReady):
+            scheduler.submit_scoring(scoring_item(loop, (5, 6), (7,)), follow_up=True)
+
+    asyncio.run(body())
