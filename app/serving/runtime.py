@@ -82,7 +82,7 @@ class Runtime:
         self.scheduler: Scheduler | None = None
         self.http_in_flight = 0
         self.load_seconds: float | None = None
-        self._method_thresholds: dict[str, float | None] | None = None
+        self._method_thresholds: tuple[ServingArtifact, dict[str, float | None]] | None = None
         self._lock = threading.Lock()
         self._reload_lock = threading.Lock()
 
@@ -273,7 +273,6 @@ class Runtime:
                 self._refuse_reload(refusal)
                 raise refusal from error
             self.serving = serving
-            self._method_thresholds = None
             self.tad_unavailable_reason = _no_regressor(serving.artifact)
             self._publish_artifact()
             self.metrics.artifact_reloads.labels(outcome="loaded").inc()
@@ -357,20 +356,23 @@ class Runtime:
         return resolve_policy(self.settings, self.artifact, None)
 
     def method_thresholds(self) -> dict[str, float | None]:
-        """Each method's threshold for the rolling would-reject gauges (computed once)."""
-        if self._method_thresholds is None:
+        """Each method's threshold for the rolling would-reject gauges, computed once per serving artifact: a
+        reload on its thread may swap the artifact while the event loop computes them from the old one."""
+        serving = self.serving
+        cached = self._method_thresholds
+        if cached is None or cached[0] is not serving:
             thresholds: dict[str, float | None] = {m.value: None for m in Method}
-            if self.artifact is not None:
-                manifest = self.artifact.manifest
+            if serving.artifact is not None:
+                manifest = serving.artifact.manifest
                 target = self.settings.reject_target
                 name = manifest.default_target if target in (None, "default") else target
                 for method in Method:
                     entry = manifest.thresholds.get(method, {}).get(name or "")
                     thresholds[method.value] = entry.threshold if entry else None
-            policy = self.default_policy()
+            policy = resolve_policy(self.settings, serving.artifact, None)
             thresholds[policy.method.value] = policy.threshold
-            self._method_thresholds = thresholds
-        return self._method_thresholds
+            cached = self._method_thresholds = (serving, thresholds)
+        return cached[1]
 
     def begin_draining(self) -> None:
         with self._lock:

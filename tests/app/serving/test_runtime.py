@@ -1,13 +1,16 @@
-"""The runtime: which names a request's `model` may use; what loading leaves behind."""
+"""The runtime: which names a request's `model` may use; what loading leaves behind; the drift gauges'
+thresholds."""
 
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 from app.engine.engine import Engine
 from app.serving.metrics import ServiceMetrics
 from app.serving.runtime import Runtime
 from app.settings import Settings
+from app.uncertainty.artifact import load_artifact
 from tests.app.service_client import make_client
 
 
@@ -40,3 +43,16 @@ def test_what_loading_left_is_out_of_the_cyclic_collector_s_sight(service_settin
     gc.unfreeze()
     with make_client(service_settings):
         assert gc.get_freeze_count() > 0
+
+
+def test_the_drift_thresholds_follow_the_serving_artifact_swapped_in(engine: Engine, tiny_artifact: Path) -> None:
+    """A reload swaps `serving` on its own thread: thresholds the event loop computed from the artifact before
+    must not stay cached for the one after (they were reset by the reload, and a computation of the old ones
+    still running on the loop could store them after the reset)."""
+    runtime = _runtime(engine)
+    without = runtime.method_thresholds()
+    assert without["tad"] is None
+    runtime.serving = Runtime._serving(load_artifact(tiny_artifact))  # the swap alone, as a reload makes it
+    with_artifact = runtime.method_thresholds()
+    assert with_artifact["tad"] is not None and with_artifact != without
+    assert runtime.method_thresholds() is with_artifact  # computed once per serving artifact
