@@ -144,10 +144,17 @@ def _body_not_read_as_json(errors: list[dict[str, Any]], content_type: str) -> b
     return not_an_object and "json" not in content_type.lower()
 
 
+def invalid_request_status(request: Request) -> int:
+    """The status of an invalid request on the route it was sent to: a route class may declare its API's
+    own (`invalid_request_status`: OpenAI's API answers 400); FastAPI's 422 otherwise."""
+    return getattr(request.scope.get("route"), "invalid_request_status", InvalidRequest.status_code)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, error: ServiceError) -> JSONResponse:
-        return error_response(error.status_code, error.error_type, error.message, error.param, error.headers)
+    async def _service_error(request: Request, error: ServiceError) -> JSONResponse:
+        status = invalid_request_status(request) if isinstance(error, InvalidRequest) else error.status_code
+        return error_response(status, error.error_type, error.message, error.param, error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -157,14 +164,15 @@ def install_error_handlers(app: FastAPI) -> None:
             # FastAPI parses a body as JSON only when it says it is JSON (curl -d sends a form by default).
             sent = content_type.split(";")[0] or "none"
             message = f"body: send a JSON object with the header content-type: application/json (this one: {sent})"
-            return error_response(422, InvalidRequest.error_type, message, "body")
+            return error_response(invalid_request_status(request), InvalidRequest.error_type, message, "body")
         message, field = validation_message(errors)
-        return error_response(422, InvalidRequest.error_type, message, field)
+        return error_response(invalid_request_status(request), InvalidRequest.error_type, message, field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 400:  # a body FastAPI could not parse (e.g. not UTF-8): bad input, like any other
-            return error_response(422, InvalidRequest.error_type, f"body: {error.detail}", "body")
+            status = invalid_request_status(request)
+            return error_response(status, InvalidRequest.error_type, f"body: {error.detail}", "body")
         error_type = {404: "not_found", 405: "method_not_allowed", 413: PayloadTooLarge.error_type}.get(
             error.status_code, "http_error"
         )

@@ -8,6 +8,7 @@ the prompt's length in tokens, which no JSON schema can state), and the other wa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +128,22 @@ def _drop_security(schema: dict[str, Any]) -> None:
             operation.pop("security", None)
 
 
+def _drop_fastapi_422(schema: dict[str, Any]) -> None:
+    """FastAPI declares a 422 of its own shape (`HTTPValidationError`) on every route with parameters that
+    declares none. This service never sends it: its validation errors have the one error shape, declared by
+    each route with the status its API uses (422 natively, 400 on OpenAI's routes)."""
+    own = "#/components/schemas/HTTPValidationError"
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            if own in json.dumps(responses.get("422", {})):
+                del responses["422"]
+    components = schema.get("components", {}).get("schemas", {})
+    if "HTTPValidationError" in components and own not in json.dumps(schema):
+        components.pop("HTTPValidationError")
+        components.pop("ValidationError", None)
+
+
 def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str, Any]]:
     """`app.openapi`: the schema with this deployment's limits; cached once the model is loaded, and
     built again after an artifact reload (calibrated targets come from the artifact)."""
@@ -143,6 +160,7 @@ def deployment_openapi(app: FastAPI, runtime: Runtime) -> Callable[[], dict[str,
             routes=app.routes,
             separate_input_output_schemas=app.separate_input_output_schemas,
         )
+        _drop_fastapi_422(schema)
         if runtime.settings.api_key is None:
             _drop_security(schema)
         if runtime.state is State.READY:

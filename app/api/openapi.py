@@ -34,6 +34,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         404: "The requested model is not served here",
         413: "Request body over the payload limit",
         409: "The service refused the action in its current state (e.g. an artifact that does not fit)",
+        400: "Invalid request; `error.param` names the field (OpenAI's status for it; the native routes: 422)",
         422: "Invalid request; `error.param` names the field",
         429: "Too many requests in flight; retry after `Retry-After` seconds",
         503: "Not ready yet (model loading) or shutting down; see `Retry-After`",

@@ -13,6 +13,12 @@ from app.main import create_app
 from app.settings import Settings
 
 CHAT = [{"role": "user", "content": "what is the capital of france ?"}]
+OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions")
+
+
+def invalid_status(route: str) -> int:
+    """An invalid request's status: 400 on the OpenAI routes (OpenAI's, and vLLM's), 422 on the native ones."""
+    return 400 if route in OPENAI_ROUTES else 422
 
 
 def wait_ready(client: TestClient, timeout: float = 60.0) -> None:

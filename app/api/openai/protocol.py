@@ -2,7 +2,7 @@
 
 Responses carry one extension field, `uncertainty`: the sequence scores, per-token
 confidences and the accept/reject decision. Requests may carry `tad` options.
-Known OpenAI options this service cannot honour are refused with a 422 naming them,
+Known OpenAI options this service cannot honour are refused (400, as OpenAI answers) naming them,
 rather than silently ignored.
 """
 
@@ -173,7 +173,7 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("must be false or null")
         return value
 
-    # Field validators, not a model one, so that a 422's `param` names the field (a model validator's
+    # Field validators, not a model one, so that a refusal's `param` names the field (a model validator's
     # errors are located at the body). `logprobs` is declared before `top_logprobs`: its value is in `info.data`.
     @field_validator("messages")
     @classmethod

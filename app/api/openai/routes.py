@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
 
 from app.api.common import policy_request
 from app.api.deps import ApiKeyDep, RuntimeDep, ServiceDep
@@ -25,9 +26,17 @@ from app.serving.outcomes import PromptInput, Submitted
 from app.serving.runtime import Runtime
 from app.serving.service import GenerationService
 
-router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep])
 
-OPENAI_ERRORS = {**V1_ERRORS, **errors(404)}
+class OpenAIRoute(APIRoute):
+    """OpenAI's API (and vLLM's) answers an invalid request with a 400, which its clients raise as
+    `BadRequestError`; the native routes keep FastAPI's 422 (app/errors.py, `invalid_request_status`)."""
+
+    invalid_request_status = 400
+
+
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep], route_class=OpenAIRoute)
+
+OPENAI_ERRORS = {**{code: body for code, body in V1_ERRORS.items() if code != 422}, **errors(400, 404)}
 STREAM_DOC = streamed("The completion; with `stream: true`, server-sent `data:` chunks ending with `data: [DONE]`.")
 
 

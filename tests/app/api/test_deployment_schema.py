@@ -49,3 +49,16 @@ def test_without_an_artifact_schema_and_validation_agree(service_settings: Setti
     with make_client(settings, artifact_dir=tmp_path / "none") as client:
         allowed, refused = _check_agreement(client)
         assert allowed and refused  # a bare threshold, TAD and the attention methods are refused
+
+
+def test_each_route_declares_the_status_its_invalid_requests_get(client: TestClient) -> None:
+    """OpenAI's routes answer an invalid request with a 400, as OpenAI does; the native ones with a 422. Each
+    declares its own and not the other (FastAPI declares a 422 of its own shape on every route otherwise)."""
+    paths = client.get("/openapi.json").json()["paths"]
+    openai = (("/v1/chat/completions", "post"), ("/v1/completions", "post"), ("/v1/models/{model_id}", "get"))
+    for route, method in openai:
+        responses = paths[route][method]["responses"]
+        assert "422" not in responses and ("400" in responses) == (method == "post"), route
+    for route in ("/v1/generate", "/v1/score"):
+        responses = paths[route]["post"]["responses"]
+        assert "400" not in responses and "ErrorBody" in str(responses["422"]), route

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from app.api.common import MAX_TEXT_CHARS
 from app.serving.runtime import Runtime
 from app.settings import Settings
-from tests.app.service_client import CHAT, make_client
+from tests.app.service_client import CHAT, invalid_status, make_client
 
 
 def assert_error(response, status: int, param: str | None = None, error_type: str | None = None) -> dict:
@@ -85,7 +85,7 @@ LONG_TEXT = "x" * (MAX_TEXT_CHARS + 1)
 def test_text_over_the_length_limit_is_refused_naming_the_field(
     client: TestClient, route: str, payload: dict, param: str
 ) -> None:
-    assert_error(client.post(route, json=payload), 422, param, "invalid_request_error")
+    assert_error(client.post(route, json=payload), invalid_status(route), param, "invalid_request_error")
 
 
 def test_malformed_json_and_wrong_content(client: TestClient) -> None:
@@ -103,6 +103,15 @@ def test_malformed_json_and_wrong_content(client: TestClient) -> None:
         )
     # A JSON array is JSON: it keeps pydantic's message.
     assert "content-type" not in assert_error(client.post("/v1/generate", json=["prompt"]), 422)["message"]
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_a_body_the_openai_routes_cannot_read_is_a_400_as_openai_answers(client: TestClient, route: str) -> None:
+    """OpenAI's clients raise a 400 as `BadRequestError`, what code written against OpenAI catches."""
+    json_header = {"content-type": "application/json"}
+    assert_error(client.post(route, content=b'{"model": ', headers=json_header), 400, "body", "invalid_request_error")
+    assert_error(client.post(route, content=b'{"model": "m"}', headers={}), 400, "body")
+    assert_error(client.post(route, content=b'{"model": "\xff"}', headers=json_header), 400, "body")
 
 
 @pytest.mark.parametrize(
@@ -345,12 +354,14 @@ HALF_EMOJI = "hi \ud83d"  # a string cut inside a surrogate pair, as JSON can ca
         ),
     ],
 )
-def test_a_lone_surrogate_is_a_422_naming_the_field(client: TestClient, route: str, payload: dict, param: str) -> None:
+def test_a_lone_surrogate_is_refused_naming_the_field(
+    client: TestClient, route: str, payload: dict, param: str
+) -> None:
     if route.startswith("/v1/c"):
         payload = {"model": client.get("/v1/models").json()["data"][0]["id"], **payload}
     body = json.dumps(payload).encode()  # ASCII JSON: the half pair travels as the escape "\ud83d"
     response = client.post(route, content=body, headers={"content-type": "application/json"})
-    error = assert_error(response, 422, None, "invalid_request_error")
+    error = assert_error(response, invalid_status(route), None, "invalid_request_error")
     assert error["param"].startswith(param), error
 
 
@@ -358,16 +369,16 @@ def test_an_operators_logprob_limit_names_the_field_the_route_takes(service_sett
     with make_client(service_settings, max_top_logprobs=2) as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
         completion = client.post("/v1/completions", json={"model": model, "prompt": "a", "logprobs": 3})
-        assert assert_error(completion, 422, "logprobs")["message"].startswith("logprobs must be at most 2")
+        assert assert_error(completion, 400, "logprobs")["message"].startswith("logprobs must be at most 2")
         chat = {"model": model, "messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 3}
-        assert_error(client.post("/v1/chat/completions", json=chat), 422, "top_logprobs")
+        assert_error(client.post("/v1/chat/completions", json=chat), 400, "top_logprobs")
         assert_error(client.post("/v1/generate", json={"prompt": "a", "top_logprobs": 3}), 422, "top_logprobs")
 
 
 def test_error_messages_do_not_repeat_long_client_input(client: TestClient) -> None:
     long_name = "m" * 5000
     chat = {"model": long_name, "messages": CHAT}
-    error = assert_error(client.post("/v1/chat/completions", json=chat), 422, "model")
+    error = assert_error(client.post("/v1/chat/completions", json=chat), 400, "model")
     assert long_name[:300] not in error["message"]
     error = assert_error(client.get(f"/v1/models/{long_name}"), 404, "model")
     assert len(error["message"]) < 400

@@ -157,31 +157,31 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-9", messages=MESSAGES)
     assert missing.value.body["param"] == "model"
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="model", messages=MESSAGES, n=2)
-    with pytest.raises(openai.UnprocessableEntityError) as penalty:
+    with pytest.raises(openai.BadRequestError) as penalty:
         client.chat.completions.create(model="model", messages=MESSAGES, presence_penalty=0.5)
     assert penalty.value.body["param"] == "presence_penalty"
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=10_000)
-    with pytest.raises(openai.UnprocessableEntityError) as too_many:
+    with pytest.raises(openai.BadRequestError) as too_many:
         client.chat.completions.create(model="model", messages=MESSAGES, max_completion_tokens=10_000)
     assert too_many.value.body["param"] == "max_completion_tokens"
-    with pytest.raises(openai.UnprocessableEntityError) as target:
+    with pytest.raises(openai.BadRequestError) as target:
         client.chat.completions.create(
             model="model", messages=MESSAGES, extra_body={"tad": {"policy": {"target": "error@0.01"}}}
         )
     assert target.value.body["param"] == "tad.policy.target"
     # Checks across fields still name the field the client must change.
-    with pytest.raises(openai.UnprocessableEntityError) as needs_logprobs:
+    with pytest.raises(openai.BadRequestError) as needs_logprobs:
         client.chat.completions.create(model="model", messages=MESSAGES, top_logprobs=3)
     assert needs_logprobs.value.body["param"] == "top_logprobs"
-    with pytest.raises(openai.UnprocessableEntityError) as no_text:
+    with pytest.raises(openai.BadRequestError) as no_text:
         client.chat.completions.create(
             model="model", messages=[{"role": "user", "content": [{"type": "text", "text": " "}]}]
         )
     assert no_text.value.body["param"] == "messages"
-    with pytest.raises(openai.UnprocessableEntityError) as not_streaming:
+    with pytest.raises(openai.BadRequestError) as not_streaming:
         client.chat.completions.create(model="model", messages=MESSAGES, stream_options={"include_usage": True})
     assert not_streaming.value.body["param"] == "stream_options"
 
@@ -214,6 +214,6 @@ def test_a_previous_answer_sent_back_as_dumped_and_harmless_options_are_served(c
     ],
 )
 def test_options_that_would_change_the_answer_are_refused(client: openai.OpenAI, options: dict, param: str) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=3, **options)
     assert refused.value.body["param"] == param
