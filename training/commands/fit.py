@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.arguments import CENTRINGS, STARTS_OVER, UsageError, int_at_least, open_unit, positive
+from training.arguments import CENTRINGS, UsageError, int_at_least, open_unit, positive
 
 if TYPE_CHECKING:
     from training.fit.options import FitOptions
 
 NAME = "fit"
-INTERRUPTED = STARTS_OVER
+# Only the MLP's cross-validation folds (most of a fit with --mlp) are kept: training/fit/fold_progress.py.
+INTERRUPTED = "nothing was replaced; with --mlp, rerunning the same fit resumes its finished MLP folds"
 # The values of the enums in training/ (Variant, Convention, RowWeighting; tests/training/commands/test_fit.py
 # checks them), spelled out so that --help imports no numpy.
 VARIANTS = ("leak-free", "algorithm1-literal", "authors")

@@ -31,6 +31,7 @@ from training.fit.cross_validation import (
     prr_order,
     stage1_for_stage2,
 )
+from training.fit.fold_progress import FoldProgress, FoldScores
 from training.fit.options import MLP_CONFIG_KEYS, FitOptions
 from training.fit.trial_rule import trial_verdict
 from training.groups import Selection
@@ -56,27 +57,16 @@ def mlp_search(
         (kind, c): {s: {a: [] for a in Aggregation} for s in Selection} for kind in kinds for c in range(len(configs))
     }
     selection = effective_selection(options.selection, data)
-    variant, alpha = choice.variant, choice.alpha_stage1
+    progress = FoldProgress(options, choice, spec, texts, data)
     for f in tqdm(range(data.count), desc="fit: MLP cross-validation", unit="fold"):
-        train, train_folds = data.texts_without(f, texts)
-        available = [g for g in range(data.count) if g != f]
-        confidences = stage1_for_stage2(train, train_folds, data, available, alpha, variant, spec, options.epsilon)
-        ridge = None
-        if options.mlp_average:
-            stats = stage2_stats(data.static_without(f), cross_stats(train, [confidences], spec), 0, spec)
-            ridge = fit_ridge(stats, choice.alpha)
-        features, targets, weights = stage2_matrix(train, confidences, spec)
-        for c, config in enumerate(configs):
-            network = fit_mlp(config, options, features, targets, weights)
-            stage2: dict[str, Regressor] = {"mlp": network}
-            if ridge is not None:
-                stage2["mlp+ridge"] = AveragedRegressor((ridge, network))
-            for kind, regressor in stage2.items():
-                scored = held_out_prr(TadScorer(regressor, spec, options.epsilon), data.groups[f], data.informative)
-                for metric, by_aggregation in scored.items():
-                    for aggregation, value in by_aggregation.items():
-                        scores[kind, c][metric][aggregation].append(value)
-        del features, targets, weights
+        fold_scores = progress.load(f)
+        if fold_scores is None or set(fold_scores) != set(scores):
+            fold_scores = _fold_scores(texts, spec, data, choice, options, configs, f)
+            progress.save(f, fold_scores)
+        for key, by_metric in fold_scores.items():
+            for metric, by_aggregation in by_metric.items():
+                for aggregation, value in by_aggregation.items():
+                    scores[key][metric][aggregation].append(value)
     table: list[dict[str, Any]] = [
         {
             "stage2": kind,
@@ -95,6 +85,37 @@ def mlp_search(
         return max((row for row in table if row["stage2"] == kind), key=prr_order, default=None)
 
     return best_of("mlp"), best_of("mlp+ridge"), table
+
+
+def _fold_scores(
+    texts: Sequence[FitText],
+    spec: FeatureSpec,
+    data: FoldData,
+    choice: Choice,
+    options: FitOptions,
+    configs: Sequence[dict[str, Any]],
+    f: int,
+) -> FoldScores:
+    """Every configuration's held-out PRRs on fold `f`, fitted on the other folds."""
+    train, train_folds = data.texts_without(f, texts)
+    available = [g for g in range(data.count) if g != f]
+    variant, alpha = choice.variant, choice.alpha_stage1
+    confidences = stage1_for_stage2(train, train_folds, data, available, alpha, variant, spec, options.epsilon)
+    ridge = None
+    if options.mlp_average:
+        stats = stage2_stats(data.static_without(f), cross_stats(train, [confidences], spec), 0, spec)
+        ridge = fit_ridge(stats, choice.alpha)
+    features, targets, weights = stage2_matrix(train, confidences, spec)
+    scores: FoldScores = {}
+    for c, config in enumerate(configs):
+        network = fit_mlp(config, options, features, targets, weights)
+        stage2: dict[str, Regressor] = {"mlp": network}
+        if ridge is not None:
+            stage2["mlp+ridge"] = AveragedRegressor((ridge, network))
+        for kind, regressor in stage2.items():
+            scorer = TadScorer(regressor, spec, options.epsilon)
+            scores[kind, c] = held_out_prr(scorer, data.groups[f], data.informative)
+    return scores
 
 
 def fit_mlp(

@@ -23,6 +23,7 @@ from training.fit.cross_validation import (
     cross_validate_convention,
     fit_final,
 )
+from training.fit.fold_progress import FoldProgress
 from training.fit.mlp import choose_stage2
 from training.fit.options import FitOptions
 from training.fit.report import cv_record, manifest_summary, served_row
@@ -88,7 +89,10 @@ def run_fit(options: FitOptions) -> Manifest:
         },
         training=training_record(options, result.texts, settings, started),
     )
-    return write_artifact(options.out, manifest, regressors, record)
+    written = write_artifact(options.out, manifest, regressors, record)
+    if options.mlp:
+        FoldProgress(options, chosen, result.spec, result.texts, result.data).discard()
+    return written
 
 
 def decision_of(record: dict[str, Any], kind: str) -> DecisionRule:

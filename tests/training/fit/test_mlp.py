@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,51 @@ def test_mlp_average_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     assert isinstance(artifact.scorer.split, MLPStage2) and artifact.scorer.split.with_linear
     # Its members are the ridge artifact's stage 2 and the MLP artifact's, fitted on the same rows.
     np.testing.assert_array_equal(ridge.coef_, joblib.load(tmp_path / "ridge" / "regressor.joblib").coef_)
+
+
+class Interrupted(Exception):
+    """Stands for the fit being stopped (Ctrl-C, a lost machine) partway through its MLP folds."""
+
+
+def test_an_interrupted_mlp_cross_validation_resumes_from_its_finished_folds(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MLP folds are most of a fit: a rerun reads the finished ones back and fits only the rest, with the
+    same record as a fit never stopped; a fit of other options reads none of them; a finished fit leaves none."""
+    import training.fit.mlp as mlp_module
+    from training.fit.fold_progress import progress_root
+
+    grid = {"layers": (2,), "epochs": (3,), "learning_rate": (1e-3,), "batch_size": (64,)}
+    options = FitOptions(
+        runs=[tiny_runs["train"]], out=tmp_path / "whole", alphas=(1.0,), mlp=True, mlp_width=16, mlp_grid=grid
+    )
+    whole = read_cv_record(tmp_path / "whole", run_fit(options))["mlp"]["grid"]
+    assert not progress_root(options).exists()
+    fitted: list[int] = []
+    fold_scores = mlp_module._fold_scores
+
+    def recorded(*args: Any, stop_at: int | None = None) -> Any:
+        if args[-1] == stop_at:
+            raise Interrupted
+        fitted.append(args[-1])
+        return fold_scores(*args)
+
+    monkeypatch.setattr(mlp_module, "_fold_scores", lambda *args: recorded(*args, stop_at=3))
+    with pytest.raises(Interrupted):
+        run_fit(replace(options, out=tmp_path / "resumed"))
+    assert fitted == [0, 1, 2]
+    monkeypatch.setattr(mlp_module, "_fold_scores", recorded)
+    fitted.clear()
+    other = replace(options, out=tmp_path / "other", mlp_grid={**grid, "epochs": (4,)})
+    run_fit(other)
+    assert fitted == [0, 1, 2, 3, 4]  # another grid: none of the stopped fit's folds are its own
+    assert progress_root(options).is_dir()  # and the stopped fit's are still there
+    fitted.clear()
+    resumed = run_fit(replace(options, out=tmp_path / "resumed"))
+    assert fitted == [3, 4]
+    # As text: an undefined PRR (NaN) is equal to itself there.
+    assert json.dumps(read_cv_record(tmp_path / "resumed", resumed)["mlp"]["grid"]) == json.dumps(whole)
+    assert not progress_root(options).exists()
 
 
 CRAFTED_CONFIG = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}

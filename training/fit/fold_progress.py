@@ -1,0 +1,99 @@
+"""The MLP cross-validation resumes fold by fold: it is most of a fit (45 of the default artifact's 48 minutes).
+
+Each finished fold's held-out PRRs are written to `<first run>/fit-progress/<key>/fold-<f>.json`, where the
+key digests everything those numbers depend on: the fit's options, the stage-1 choice, the feature spec, and
+each text's key, dataset, target (after centring), row weight, length and fold. Rerun, the same fit reads
+the finished folds back instead of refitting them; a fit that differs in anything finds another key, so its
+folds are never mixed with another's. `run_fit` removes the fit's folder once it has written its artifact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from app.files import write_text_atomic
+from app.uncertainty.aggregation import Aggregation
+from app.uncertainty.features import FeatureSpec
+from training.fit.cross_validation import Choice, FoldData
+from training.fit.options import FitOptions
+from training.groups import Selection
+from training.two_stage import FitText
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_DIR = "fit-progress"
+# One fold's PRRs: by (stage-2 kind, configuration index), selection metric and aggregation.
+FoldScores = dict[tuple[str, int], dict[Selection, dict[Aggregation, float]]]
+
+
+def progress_root(options: FitOptions) -> Path:
+    return Path(options.runs[0]) / PROGRESS_DIR
+
+
+def _key(options: FitOptions, choice: Choice, spec: FeatureSpec, texts: Sequence[FitText], data: FoldData) -> str:
+    digest = hashlib.sha256()
+    described = {
+        "options": {name: value for name, value in asdict(options).items() if name != "out"},
+        "choice": asdict(choice),
+        "spec": asdict(spec),
+    }
+    digest.update(json.dumps(described, sort_keys=True, default=str).encode())
+    for text, fold in zip(texts, data.fold_of, strict=True):
+        line = f"{text.key}\t{text.dataset}\t{text.target!r}\t{text.offset!r}\t{text.row_weight!r}\t{len(text)}"
+        digest.update(f"{line}\t{int(fold)}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+class FoldProgress:
+    """The finished folds of one MLP cross-validation."""
+
+    def __init__(
+        self, options: FitOptions, choice: Choice, spec: FeatureSpec, texts: Sequence[FitText], data: FoldData
+    ) -> None:
+        self.folder = progress_root(options) / _key(options, choice, spec, texts, data)
+
+    def load(self, fold: int) -> FoldScores | None:
+        """The fold's PRRs if an earlier run of this fit finished it."""
+        path = self.folder / f"fold-{fold}.json"
+        if not path.exists():
+            return None
+        try:
+            entries = json.loads(path.read_text())
+            scores: FoldScores = {
+                (entry["kind"], int(entry["config"])): {
+                    Selection(metric): {Aggregation(a): float(v) for a, v in by_aggregation.items()}
+                    for metric, by_aggregation in entry["prr"].items()
+                }
+                for entry in entries
+            }
+        except (ValueError, KeyError, TypeError) as error:  # a file cut short or from another version
+            logger.warning("fit progress %s unreadable (%s): fold %d runs again", path, error, fold)
+            return None
+        logger.info("fold %d of the MLP cross-validation read back from %s", fold, path)
+        return scores
+
+    def save(self, fold: int, scores: FoldScores) -> None:
+        entries: list[dict[str, Any]] = [
+            {
+                "kind": kind,
+                "config": config,
+                "prr": {m.value: {a.value: v for a, v in by_a.items()} for m, by_a in by_metric.items()},
+            }
+            for (kind, config), by_metric in scores.items()
+        ]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.folder / f"fold-{fold}.json", json.dumps(entries))
+
+    def discard(self) -> None:
+        """Once the artifact is written nothing resumes: the finished folds go (another fit's stay)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # removed only if no other fit's progress is left in it
+            self.folder.parent.rmdir()
