@@ -17,7 +17,7 @@ from app.uncertainty.methods import Method
 from training.check_pass_scores import CheckPassOptions, check_pass_methods, check_pass_table
 from training.method_scores import artifact_methods, uncertainty_table
 from training.rejection import CORRECT_THRESHOLD, accuracy
-from training.run_source import RunSource, obtain_runs
+from training.run_source import RunSource, check_held_out, obtain_runs
 from training.runs import check_no_duplicates, iter_texts
 from training.thresholds import (
     coverage_name,
@@ -167,6 +167,7 @@ def run_calibrate(artifact_dir: Path, source: RunSource, targets: CalibrationTar
         # Thresholds chosen on nothing are -inf with n 0: refuse before the manifest's calibration is replaced.
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to calibrate on")
     check_no_duplicates(t.answer_key for t in texts)  # the guarantee counts answers: each must count once
+    check_held_out(artifact, (t.key for t in texts), "calibrate on")
     checked = check_pass_methods(artifact)  # asked of the model again only for answers not asked about yet
     table = {
         **uncertainty_table(artifact, texts),

@@ -29,7 +29,7 @@ from training.rejection import (
     rejection_curve,
     roc_auc_wrong,
 )
-from training.run_source import RunSource, obtain_runs
+from training.run_source import RunSource, check_held_out, obtain_runs
 from training.runs import TextTrace, check_no_duplicates, iter_texts, read_run_settings
 
 logger = logging.getLogger(__name__)
@@ -293,6 +293,8 @@ def run_evaluate(
     if not texts:
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to evaluate")
     check_no_duplicates(t.answer_key for t in texts)
+    for scored_with in (artifact, *([compared] if compared is not None else [])):
+        check_held_out(scored_with, (t.key for t in texts), "evaluate on")
     methods = sorted({*check_pass_methods(artifact), *(check_pass_methods(compared) if compared else [])})
     options = CheckPassOptions(source.device, source.cache_dir)
     checked = check_pass_table(methods, runs, texts, options)

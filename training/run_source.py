@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.uncertainty.artifact import TadArtifact
 from training.generation import GenerateOptions, run_generate
-from training.runs import check_run_folders, read_run_settings
+from training.runs import RUN_FILE, check_run_folders, read_run_settings, record_keys
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,32 @@ def check_runs_match(runs: Sequence[Path], artifact: TadArtifact) -> None:
             raise SystemExit(f"run {run} was generated with another model than the artifact's")
         if int(settings.get("n_lags", 0)) < artifact.n_lags:
             raise SystemExit(f"run {run} stores {settings.get('n_lags')} lags; the artifact needs {artifact.n_lags}")
+
+
+def check_held_out(artifact: TadArtifact, keys: Iterable[str], use: str) -> None:
+    """Refuse answers to records the artifact's regressor was fitted on (its `training.runs`, by record key:
+    both prompt styles of a question count): scored in-sample, TAD would look better than it is, and a
+    threshold certified on them would promise an error rate the service does not have. `use` says what the
+    answers were for ("calibrate on", "evaluate on"). Runs the fit read that are not on this machine cannot
+    be checked: said, not refused."""
+    fitted_runs = [Path(run) for run in artifact.manifest.training.get("runs", [])]
+    if not fitted_runs:  # a calibration-only artifact: nothing was fitted
+        return
+    absent = [str(run) for run in fitted_runs if not (run / RUN_FILE).is_file()]
+    if absent:
+        logger.warning(
+            "the runs the artifact was fitted on are not all here (%s): that these answers were held out from its "
+            "fit is not checked",
+            ", ".join(absent),
+        )
+        return
+    overlap = sorted(set(keys) & record_keys(fitted_runs))
+    if overlap:
+        raise SystemExit(
+            f"{len(overlap)} of the records to {use} (e.g. {overlap[0]}) are among those the artifact was fitted on "
+            f"({', '.join(map(str, fitted_runs))}): its scores on them are in-sample. Use held-out answers (a dev "
+            "split)"
+        )
 
 
 def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:

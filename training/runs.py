@@ -279,6 +279,18 @@ def planned_shards(run_dir: Path) -> int | None:
         return None
 
 
+def record_keys(run_dirs: Sequence[Path]) -> set[str]:
+    """The record keys of every answer in the runs' completed shards, read from their texts.json only."""
+    return {str(meta["key"]) for run in run_dirs for shard in completed_shards(Path(run)) for meta in _metas(shard)}
+
+
+def _metas(shard: Path) -> list[dict[str, Any]]:
+    metas = json.loads((shard / "texts.json").read_text())
+    if not isinstance(metas, list):
+        raise SystemExit(f"{shard / 'texts.json'} is not a list: regenerate the run")
+    return metas
+
+
 def iter_texts(run_dirs: Sequence[Path]) -> Iterator[TextTrace]:
     """Every text of every completed shard of the runs (data-parallel shards included); a run whose
     `generate` has not finished is used as it is, with a warning naming what it lacks."""

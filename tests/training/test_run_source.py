@@ -1,20 +1,24 @@
-"""Runs for evaluate/calibrate: several runs read together (a run and its --skip extension)."""
+"""Runs for evaluate/calibrate: several runs read together (a run and its --skip extension), checked against
+the artifact (its model, its lags, and answers held out from its fit)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from app.uncertainty.artifact import load_artifact
 from training.run_source import RunSource, obtain_runs
-from training.runs import iter_texts
+from training.runs import completed_shards, iter_texts
 
 
 def test_several_runs_are_read_together(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
     from training.evaluation import run_evaluate
 
-    runs = [tiny_runs["dev"], tiny_runs["train"]]
+    runs = [tiny_runs["dev"], other_records(tiny_runs["dev"], tmp_path / "extension")]
     source = RunSource(data=[], runs=runs, default_run_dir=tmp_path / "unused")
     assert obtain_runs(source, load_artifact(tiny_artifact)) == runs
     report = run_evaluate(tiny_artifact, source, tmp_path / "report", resamples=0)
@@ -23,9 +27,6 @@ def test_several_runs_are_read_together(tiny_runs: dict[str, Path], tiny_artifac
 
 
 def test_a_run_of_another_model_is_refused(tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path) -> None:
-    import json
-    import shutil
-
     foreign = tmp_path / "foreign"
     shutil.copytree(tiny_runs["dev"], foreign)
     settings = json.loads((foreign / "run.json").read_text())
@@ -35,11 +36,49 @@ def test_a_run_of_another_model_is_refused(tiny_runs: dict[str, Path], tiny_arti
         obtain_runs(source, load_artifact(tiny_artifact))
 
 
+def other_records(run: Path, copy: Path) -> Path:
+    """A copy of `run` whose answers are to other records (their keys changed), as a --skip extension's are."""
+    shutil.copytree(run, copy)
+    for shard in completed_shards(copy):
+        metas = json.loads((shard / "texts.json").read_text())
+        (shard / "texts.json").write_text(json.dumps([{**m, "key": f"{m['key']}-more"} for m in metas]))
+    return copy
+
+
+@pytest.mark.parametrize("command", ["evaluate", "calibrate"])
+def test_answers_to_records_the_artifact_was_fitted_on_are_refused(
+    command: str, tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    """In-sample, TAD looks better than it is, and a certified threshold would promise an error rate the service
+    does not have: refused before anything is scored or replaced, whichever prompt style the answers are in."""
+    from training.calibration import CalibrationTargets, run_calibrate
+    from training.evaluation import run_evaluate
+
+    artifact = Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))
+    manifest = (artifact / "manifest.json").read_text()
+    source = RunSource(data=[], runs=[tiny_runs["dev"], tiny_runs["train"]], default_run_dir=tmp_path / "unused")
+    with pytest.raises(SystemExit, match=r"records to (evaluate|calibrate) on .* are among those the artifact was fit"):
+        if command == "evaluate":
+            run_evaluate(artifact, source, tmp_path / "report", resamples=0)
+        else:
+            run_calibrate(artifact, source, CalibrationTargets(coverages=[0.5], errors=[], delta=0.1))
+    assert (artifact / "manifest.json").read_text() == manifest and not (tmp_path / "report").exists()
+
+
+def test_an_artifact_whose_training_runs_are_elsewhere_is_not_refused_but_said(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from training.run_source import check_held_out
+
+    artifact = load_artifact(tiny_artifact)
+    moved = artifact.manifest.model_copy(update={"training": {**artifact.manifest.training, "runs": ["/nowhere/run"]}})
+    elsewhere = replace(artifact, manifest=moved)
+    check_held_out(elsewhere, ["mmlu/mmlu-train-0"], "evaluate on")
+    assert "not checked" in caplog.text
+
+
 def altered_run(run: Path, folder: Path, **settings: object) -> Path:
     """A copy of `run` whose run.json says it was made with other `settings` (e.g. model_sha256, n_lags)."""
-    import json
-    import shutil
-
     copy = folder / f"altered-{'-'.join(settings)}"
     shutil.copytree(run, copy)
     stored = json.loads((copy / "run.json").read_text())
