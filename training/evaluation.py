@@ -130,8 +130,12 @@ def build_report(
     arrays: dict[str, Any] = {}
     groups = group_by_dataset(texts)
     samples: dict[str, dict[str, np.ndarray]] = {}
-    for name, indices in groups.items():
-        report["datasets"][name], samples[name] = _entry(table, targets[indices], indices, resamples, seed, default)
+    # A seed per dataset: the mean over datasets (mean_interval) needs their resamples independent, and one
+    # seed would draw the same positions in every dataset of the same size.
+    for offset, (name, indices) in enumerate(groups.items()):
+        report["datasets"][name], samples[name] = _entry(
+            table, targets[indices], indices, resamples, seed + offset, default
+        )
         arrays[name] = {"quality": targets[indices], "uncertainty": {m: v[indices] for m, v in table.items()}}
     if len(groups) > 1:
         everything = list(range(len(texts)))

@@ -98,3 +98,19 @@ def test_an_artifact_deciding_with_p_true_is_evaluated_with_it(
         assert "p_true" in entry["methods"] and entry["default_vs_best_baseline"]["best_baseline"] != "p_true"
     policy = report["default_policy"]
     assert policy is not None and policy["method"] == "p_true" and policy["overall"]["n"] > 0
+
+
+def test_each_dataset_is_resampled_independently(tiny_runs: dict[str, Path], tiny_artifact: Path) -> None:
+    """The interval of the mean over datasets averages their resamples one by one, which assumes them
+    independent: two datasets holding the same answers must not be resampled at the same positions."""
+    from dataclasses import replace
+
+    from app.uncertainty.artifact import load_artifact
+    from training.evaluation import build_report
+    from training.runs import iter_texts
+
+    texts = list(iter_texts([tiny_runs["dev"]]))
+    twins = [replace(t, meta={**t.meta, "dataset": name, "key": f"{name}/{t.key}"}) for name in "ab" for t in texts]
+    report, _ = build_report(load_artifact(tiny_artifact), twins, resamples=200)
+    a, b = (report["datasets"][name]["methods"]["msp"] for name in "ab")
+    assert a["prr"] == b["prr"] and a["prr_ci95"] != b["prr_ci95"]
