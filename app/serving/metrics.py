@@ -114,13 +114,15 @@ class ServiceMetrics:
     def observe_answer(self, scores: dict[str, float | None], thresholds: dict[str, float | None]) -> None:
         """Per-method uncertainty histograms and rolling would-reject rates."""
         for method, value in scores.items():
-            if value is None or math.isnan(value):
+            if value is None:  # not computed for this answer
                 continue
-            self.sequence_uncertainty.labels(method=method).observe(value)
+            undefined = math.isnan(value)  # an empty answer: rejected by every method, as calibration counted it
+            if not undefined:
+                self.sequence_uncertainty.labels(method=method).observe(value)
             threshold = thresholds.get(method)
             if threshold is not None:
                 window = self._windows[method]
-                window.append(value > threshold)
+                window.append(undefined or value > threshold)
                 self.rejection_rate.labels(method=method).set(sum(window) / len(window))
 
     def exposition(self) -> tuple[bytes, str]:

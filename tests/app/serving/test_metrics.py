@@ -25,3 +25,14 @@ def test_time_per_output_token_counts_the_decode_steps_not_the_prefill() -> None
     assert sample("tad_time_per_output_token_seconds_count") == 1  # one token: no time between tokens
     assert sample("tad_time_per_output_token_seconds_sum") == pytest.approx(0.5)
     assert sample("tad_time_to_first_token_seconds_sum") == pytest.approx(3.2)
+
+
+def test_an_empty_answer_counts_as_rejected_in_the_rolling_rate_as_it_is_decided() -> None:
+    """An empty answer's scores are undefined (NaN): the policy rejects it and calibration counted it rejected,
+    so the rolling would-reject rate that watches for drift counts it too (it is left out of the histograms)."""
+    metrics = ServiceMetrics()
+    metrics.observe_answer({"msp": 0.2}, {"msp": 0.5})
+    metrics.observe_answer({"msp": float("nan")}, {"msp": 0.5})
+    sample = metrics.registry.get_sample_value
+    assert sample("tad_rolling_rejection_rate", {"method": "msp"}) == 0.5
+    assert sample("tad_sequence_uncertainty_count", {"method": "msp"}) == 1
