@@ -18,7 +18,7 @@ from training.check_pass_scores import CheckPassOptions, check_pass_methods, che
 from training.method_scores import artifact_methods, uncertainty_table
 from training.rejection import CORRECT_THRESHOLD, accuracy
 from training.run_source import RunSource, check_held_out, obtain_runs
-from training.runs import check_no_duplicates, iter_texts
+from training.runs import TextTrace, check_no_duplicates, iter_texts
 from training.thresholds import (
     coverage_name,
     coverage_threshold,
@@ -156,6 +156,22 @@ def calibrate_thresholds(
     return Calibration(thresholds, default, record)
 
 
+def warn_on_twins(texts: Sequence[TextTrace]) -> None:
+    """The binomial tests count answers as independent; one record asked in both prompt styles gives two
+    answers that are not (docs/experiments/folds-by-record.md), which makes the guarantee optimistic."""
+    styles: dict[str, set[str]] = {}
+    for text in texts:
+        styles.setdefault(text.key, set()).add(text.prompt_style.value)
+    twins = sum(len(found) > 1 for found in styles.values())
+    if twins:
+        logger.warning(
+            "%d of the %d records are answered in more than one prompt style: the guarantee counts each answer as "
+            "independent, which such twins are not, so it is optimistic; calibrate on one style",
+            twins,
+            len(styles),
+        )
+
+
 def run_calibrate(artifact_dir: Path, source: RunSource, targets: CalibrationTargets) -> Manifest:
     if not targets.coverages and not targets.errors:
         # Nothing to choose: writing would replace every calibrated threshold with none.
@@ -168,6 +184,7 @@ def run_calibrate(artifact_dir: Path, source: RunSource, targets: CalibrationTar
         raise SystemExit(f"the runs hold no answers ({', '.join(map(str, runs))}): nothing to calibrate on")
     check_no_duplicates(t.answer_key for t in texts)  # the guarantee counts answers: each must count once
     check_held_out(artifact, (t.key for t in texts), "calibrate on")
+    warn_on_twins(texts)
     checked = check_pass_methods(artifact)  # asked of the model again only for answers not asked about yet
     table = {
         **uncertainty_table(artifact, texts),

@@ -98,3 +98,20 @@ def test_keep_half_takes_the_strictest_target_whose_kept_share_is_bounded_above_
     # With no target keeping enough, the loosest certified one.
     assert default_keeping({"error@0.1": decided["error@0.1"]}, values, quality, 0.5, delta=0.05) == "error@0.1"
     assert default_keeping({}, values, quality, 0.5, delta=0.05) is None
+
+
+def test_a_record_answered_in_two_prompt_styles_is_said_to_make_the_guarantee_optimistic(
+    tiny_runs: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    from dataclasses import replace
+
+    from training.calibration import warn_on_twins
+    from training.runs import iter_texts
+
+    first, second = list(iter_texts([tiny_runs["dev"]]))[:2]
+    warn_on_twins([first, second])
+    assert "prompt style" not in caplog.text
+    other_style = "task" if first.prompt_style.value == "chat" else "chat"
+    twin = replace(second, meta={**first.meta, "prompt_style": other_style})
+    warn_on_twins([first, twin])
+    assert "1 of the 1 records are answered in more than one prompt style" in caplog.text
