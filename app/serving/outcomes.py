@@ -28,6 +28,13 @@ class PromptInput:
     def field(self) -> str:
         return "messages" if self.messages is not None else "prompt"
 
+    @property
+    def chars(self) -> int:
+        """The characters of its text, the messages' contents together (what decides where it is tokenized)."""
+        if self.messages is not None:
+            return sum(len(str(m.get("content", ""))) for m in self.messages)
+        return len(self.prompt or "")
+
 
 @dataclass(frozen=True)
 class PreparedGeneration:

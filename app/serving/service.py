@@ -37,7 +37,7 @@ from app.serving.outcomes import (
 from app.serving.policy import Decision, Policy, PolicyRequest, decide, resolve_policy
 from app.serving.progress import AnswerProgress
 from app.serving.runtime import Runtime, ServingArtifact
-from app.serving.tokenizing import prompt_chars, tokenized
+from app.serving.tokenizing import tokenized
 from app.serving.work_items import GenerationItem, ScoringItem, WorkItem
 from app.settings import RejectAction
 from app.uncertainty.answer import ScoredAnswer
@@ -96,7 +96,7 @@ class GenerationService:
         field = prompt.field
         messages = [dict(m) for m in prompt.messages] if prompt.messages is not None else None
         try:
-            ids = await tokenized(prompt_chars(prompt), self.engine, Engine.encode_prompt, prompt.prompt, messages)
+            ids = await tokenized(prompt.chars, self.engine, Engine.encode_prompt, prompt.prompt, messages)
         except PromptError as error:
             raise InvalidRequest(str(error), param=field) from error
         if not ids:

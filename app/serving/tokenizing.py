@@ -14,12 +14,9 @@ import asyncio
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from app.engine.engine import Engine
-
-if TYPE_CHECKING:  # outcomes imports the runtime, which prepares the tokenizing thread
-    from app.serving.outcomes import PromptInput
 
 TOKENIZE_INLINE_CHARS = 16_384
 _TOKENIZER_THREAD = ThreadPoolExecutor(1, thread_name_prefix="tad-tokenize")
@@ -27,13 +24,6 @@ _TOKENIZER_THREAD = ThreadPoolExecutor(1, thread_name_prefix="tad-tokenize")
 _OWN_ENGINES: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 
 T = TypeVar("T")
-
-
-def prompt_chars(prompt: PromptInput) -> int:
-    """The characters of the prompt's text, its messages' contents together."""
-    if prompt.messages is not None:
-        return sum(len(str(m.get("content", ""))) for m in prompt.messages)
-    return len(prompt.prompt or "")
 
 
 def _with_own_tokenizer(engine: Engine, tokenize: Callable[..., T], args: Sequence[object]) -> T:
