@@ -199,6 +199,8 @@ class OpenAIStreamEncoder:
         self.offset = 0  # characters streamed so far (completions' text_offset)
 
     def _chunk(self, choice: dict[str, Any] | None, **extra: Any) -> str:
+        # With include_usage every chunk has the field, null until the last one's, as OpenAI sends them.
+        usage_field = {"usage": None} if self.include_usage else {}
         return sse_data(
             {
                 "id": self.id,
@@ -206,6 +208,7 @@ class OpenAIStreamEncoder:
                 "created": self.created,
                 "model": self.served.model,
                 "choices": [choice] if choice is not None else [],
+                **usage_field,
                 **extra,
             }
         )

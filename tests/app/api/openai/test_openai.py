@@ -83,6 +83,8 @@ def test_chat_completion_stream(client: openai.OpenAI) -> None:
         c.model_extra["uncertainty"]["token"]["confidence"] for c in chunks if c.choices and c.choices[0].delta.content
     ]
     assert len(confidences) == chunks[-1].usage.completion_tokens
+    # With include_usage every other chunk has the field too, null, as OpenAI sends them.
+    assert all("usage" in c.model_fields_set and c.usage is None for c in chunks[:-1])
     whole = client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=7, temperature=0)
     assert whole.choices[0].message.content == closing["text"]
     assert [t["confidence"] for t in whole.model_extra["uncertainty"]["tokens"]] == pytest.approx(confidences)
