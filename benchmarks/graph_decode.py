@@ -36,16 +36,8 @@ from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest, SequenceState
 from app.engine.slot_decoding import SlotDecodeBatch
-from benchmarks.gpu_overhead import (
-    CONFIGS,
-    build_model,
-    check_configs,
-    device_name,
-    id_tokenizer,
-    make_engine,
-    synchronize,
-    timed,
-)
+from benchmarks.gpu_overhead import check_configs, device_name, synchronize, timed
+from benchmarks.random_models import CONFIGS, build_model, id_tokenizer, make_engine
 
 
 class InductorGraphBatch(SlotDecodeBatch):

@@ -105,7 +105,7 @@ def measure(
 def tiny_engine() -> Engine:
     """The host-bound random model of `benchmarks/serving.py`, built on a thread that ends (see `in_own_thread`)."""
     from app.engine.attention_capture import register_capture_attention
-    from benchmarks.gpu_overhead import build_model, id_tokenizer, make_engine
+    from benchmarks.random_models import build_model, id_tokenizer, make_engine
     from benchmarks.serving_server import in_own_thread, tiny_llama
 
     def build() -> Engine:

@@ -61,7 +61,7 @@ def tiny_llama() -> PretrainedConfig:
 
 
 def random_configs() -> dict[str, Any]:
-    from benchmarks.gpu_overhead import CONFIGS
+    from benchmarks.random_models import CONFIGS
 
     return {TINY: tiny_llama, **CONFIGS}
 
@@ -369,7 +369,7 @@ def random_model(args: argparse.Namespace, config: PretrainedConfig) -> tuple[Lo
     from app.engine.attention_capture import register_capture_attention
     from app.uncertainty.artifact import MANIFEST_NAME, Manifest, TadArtifact
     from app.uncertainty.features import Convention
-    from benchmarks.gpu_overhead import build_model, id_tokenizer, make_engine, random_tad
+    from benchmarks.random_models import build_model, id_tokenizer, make_engine, random_tad
 
     if args.layers:  # a quick trial: fewer layers of the same shape
         config.num_hidden_layers = args.layers
