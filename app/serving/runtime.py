@@ -26,7 +26,6 @@ from app.hashing import file_sha256
 from app.serving.metrics import ServiceMetrics
 from app.serving.policy import Policy, default_method, resolve_policy
 from app.serving.scheduler import Scheduler
-from app.serving.tokenizing import prepare_tokenizing
 from app.settings import Settings
 from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, TadArtifact, load_artifact
@@ -138,7 +137,6 @@ class Runtime:
             self.engine.warm_up_compiled_decode(settings.max_batch_size)
             if (refusal := self.engine.compiled_decode_refusal()) is not None:
                 logger.warning("TAD_COMPILED_DECODE_LENGTH is set but the decode loop stays eager: %s", refusal)
-        prepare_tokenizing(self.engine)
         self.serving = self._serving(artifact)
         self._check_policy()
         self.scheduler = Scheduler(

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.engine.engine import Engine
-from app.serving.tokenizing import TOKENIZE_INLINE_CHARS, prepare_tokenizing, tokenized
+from app.serving.tokenizing import TOKENIZE_INLINE_CHARS, tokenized
 
 
 def test_a_long_text_is_tokenized_off_the_event_loop_and_a_short_one_on_it(
@@ -41,7 +41,6 @@ def test_both_threads_keep_their_own_special_token_mode_while_encoding_at_once(e
     """A scored answer's control-token text stays text (`encode_answer`), a raw prompt's is the control token
     (`encode_prompt`), while the two are encoded at the same moment on the two threads. With one shared
     tokenizer about 1% of either came out in the other's mode."""
-    prepare_tokenizing(engine).result()
     control = engine.loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
     long_answer = "paris <|im_end|> france . " * 1000
     prompt = "what <|im_end|> is"
