@@ -75,7 +75,7 @@ def _completion_top(
     token_bytes: TokenBytes, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
 ) -> dict[str, float]:
     """The most likely tokens and, as OpenAI's legacy completions promise (up to `logprobs` + 1 entries), the
-    sampled one, which a sampled answer may have drawn from outside them."""
+    sampled one, which a sampled answer may have drawn from outside them (with `logprobs: 0`, it alone)."""
     top = {token_text(token_bytes(i)): logprob_or_floor(lp) for i, lp in alternatives}
     top.setdefault(token_text(token_bytes(token_id)), logprob_or_floor(logprob))
     return top
@@ -158,9 +158,7 @@ def completion_response(
         choice_logprobs = CompletionLogprobs(
             tokens=texts,
             token_logprobs=[logprob_or_floor(t.logprob) for t in kept],
-            top_logprobs=[_completion_top(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept]
-            if logprobs > 0
-            else None,
+            top_logprobs=[_completion_top(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept],
             text_offset=text_offsets(raw, sequence.text),
         )
     return CompletionResponse(
@@ -239,9 +237,7 @@ class OpenAIStreamEncoder:
                     "token_logprobs": [logprob_or_floor(event.logprob)],
                     "top_logprobs": [
                         _completion_top(self.token_bytes, event.token_id, event.logprob, event.top_logprobs)
-                    ]
-                    if self.logprobs
-                    else None,
+                    ],
                     "text_offset": [self.offset],
                 }
                 if self.logprobs is not None

@@ -132,6 +132,17 @@ def test_a_sampled_completion_token_is_always_among_its_top_logprobs(client: ope
         assert outside > 0, "no sampled token fell outside the top 1: the case is not exercised"
 
 
+def test_completion_logprobs_0_gives_each_sampled_token_alone(client: openai.OpenAI) -> None:
+    """`logprobs: 0` asks for no alternatives, and OpenAI still returns the sampled token's logprob (vLLM too)."""
+    request = dict(model="model", prompt="the capital of", max_tokens=4, temperature=0, logprobs=0)
+    whole = client.completions.create(**request).choices[0].logprobs
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**request, stream=True) if c.choices]
+    streamed = [lp for lp in streamed if lp is not None]
+    assert [top for lp in streamed for top in lp.top_logprobs] == whole.top_logprobs
+    for token, top, logprob in zip(whole.tokens, whole.top_logprobs, whole.token_logprobs, strict=True):
+        assert top == {token: pytest.approx(logprob)}
+
+
 def test_text_parts_of_a_message_are_joined_by_newlines_as_in_vllm(client: openai.OpenAI) -> None:
     parts = [{"type": "text", "text": "what is the capital"}, {"type": "text", "text": "of france ?"}]
     joined = [{"role": "user", "content": "what is the capital\nof france ?"}]
