@@ -9,7 +9,7 @@ id tokenizer and a random TAD scorer of any shape, standing in for a trained art
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import cast
 
 import numpy as np
@@ -125,25 +125,14 @@ def make_engine(
     return engine
 
 
-@dataclass(frozen=True)
-class RandomLinear:
-    """Stands in for TAD's trained stage-2 linear regressor: same shape, same cost (a dot product)."""
-
-    coef_: np.ndarray
-    intercept_: float
-
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        return features.astype(np.float64) @ self.coef_ + self.intercept_
-
-
 def random_tad(num_layers: int, num_heads: int, n_lags: int, stage2: str = "ridge") -> TadScorer:
     """A scorer of the given shape with a random stage 2: `ridge` (linear), `mlp` (two ReLU layers of 256, the
     default artifact's size) or `mlp+ridge` (the two averaged, `AveragedRegressor`)."""
-    from benchmarks.scoring import random_mlp
+    from benchmarks.scoring import Linear, random_mlp
 
     spec = FeatureSpec(n_lags=n_lags, num_layers=num_layers, num_heads=num_heads, convention=Convention.GENERATING)
     rng = np.random.default_rng(0)
-    linear = RandomLinear(rng.normal(0.0, 1e-3, spec.stage2_size), 0.5)
+    linear = Linear(rng.normal(0.0, 1e-3, spec.stage2_size), 0.5)
     regressors: dict[str, Callable[[], Regressor]] = {
         "ridge": lambda: linear,
         "mlp": lambda: random_mlp(spec.stage2_size, 256, rng),

@@ -21,10 +21,10 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -46,6 +46,8 @@ RUN_ENTRIES = frozenset({RUN_FILE, PLAN_FILE, SHARDS, CHECK_PASS_FILE})
 # What every command reads of a text's entry in texts.json.
 REQUIRED_META = ("key", "dataset", "target")
 STAT_PREFIX = "stat-"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,17 @@ def write_shard(run_dir: Path, index: int, texts: Sequence[TextTrace], attention
 def read_shard(path: Path) -> list[TextTrace]:
     """A completed shard's texts; a damaged one (a file cut short, an entry missing what every command
     reads) is named with what to do, not met later as a numpy or key error."""
+    return _undamaged(path, _read_shard)
+
+
+def read_shard_metas(path: Path) -> list[dict[str, Any]]:
+    """A completed shard's entries of texts.json alone, checked as `read_shard` checks them."""
+    return _undamaged(path, _read_metas)
+
+
+def _undamaged(path: Path, read: Callable[[Path], T]) -> T:
     try:
-        texts = _read_shard(path)
+        return read(path)
     except PermissionError:
         raise  # not damage: the files are there, this user cannot read them
     except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
@@ -145,10 +156,9 @@ def read_shard(path: Path) -> list[TextTrace]:
             f"shard {path} is damaged ({type(error).__name__}: {error}): move the folder aside and rerun the "
             "same generate command, which makes that shard again"
         ) from error
-    return texts
 
 
-def _read_shard(path: Path) -> list[TextTrace]:
+def _read_metas(path: Path) -> list[dict[str, Any]]:
     metas = json.loads((path / "texts.json").read_text())
     if not isinstance(metas, list):
         raise ValueError("texts.json is not a list")
@@ -156,6 +166,11 @@ def _read_shard(path: Path) -> list[TextTrace]:
         missing = [name for name in REQUIRED_META if not isinstance(meta, dict) or name not in meta]
         if missing:
             raise KeyError(f"an entry of texts.json has no {', '.join(missing)}")
+    return metas
+
+
+def _read_shard(path: Path) -> list[TextTrace]:
+    metas = _read_metas(path)
     offsets = np.load(path / "offsets.npy")
     token_ids = np.load(path / "token_ids.npy")
     stats = {
@@ -281,14 +296,8 @@ def planned_shards(run_dir: Path) -> int | None:
 
 def record_keys(run_dirs: Sequence[Path]) -> set[str]:
     """The record keys of every answer in the runs' completed shards, read from their texts.json only."""
-    return {str(meta["key"]) for run in run_dirs for shard in completed_shards(Path(run)) for meta in _metas(shard)}
-
-
-def _metas(shard: Path) -> list[dict[str, Any]]:
-    metas = json.loads((shard / "texts.json").read_text())
-    if not isinstance(metas, list):
-        raise SystemExit(f"{shard / 'texts.json'} is not a list: regenerate the run")
-    return metas
+    shards = [shard for run in run_dirs for shard in completed_shards(Path(run))]
+    return {str(meta["key"]) for shard in shards for meta in read_shard_metas(shard)}
 
 
 def iter_texts(run_dirs: Sequence[Path]) -> Iterator[TextTrace]:
