@@ -140,8 +140,8 @@ def run_source_of(args: argparse.Namespace, default_run_dir: Path, run_dir_optio
 CENTRINGS = ("none", "group-0.25", "group-0.5", "group")
 
 # What an interrupted command leaves (each command module's INTERRUPTED): generation keeps finished shards
-# (and `fit --mlp` its finished MLP folds); every command writes its outputs whole at the end (an artifact in
-# a side folder swapped in), so an interruption replaces nothing.
+# (`fit --mlp` its finished MLP folds, `lodo` its finished held-out datasets); every command writes its outputs
+# whole at the end (an artifact in a side folder swapped in), so an interruption replaces nothing.
 RESUMES = "finished shards are kept; rerunning the same command resumes"
 STARTS_OVER = "nothing was replaced; rerunning starts over"
 

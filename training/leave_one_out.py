@@ -18,6 +18,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from tqdm import tqdm
 from app.files import write_text_atomic
 from app.numeric import finite_or_none
 from app.uncertainty.aggregation import Aggregation, aggregate
-from app.uncertainty.artifact import load_artifact
+from app.uncertainty.artifact import TrainedTad, load_artifact
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
 from training.fit.cross_validation import Choice, fit_final, prepare_folds
@@ -38,6 +39,7 @@ from training.fit.texts import load_runs
 from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.method_scores import baseline_table, ranked
+from training.progress import ProgressStore, digest
 from training.rejection import (
     INFORMATIVE_ACCURACY,
     accuracy,
@@ -48,11 +50,14 @@ from training.rejection import (
     prediction_rejection_ratio,
 )
 from training.run_source import check_runs_match
-from training.runs import check_no_duplicates, iter_texts
-from training.two_stage import Variant
+from training.runs import TextTrace, check_no_duplicates, iter_texts
+from training.two_stage import FitText, Variant
 from training.weighting import RowWeighting, weighted
 
 logger = logging.getLogger(__name__)
+
+# Where a stopped lodo's finished held-out datasets wait for its rerun (inside --out; removed with the report).
+PROGRESS_DIR = "lodo-progress"
 
 
 def run_lodo(
@@ -132,6 +137,9 @@ def run_lodo(
             f"(training: {', '.join(sorted({t.dataset for t in texts})) or 'none'}; "
             f"test: {', '.join(sorted({t.dataset for t in tests})) or 'none'})"
         )
+    # A bootstrap seed per dataset, the same whichever are held out: the mean's interval (mean_interval) needs
+    # the datasets' resamples independent, and one seed draws the same positions in datasets of one size.
+    seed_offset = {dataset: offset for offset, dataset in enumerate(datasets)}
     if held_out is not None:
         missing = sorted(set(held_out) - set(datasets))
         if missing:
@@ -165,49 +173,36 @@ def run_lodo(
         epsilon=epsilon,
         mlp_width=int(params.get("width", FitOptions.mlp_width)),
     )
+    # Each held-out dataset's refit is minutes (an MLP's): a rerun of the same lodo takes the finished ones back.
+    progress = ProgressStore(
+        out / PROGRESS_DIR / _progress_key(report["configuration"], options, tad, resamples, seed, texts, tests)
+    )
     drawn: list[np.ndarray] = []  # bootstrap samples of TAD - MSP of each informative held-out dataset
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
-        train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
-        data = prepare_folds(train, spec, options)
-        stage2: Regressor
-        if mlp_config is None:
-            ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
-        else:
-            stage2 = fit_final_mlp(train, spec, data, variant, choice.alpha_stage1, mlp_config, options)
-            if kind == "mlp+ridge":
-                ((_, ridge),) = fit_final(train, spec, data, [choice], epsilon)
-                stage2 = AveragedRegressor((ridge, stage2))
-        scorer = TadScorer(stage2, spec, epsilon)
-        held = [t for t in tests if t.dataset == dataset]
-        traces = [t.token_trace(spec.n_lags) for t in held]
-        quality = np.array([t.target for t in held])
-        scores = baseline_table(traces)
-        confidences = [scorer.confidences_of(t) if len(t) else np.zeros(0) for t in traces]
-        for other in Aggregation:
-            scores[aggregation_column(other, aggregation)] = np.array(
-                [ranked(aggregate(c, other)) if len(c) else np.inf for c in confidences]
+        finished = _finished(progress.load(dataset))
+        if finished is None:
+            finished = _held_out(
+                dataset,
+                texts,
+                tests,
+                centring,
+                weighting,
+                choice,
+                mlp_config,
+                kind,
+                options,
+                tad,
+                resamples,
+                seed + seed_offset[dataset],
             )
-        boot = paired_bootstrap_prr(scores, quality, resamples, seed)
-        if informative(accuracy(quality)):
-            drawn.append(boot[aggregation_column(aggregation, aggregation)] - boot["msp"])
-        prr = {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()}
-        columns = {other.value: aggregation_column(other, aggregation) for other in Aggregation}
-        by_aggregation = {
-            name: {
-                "tad_minus_msp": finite_or_none(prr[column] - prr["msp"]),
-                "tad_minus_msp_ci95": interval(boot[column] - boot["msp"]),
-            }
-            for name, column in columns.items()
-        }
-        report["datasets"][dataset] = {
-            "n": len(held),
-            "train_texts": len(train),
-            "accuracy": finite_or_none(accuracy(quality)),
-            "prr": {name: finite_or_none(value) for name, value in prr.items()},
-            "prr_ci95": {name: interval(values) for name, values in boot.items()},
-            **by_aggregation[aggregation.value],  # the headline: the artifact's own aggregation
-            "by_aggregation": by_aggregation,
-        }
+            entry, samples = finished
+            progress.save(dataset, {"entry": entry, "samples": None if samples is None else samples.tolist()})
+        else:
+            logger.info("lodo: %s read back from %s", dataset, progress.folder)
+        entry, samples = finished
+        report["datasets"][dataset] = entry
+        if samples is not None:
+            drawn.append(samples)
     report["mean_tad_minus_msp_informative"] = _informative_mean(report, lambda e: e["tad_minus_msp"])
     # Held-out datasets are resampled independently: the mean's samples are theirs averaged draw by draw.
     report["mean_tad_minus_msp_informative_ci95"] = mean_interval(drawn)
@@ -217,7 +212,103 @@ def run_lodo(
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "lodo.json", json.dumps(report, indent=2) + "\n")
     write_text_atomic(out / "lodo.md", lodo_markdown(report))
+    progress.discard()
     return report
+
+
+def _progress_key(
+    configuration: dict[str, Any],
+    options: FitOptions,
+    tad: TrainedTad,
+    resamples: int,
+    seed: int,
+    texts: Sequence[FitText],
+    tests: Sequence[TextTrace],
+) -> str:
+    """Everything a held-out dataset's entry depends on: the refit's configuration, the bootstrap, and each
+    training and test answer."""
+    described = {
+        "configuration": configuration,
+        "options": {name: value for name, value in asdict(options).items() if name != "out"},
+        "spec": asdict(tad.spec),
+        "epsilon": tad.epsilon,
+        "params": tad.regressor.params,
+        "resamples": resamples,
+        "seed": seed,
+    }
+    lines = [f"train\t{t.key}\t{t.group}\t{t.target!r}\t{len(t)}" for t in texts]
+    lines += [f"test\t{t.key}\t{t.group}\t{t.target!r}\t{len(t)}" for t in tests]
+    return digest(described, lines)
+
+
+def _finished(saved: Any) -> tuple[dict[str, Any], np.ndarray | None] | None:
+    """A held-out dataset's entry and TAD - MSP samples as an earlier run saved them (None: not finished)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("entry"), dict) or "samples" not in saved:
+        return None
+    samples = saved["samples"]
+    return saved["entry"], None if samples is None else np.asarray(samples, dtype=float)
+
+
+def _held_out(
+    dataset: str,
+    texts: Sequence[FitText],
+    tests: Sequence[TextTrace],
+    centring: TargetCentring,
+    weighting: RowWeighting,
+    choice: Choice,
+    mlp_config: dict[str, Any] | None,
+    kind: str,
+    options: FitOptions,
+    tad: TrainedTad,
+    resamples: int,
+    seed: int,
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """Refit on the other datasets, score `dataset`'s test answers: its report entry, and its bootstrap samples
+    of TAD - MSP when its accuracy is informative (None otherwise)."""
+    spec, epsilon, aggregation, variant = tad.spec, tad.epsilon, tad.aggregation, Variant(tad.variant)
+    train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
+    data = prepare_folds(train, spec, options)
+    stage2: Regressor
+    if mlp_config is None:
+        ((_, stage2),) = fit_final(train, spec, data, [choice], epsilon)
+    else:
+        stage2 = fit_final_mlp(train, spec, data, variant, choice.alpha_stage1, mlp_config, options)
+        if kind == "mlp+ridge":
+            ((_, ridge),) = fit_final(train, spec, data, [choice], epsilon)
+            stage2 = AveragedRegressor((ridge, stage2))
+    scorer = TadScorer(stage2, spec, epsilon)
+    held = [t for t in tests if t.dataset == dataset]
+    traces = [t.token_trace(spec.n_lags) for t in held]
+    quality = np.array([t.target for t in held])
+    scores = baseline_table(traces)
+    confidences = [scorer.confidences_of(t) if len(t) else np.zeros(0) for t in traces]
+    for other in Aggregation:
+        scores[aggregation_column(other, aggregation)] = np.array(
+            [ranked(aggregate(c, other)) if len(c) else np.inf for c in confidences]
+        )
+    boot = paired_bootstrap_prr(scores, quality, resamples, seed)
+    samples = (
+        boot[aggregation_column(aggregation, aggregation)] - boot["msp"] if informative(accuracy(quality)) else None
+    )
+    prr = {name: prediction_rejection_ratio(values, quality) for name, values in scores.items()}
+    columns = {other.value: aggregation_column(other, aggregation) for other in Aggregation}
+    by_aggregation = {
+        name: {
+            "tad_minus_msp": finite_or_none(prr[column] - prr["msp"]),
+            "tad_minus_msp_ci95": interval(boot[column] - boot["msp"]),
+        }
+        for name, column in columns.items()
+    }
+    entry = {
+        "n": len(held),
+        "train_texts": len(train),
+        "accuracy": finite_or_none(accuracy(quality)),
+        "prr": {name: finite_or_none(value) for name, value in prr.items()},
+        "prr_ci95": {name: interval(values) for name, values in boot.items()},
+        **by_aggregation[aggregation.value],  # the headline: the artifact's own aggregation
+        "by_aggregation": by_aggregation,
+    }
+    return entry, samples
 
 
 def aggregation_column(other: Aggregation, served: Aggregation) -> str:

@@ -83,7 +83,8 @@ def test_ctrl_c_says_what_a_rerun_does(
 def test_every_command_says_what_an_interruption_leaves() -> None:
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(INTERRUPTED) == set(commands.choices)
-    assert "resumes" in INTERRUPTED["generate"] and "resumes" not in INTERRUPTED["lodo"]
+    assert "resumes" in INTERRUPTED["generate"] and "resumes" not in INTERRUPTED["summary"]
+    assert "resumes its finished held-out datasets" in INTERRUPTED["lodo"]
     assert "resumes its finished MLP folds" in INTERRUPTED["fit"]
 
 

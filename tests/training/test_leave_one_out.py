@@ -341,3 +341,61 @@ def test_held_out_restricts_testing_not_training(
     assert report["configuration"]["datasets"] == ["mmlu", "squad"]
     with pytest.raises(SystemExit, match="--held-out: nq_open is not in both"):
         _lodo(tiny_runs, tiny_artifact, tmp_path / "unknown", "--held-out", "nq_open")
+
+
+class Interrupted(Exception):
+    """Stands for lodo being stopped (Ctrl-C, a lost machine) between two held-out datasets."""
+
+
+def test_an_interrupted_lodo_resumes_from_its_finished_datasets(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each held-out dataset is a refit (minutes for an MLP): a rerun reads the finished ones back and refits only
+    the rest, with the report of a lodo never stopped; other options read none of them; a finished lodo keeps none."""
+    whole = _lodo(tiny_runs, tiny_artifact, tmp_path / "whole")
+    assert not (tmp_path / "whole" / lodo.PROGRESS_DIR).exists()
+    refitted: list[str] = []
+    held_out = lodo._held_out
+
+    def recorded(dataset: str, *args: Any, stop_at: str | None = None) -> Any:
+        if dataset == stop_at:
+            raise Interrupted
+        refitted.append(dataset)
+        return held_out(dataset, *args)
+
+    monkeypatch.setattr(lodo, "_held_out", lambda *args: recorded(*args, stop_at="squad"))
+    with pytest.raises(Interrupted):
+        _lodo(tiny_runs, tiny_artifact, tmp_path / "resumed")
+    assert refitted == ["mmlu"] and not (tmp_path / "resumed" / "lodo.json").exists()
+    monkeypatch.setattr(lodo, "_held_out", recorded)
+    refitted.clear()
+    shutil.copytree(tmp_path / "resumed", tmp_path / "other")
+    _lodo(tiny_runs, tiny_artifact, tmp_path / "other", "--alpha", "0.5")
+    assert refitted == ["mmlu", "squad"]  # another alpha: the stopped lodo's dataset is not its own
+    refitted.clear()
+    resumed = _lodo(tiny_runs, tiny_artifact, tmp_path / "resumed")
+    assert refitted == ["squad"]
+    assert json.dumps(resumed) == json.dumps(whole)
+    assert (tmp_path / "resumed" / "lodo.md").read_text() == (tmp_path / "whole" / "lodo.md").read_text()
+    assert not (tmp_path / "resumed" / lodo.PROGRESS_DIR).exists()
+
+
+def test_each_held_out_dataset_is_resampled_with_its_own_seed(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mean's interval assumes the datasets' resamples independent: one seed would draw the same positions
+    in both tiny datasets (16 answers each). A dataset's seed does not depend on which others are held out."""
+    seeds: dict[str, list[int]] = {}
+    bootstrap = lodo.paired_bootstrap_prr
+
+    def recorded(scores: Any, quality: np.ndarray, resamples: int, seed: int) -> Any:
+        seeds.setdefault(name, []).append(seed)
+        return bootstrap(scores, quality, resamples, seed)
+
+    monkeypatch.setattr(lodo, "paired_bootstrap_prr", recorded)
+    name = "all"
+    _lodo(tiny_runs, tiny_artifact, tmp_path / "all")
+    name = "squad"
+    _lodo(tiny_runs, tiny_artifact, tmp_path / "squad", "--held-out", "squad")
+    assert len(seeds["all"]) == 2 and len(set(seeds["all"])) == 2
+    assert seeds["squad"] == [seeds["all"][1]]  # sorted: mmlu, then squad

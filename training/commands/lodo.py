@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.arguments import CENTRINGS, STARTS_OVER, check_report_folder, int_at_least, positive
+from training.arguments import CENTRINGS, check_report_folder, int_at_least, positive
 
 NAME = "lodo"
-INTERRUPTED = STARTS_OVER
+INTERRUPTED = "nothing was replaced; rerunning the same lodo resumes its finished held-out datasets"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:

@@ -9,22 +9,18 @@ folds are never mixed with another's. `run_fit` removes the fit's folder once it
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import logging
-import shutil
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from app.files import write_text_atomic
 from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.features import FeatureSpec
 from training.fit.cross_validation import Choice, FoldData
 from training.fit.options import FitOptions
 from training.groups import Selection
+from training.progress import ProgressStore, digest
 from training.two_stage import FitText
 
 logger = logging.getLogger(__name__)
@@ -39,17 +35,18 @@ def progress_root(options: FitOptions) -> Path:
 
 
 def _key(options: FitOptions, choice: Choice, spec: FeatureSpec, texts: Sequence[FitText], data: FoldData) -> str:
-    digest = hashlib.sha256()
     described = {
         "options": {name: value for name, value in asdict(options).items() if name != "out"},
         "choice": asdict(choice),
         "spec": asdict(spec),
     }
-    digest.update(json.dumps(described, sort_keys=True, default=str).encode())
-    for text, fold in zip(texts, data.fold_of, strict=True):
-        line = f"{text.key}\t{text.dataset}\t{text.target!r}\t{text.offset!r}\t{text.row_weight!r}\t{len(text)}"
-        digest.update(f"{line}\t{int(fold)}\n".encode())
-    return digest.hexdigest()[:24]
+    return digest(
+        described,
+        (
+            f"{text.key}\t{text.dataset}\t{text.target!r}\t{text.offset!r}\t{text.row_weight!r}\t{len(text)}\t{int(fold)}"
+            for text, fold in zip(texts, data.fold_of, strict=True)
+        ),
+    )
 
 
 class FoldProgress:
@@ -58,15 +55,14 @@ class FoldProgress:
     def __init__(
         self, options: FitOptions, choice: Choice, spec: FeatureSpec, texts: Sequence[FitText], data: FoldData
     ) -> None:
-        self.folder = progress_root(options) / _key(options, choice, spec, texts, data)
+        self.store = ProgressStore(progress_root(options) / _key(options, choice, spec, texts, data))
 
     def load(self, fold: int) -> FoldScores | None:
         """The fold's PRRs if an earlier run of this fit finished it."""
-        path = self.folder / f"fold-{fold}.json"
-        if not path.exists():
+        entries = self.store.load(f"fold-{fold}")
+        if entries is None:
             return None
         try:
-            entries = json.loads(path.read_text())
             scores: FoldScores = {
                 (entry["kind"], int(entry["config"])): {
                     Selection(metric): {Aggregation(a): float(v) for a, v in by_aggregation.items()}
@@ -74,10 +70,12 @@ class FoldProgress:
                 }
                 for entry in entries
             }
-        except (ValueError, KeyError, TypeError) as error:  # a file cut short or from another version
-            logger.warning("fit progress %s unreadable (%s): fold %d runs again", path, error, fold)
+        except (ValueError, KeyError, TypeError) as error:  # a file from another version
+            logger.warning(
+                "fit progress of fold %d in %s unreadable (%s): it runs again", fold, self.store.folder, error
+            )
             return None
-        logger.info("fold %d of the MLP cross-validation read back from %s", fold, path)
+        logger.info("fold %d of the MLP cross-validation read back from %s", fold, self.store.folder)
         return scores
 
     def save(self, fold: int, scores: FoldScores) -> None:
@@ -89,11 +87,8 @@ class FoldProgress:
             }
             for (kind, config), by_metric in scores.items()
         ]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.folder / f"fold-{fold}.json", json.dumps(entries))
+        self.store.save(f"fold-{fold}", entries)
 
     def discard(self) -> None:
         """Once the artifact is written nothing resumes: the finished folds go (another fit's stay)."""
-        shutil.rmtree(self.folder, ignore_errors=True)
-        with contextlib.suppress(OSError):  # removed only if no other fit's progress is left in it
-            self.folder.parent.rmdir()
+        self.store.discard()

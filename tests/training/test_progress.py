@@ -1,0 +1,42 @@
+"""The store a stopped command's finished work waits in for its rerun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.progress import ProgressStore, digest
+
+
+def test_an_item_reads_back_as_it_was_saved(tmp_path: Path) -> None:
+    store = ProgressStore(tmp_path / "progress" / "key")
+    assert store.load("fold-0") is None
+    store.save("fold-0", {"prr": [0.25, float("nan")], "n": 3})
+    loaded = store.load("fold-0")
+    assert loaded is not None
+    assert loaded["n"] == 3 and loaded["prr"][0] == 0.25 and loaded["prr"][1] != loaded["prr"][1]
+
+
+def test_an_item_cut_short_runs_again(tmp_path: Path) -> None:
+    store = ProgressStore(tmp_path / "key")
+    store.save("a", [1, 2, 3])
+    (tmp_path / "key" / "a.json").write_text("[1, 2")
+    assert store.load("a") is None
+
+
+def test_discard_keeps_another_commands_items(tmp_path: Path) -> None:
+    root = tmp_path / "progress"
+    mine, other = ProgressStore(root / "mine"), ProgressStore(root / "other")
+    mine.save("a", 1)
+    other.save("a", 2)
+    mine.discard()
+    assert not (root / "mine").exists() and other.load("a") == 2
+    other.discard()
+    assert not root.exists()  # the last one out removes the shared folder
+
+
+def test_the_key_changes_with_anything_the_work_depends_on() -> None:
+    key = digest({"alpha": 1.0}, ["text-1\t0.5", "text-2\t1.0"])
+    assert key == digest({"alpha": 1.0}, ["text-1\t0.5", "text-2\t1.0"])
+    assert key != digest({"alpha": 0.5}, ["text-1\t0.5", "text-2\t1.0"])
+    assert key != digest({"alpha": 1.0}, ["text-1\t0.5", "text-2\t0.0"])
+    assert key != digest({"alpha": 1.0}, ["text-1\t0.5"])

@@ -1,0 +1,58 @@
+"""Work a long command finished before it was stopped, kept so that the same command, rerun, takes it back.
+
+A store is a folder named by a digest of everything its items depend on (`digest`): a command that differs in
+anything finds another folder, so one command's items are never taken for another's. Each item is one JSON
+file, written whole (a stop mid-write leaves the item missing, never cut short). The command discards its
+store once its outputs are written; nothing is left to resume then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from app.files import write_text_atomic
+
+logger = logging.getLogger(__name__)
+
+
+def digest(described: Any, lines: Iterable[str] = ()) -> str:
+    """A short key for a description (JSON-able) and per-item lines (e.g. one per text the work reads)."""
+    hashed = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode())
+    for line in lines:
+        hashed.update(f"{line}\n".encode())
+    return hashed.hexdigest()[:24]
+
+
+class ProgressStore:
+    """The finished items of one command, as JSON files in `folder`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def load(self, name: str) -> Any | None:
+        """The item if an earlier run of this command finished it; None otherwise (or if it cannot be read)."""
+        path = self.folder / f"{name}.json"
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            logger.warning("progress %s unreadable (%s): its work runs again", path, error)
+            return None
+
+    def save(self, name: str, value: Any) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.folder / f"{name}.json", json.dumps(value))
+
+    def discard(self) -> None:
+        """Remove this command's items, and their parent folder once no other command's are left in it."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.folder.parent.rmdir()
