@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.uncertainty.artifact import TadArtifact
 from training.generation import GenerateOptions, run_generate
-from training.runs import RUN_FILE, check_run_folders, read_run_settings, record_keys
+from training.runs import RUN_FILE, check_run_folders, read_run_settings, record_keys, run_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +34,19 @@ class RunSource:
 
 def check_runs_match(runs: Sequence[Path], artifact: TadArtifact) -> None:
     """Refuse runs the artifact cannot score: made with another model (its features would be another
-    model's), or storing fewer attention lags than the artifact's features read."""
+    model's) or in another dtype than its answers (the server runs the model in the artifact's dtype, and
+    answers generated in another have other features and scores: a threshold certified on them would not
+    hold), or storing fewer attention lags than the artifact's features read."""
     check_run_folders(runs)
     for run in runs:
         settings = read_run_settings(Path(run))
         if settings.get("model_sha256") != artifact.manifest.llm.sha256:
             raise SystemExit(f"run {run} was generated with another model than the artifact's")
+        if run_dtype(settings) != artifact.manifest.dtype:
+            raise SystemExit(
+                f"run {run} was generated in {run_dtype(settings)}, the artifact's answers in {artifact.manifest.dtype}"
+                f" (as the server runs its model): generate in {artifact.manifest.dtype}"
+            )
         if int(settings.get("n_lags", 0)) < artifact.n_lags:
             raise SystemExit(f"run {run} stores {settings.get('n_lags')} lags; the artifact needs {artifact.n_lags}")
 

@@ -226,7 +226,8 @@ def test_an_out_that_cannot_hold_the_report_is_refused_before_any_refit(
 
 @pytest.mark.parametrize("side", ["train", "test"])
 @pytest.mark.parametrize(
-    ("setting", "value", "message"), [("model_sha256", "0" * 64, "another model"), ("n_lags", 1, "stores 1 lags")]
+    ("setting", "value", "message"),
+    [("model_sha256", "0" * 64, "another model"), ("n_lags", 1, "stores 1 lags"), ("dtype", "bfloat16", "in bfloat16")],
 )
 def test_runs_the_artifact_cannot_score_are_refused(
     side: str,

@@ -96,6 +96,21 @@ def test_a_run_with_fewer_lags_than_the_artifact_needs_is_refused(
         check_runs_match([short], load_artifact(tiny_artifact))
 
 
+def test_a_run_generated_in_another_dtype_than_the_artifacts_answers_is_refused(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    """The server runs the model in the artifact's dtype: answers in another have other features and scores,
+    and thresholds calibrated on them would not hold for what it serves."""
+    from training.run_source import check_runs_match
+
+    artifact = load_artifact(tiny_artifact)
+    assert artifact.manifest.dtype == "float32"
+    check_runs_match([tiny_runs["dev"]], artifact)
+    other = altered_run(tiny_runs["dev"], tmp_path, dtype="bfloat16")
+    with pytest.raises(SystemExit, match="generated in bfloat16, the artifact's answers in float32"):
+        check_runs_match([other], artifact)
+
+
 @pytest.mark.parametrize("kind", ["missing", "file", "not a run"])
 def test_a_path_that_is_not_a_run_is_refused(
     kind: str, tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
