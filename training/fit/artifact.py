@@ -19,10 +19,12 @@ import joblib
 
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, Manifest, read_manifest, write_manifest
 from app.uncertainty.tad import Regressor
-from training.fit.report import write_cv_report
+from training.fit.report import CV_REPORT, write_cv_report
 from training.runs import RUN_FILE, read_run_settings
 
 logger = logging.getLogger(__name__)
+
+REPORTS = CV_REPORT.parent.name  # the folder of the artifact's reports: cv.json and evaluate's, lodo's ...
 
 
 def check_out(out: Path, runs: Sequence[Path]) -> None:
@@ -82,7 +84,8 @@ def install_artifact(staging: Path, out: Path) -> None:
     """Move the finished artifact `staging` (a sibling of `out`) to `out`, replacing an artifact already there
     (a refit in place, as scripts/train_smollm2.sh does). Renames only: at every moment `out` is the old
     artifact, the new one, or (between two renames) absent, never a mix. What lies beside the old artifact's
-    own files (reports, calibration runs) is carried over to the new one."""
+    own files (its README, calibration runs) is carried over to the new one; its reports are not (they
+    describe the old regressor)."""
     # A fit killed between the renames left the old artifact aside: finish what it was doing first.
     for leftover in sorted(out.parent.glob(f".{out.name}.replaced-*")):
         if out.exists():
@@ -103,8 +106,15 @@ def _carry_over(old: Path, out: Path) -> None:
     """Move what lay beside the old artifact's own files into `out`, then remove the old artifact."""
     for item in old.iterdir():
         # The old regressors, alternatives and manifest go: an earlier fit's alternatives would otherwise
-        # stay beside the new ones and be hashed into the manifest as if they belonged to it.
-        own = item.name in (MANIFEST_NAME, "alternatives") or item.suffix == ".joblib"
+        # stay beside the new ones and be hashed into the manifest as if they belonged to it. So do its
+        # reports: beside the new cv.json they would be read as the new regressor's until evaluated again.
+        own = item.name in (MANIFEST_NAME, "alternatives", REPORTS) or item.suffix == ".joblib"
+        if item.name == REPORTS and item.is_dir() and any(item.iterdir()):
+            logger.warning(
+                "%s: the replaced artifact's reports (%s) are removed; evaluate the new one",
+                out,
+                ", ".join(sorted(child.name for child in item.iterdir())),
+            )
         if not own:
             _move_missing(item, out / item.name)
     shutil.rmtree(old)

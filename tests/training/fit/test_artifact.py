@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,17 @@ def test_a_fit_killed_while_writing_leaves_the_previous_artifact_and_the_next_re
         run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))
     monkeypatch.undo()
     assert load_artifact(out).manifest.regressor.params["alpha"] == 1.0
-    # The next refit in place (as scripts/train_smollm2.sh does) replaces it and keeps what lies beside it.
-    (out / "report").mkdir(exist_ok=True)  # the fit wrote its cv.json there
-    (out / "report" / "report.md").write_text("kept")
+    # The next refit in place (as scripts/train_smollm2.sh does) replaces it and keeps what lies beside it,
+    # but not the old regressor's reports: beside the new cv.json they would pass for the new one's.
+    (out / "report" / "chat").mkdir(parents=True)  # the fit wrote its cv.json in report/
+    (out / "report" / "chat" / "report.md").write_text("the old regressor's evaluation")
+    (out / "README.md").write_text("kept")
     manifest = run_fit(FitOptions(runs=[tiny_runs["train"]], out=out, **{**QUICK_FIT, "alphas": (0.01,)}))
     assert manifest.regressor.params["alpha"] == 0.01
     assert load_artifact(out).manifest.regressor.params["alpha"] == 0.01
-    assert (out / "report" / "report.md").read_text() == "kept"
+    assert (out / "README.md").read_text() == "kept"
+    assert sorted(p.name for p in (out / "report").iterdir()) == ["cv.json"]
+    assert json.loads((out / "report" / "cv.json").read_text())["chosen"]["alpha"] == 0.01
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]  # no staging folder left behind
 
 
@@ -112,17 +117,23 @@ def test_a_fit_killed_while_carrying_over_is_finished_by_the_next(tmp_path: Path
     assert not list(tmp_path.glob(".artifact.replaced-*"))
 
 
-def test_a_refit_in_place_keeps_the_old_reports_beside_its_own_cv_record(tmp_path: Path) -> None:
-    """The new artifact brings report/cv.json: the old report/ folder is merged into it, not dropped."""
+def test_a_refit_in_place_replaces_the_old_reports_and_keeps_what_else_lies_beside_them(tmp_path: Path) -> None:
+    """The old report/ folder describes the old regressor: beside the new cv.json it would pass for the new
+    one's, so it goes; what else lay beside the old artifact (its README, a calibration run) is kept."""
     out = _artifact_folder(tmp_path / "artifact", "old", {})
     (out / "report" / "chat").mkdir(parents=True)
     (out / "report" / "chat" / "report.md").write_text("old evaluation")
     (out / "report" / "cv.json").write_text("old record")
+    (out / "calibration-run").mkdir()
+    (out / "calibration-run" / "run.json").write_text("answers")
+    (out / "README.md").write_text("about the artifact")
     staging = _artifact_folder(tmp_path / "staging", "new", {})
     (staging / "report").mkdir()
     (staging / "report" / "cv.json").write_text("new record")
     install_artifact(staging, out)
     assert (out / "regressor.joblib").read_text() == "new"
+    assert sorted(p.relative_to(out / "report").as_posix() for p in (out / "report").rglob("*")) == ["cv.json"]
     assert (out / "report" / "cv.json").read_text() == "new record"
-    assert (out / "report" / "chat" / "report.md").read_text() == "old evaluation"
+    assert (out / "calibration-run" / "run.json").read_text() == "answers"
+    assert (out / "README.md").read_text() == "about the artifact"
     assert not list(tmp_path.glob(".artifact.replaced-*"))
