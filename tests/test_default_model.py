@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,14 @@ from tests.app.service_client import make_client, wait_ready
 pytestmark = pytest.mark.slow
 
 GGUF_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_threads_restored() -> Iterator[None]:
+    """These tests run the 1.5B model on 2 threads; the tests after them keep conftest's 1 (tests/conftest.py)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

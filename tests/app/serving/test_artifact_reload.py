@@ -127,14 +127,59 @@ def test_an_unreadable_manifest_is_refused_without_parser_or_pydantic_text(clien
     assert "invalid" in message and "pydantic" not in message and "input_value" not in message
 
 
-def test_an_artifact_the_running_engine_cannot_feed_is_refused(client: TestClient, served: Path) -> None:
+def test_a_manifest_whose_feature_sizes_contradict_its_lags_is_refused(client: TestClient, served: Path) -> None:
     manifest = json.loads((served / "manifest.json").read_text())
     manifest["features"]["n_lags"] += 1
     (served / "manifest.json").write_text(json.dumps(manifest))
     response = client.post(RELOAD)
     assert response.status_code == 409
-    # Feature sizes no longer match the regressor, or the lag count differs from the engine's: either way refused.
-    assert "artifact" in response.json()["error"]["message"]
+    assert "feature sizes in the manifest do not match its n_lags" in response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def capture_artifacts(tmp_path_factory: pytest.TempPathFactory, tiny_runs: dict[str, Path]) -> dict[str, Path]:
+    """Valid artifacts of the tiny model that need other captures: the generating convention with the runs' lags
+    (what the service below starts with), with fewer lags, and the consuming convention."""
+    from app.uncertainty.features import Convention
+    from training.fit.options import FitOptions
+    from training.fit.pipeline import run_fit
+
+    kinds = {
+        "generating": {"conventions": (Convention.GENERATING,)},
+        "fewer lags": {"conventions": (Convention.GENERATING,), "n_lags": 2},
+        "consuming": {"conventions": (Convention.CONSUMING,)},
+    }
+    folder = tmp_path_factory.mktemp("capture")
+    for name, options in kinds.items():
+        run_fit(FitOptions(runs=[tiny_runs["train"]], out=folder / name, alphas=(1.0,), **options))  # type: ignore[arg-type]
+    return {name: folder / name for name in kinds}
+
+
+@pytest.mark.parametrize(
+    ("case", "refusal"),
+    [
+        ("fewer lags", "reads 2 lags, the running engine captures 4: restart the service"),
+        ("consuming", "uses the consuming convention, which needs the last token's own step row"),
+        ("bfloat16", "was trained on answers generated in bfloat16, the running model computes in float32: restart"),
+    ],
+)
+def test_an_artifact_the_running_engine_cannot_feed_is_refused(
+    case: str, refusal: str, service_settings: Settings, capture_artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    """Valid artifacts that need another capture than the running engine's (its lags, the last token's row, its
+    dtype under TAD_DTYPE=auto) wait for a restart; the one serving stays."""
+    served = Path(shutil.copytree(capture_artifacts["generating"], tmp_path / "serving"))
+    with make_client(service_settings, artifact_dir=served, dtype="auto") as client:
+        before = client.get("/info").json()["artifact"]["manifest_sha256"]
+        if case == "bfloat16":
+            manifest = json.loads((served / "manifest.json").read_text())
+            (served / "manifest.json").write_text(json.dumps({**manifest, "dtype": "bfloat16"}))
+        else:
+            _replace(served, capture_artifacts[case])
+        response = client.post(RELOAD)
+        assert response.status_code == 409
+        assert refusal in response.json()["error"]["message"]
+        assert client.get("/info").json()["artifact"]["manifest_sha256"] == before
 
 
 @pytest.fixture
@@ -203,3 +248,16 @@ def test_a_request_in_flight_finishes_with_the_artifact_it_started_with(
     # The decision log says which version decided: the one each request started with.
     logged = [json.loads(r.getMessage())["artifact_sha256"] for r in caplog.records if r.name == "tad.decisions"]
     assert logged == [old_sha, runtime.serving.manifest_sha256] and old_sha != logged[1]
+
+
+def test_an_artifact_without_the_configured_reject_target_is_refused(
+    service_settings: Settings, served: Path, other_artifact: Path
+) -> None:
+    """TAD_REJECT_TARGET names a calibrated target; an uncalibrated artifact swapped in would leave the policy
+    without its threshold."""
+    target = next(iter(read_manifest(served).thresholds["tad"]))
+    with make_client(service_settings, artifact_dir=served, reject_target=target) as client:
+        _replace(served, other_artifact)
+        response = client.post(RELOAD)
+        assert response.status_code == 409
+        assert f"TAD_REJECT_TARGET={target} is not calibrated in {served}" in response.json()["error"]["message"]

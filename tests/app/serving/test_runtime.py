@@ -4,11 +4,16 @@ thresholds."""
 from __future__ import annotations
 
 import gc
+import json
+import logging
+import shutil
 from pathlib import Path
+
+import pytest
 
 from app.engine.engine import Engine
 from app.serving.metrics import ServiceMetrics
-from app.serving.runtime import Runtime
+from app.serving.runtime import Runtime, StartupError
 from app.settings import Settings
 from app.uncertainty.artifact import load_artifact
 from tests.app.service_client import make_client
@@ -56,3 +61,37 @@ def test_the_drift_thresholds_follow_the_serving_artifact_swapped_in(engine: Eng
     with_artifact = runtime.method_thresholds()
     assert with_artifact["tad"] is not None and with_artifact != without
     assert runtime.method_thresholds() is with_artifact  # computed once per serving artifact
+
+
+def test_a_reject_target_the_artifact_has_not_calibrated_stops_the_start(service_settings: Settings) -> None:
+    """A policy that cannot be applied is a configuration error, said at start, not a silent fallback."""
+    settings = Settings(**{**service_settings.model_dump(), "reject_target": "error@0.01"})
+    with pytest.raises(StartupError, match=r"TAD_REJECT_TARGET=error@0.01 is not calibrated in .* for tad"):
+        Runtime(settings, ServiceMetrics()).load()
+    artifact = load_artifact(service_settings.artifact_dir)
+    for target in artifact.manifest.thresholds["tad"]:  # the ones it has are accepted
+        calibrated = Settings(**{**service_settings.model_dump(), "reject_target": target})
+        assert Runtime(calibrated, ServiceMetrics())._policy_problem(artifact) is None
+
+
+def test_require_artifact_stops_the_start_without_a_usable_artifact(service_settings: Settings, tmp_path: Path) -> None:
+    settings = Settings(**{**service_settings.model_dump(), "require_artifact": True, "artifact_dir": tmp_path})
+    runtime = Runtime(settings, ServiceMetrics())
+    with pytest.raises(StartupError, match=f"TAD_REQUIRE_ARTIFACT is set but no artifact at {tmp_path}"):
+        runtime.load()
+    assert runtime.engine is None  # refused before the model was loaded
+
+
+def test_a_dtype_set_by_hand_other_than_the_artifacts_is_served_with_a_warning(
+    service_settings: Settings, tiny_artifact: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = Path(shutil.copytree(tiny_artifact, tmp_path / "bf16-answers"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "dtype": "bfloat16"}))
+    with (
+        caplog.at_level(logging.WARNING, logger="app.serving.runtime"),
+        make_client(service_settings, artifact_dir=folder, dtype="float32") as client,
+    ):
+        assert client.get("/info").json()["dtype"] == "float32"
+    assert "the model runs in float32 but artifact" in caplog.text
+    assert "trained on answers generated in bfloat16" in caplog.text
