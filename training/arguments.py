@@ -74,7 +74,7 @@ def prompt_style(text: str) -> PromptStyle:
 def add_generation_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
     if with_model:
         parser.add_argument("--model", default=None, help=f"model spec (default: {DEFAULT_MODEL})")
-    parser.add_argument("--limit", type=int_at_least(0), default=None, help="at most this many records per file")
+    parser.add_argument("--limit", type=int_at_least(1), default=None, help="at most this many records per file")
     parser.add_argument("--max-new-tokens", type=int_at_least(1), default=None, help="override the per-task default")
     parser.add_argument(
         "--batch-size",
@@ -92,6 +92,14 @@ def add_artifact_and_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, nargs="*", default=[], help="JSONL files to generate on")
     parser.add_argument(
         "--run", type=Path, nargs="+", default=[], help="reuse these runs (their texts together) instead of generating"
+    )
+    parser.add_argument(
+        "--prompt-style",
+        type=prompt_style,
+        choices=tuple(PromptStyle),
+        default=None,
+        help="how --data's records are asked (as `generate --prompt-style`; default: task): calibrate on answers "
+        "asked as the service will be asked (chat, for users' questions; few-shot for a base model)",
     )
     add_generation_options(parser)
 
@@ -117,6 +125,7 @@ def run_source_of(args: argparse.Namespace, default_run_dir: Path, run_dir_optio
                 "--model": args.model,
                 "--limit": args.limit,
                 "--max-new-tokens": args.max_new_tokens,
+                "--prompt-style": args.prompt_style,
                 "--run-dir": getattr(args, "run_dir", None),
             }
         )
@@ -132,6 +141,7 @@ def run_source_of(args: argparse.Namespace, default_run_dir: Path, run_dir_optio
         max_new_tokens=args.max_new_tokens,
         device=args.device,
         cache_dir=args.cache_dir,
+        prompt_style=args.prompt_style or PromptStyle.TASK,
     )
 
 

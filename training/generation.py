@@ -329,6 +329,11 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
             f"--model {options.model} ({loaded.identity.name}) is not the model the artifact was trained for: "
             "its answers cannot be scored with this artifact"
         )
+    if options.prompt_style is not PromptStyle.FEW_SHOT and loaded.tokenizer.chat_template is None:
+        # Before anything is written: the task and chat styles are chat messages.
+        raise SystemExit(
+            f"--model {options.model} has no chat template (a base model): generate with --prompt-style few-shot"
+        )
     dtype = str(loaded.model.dtype).removeprefix("torch.")
     settings = run_settings(loaded.identity, dtype, model_free)
     check_or_write_settings(out, settings, distribution.rank, options.out_option)

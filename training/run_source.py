@@ -10,6 +10,7 @@ from pathlib import Path
 from app.uncertainty.artifact import TadArtifact
 from training.generation import GenerateOptions, run_generate
 from training.runs import RUN_FILE, check_run_folders, read_run_settings, record_keys, run_dtype
+from training.tasks import PromptStyle
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ class RunSource:
     max_new_tokens: int | None = None
     device: str = "auto"
     cache_dir: Path | None = None
+    prompt_style: PromptStyle = PromptStyle.TASK
     # The option that sets `default_run_dir` on the command line (named when a rerun's settings differ).
     run_dir_option: str = "--out"
 
@@ -96,6 +98,7 @@ def obtain_runs(source: RunSource, artifact: TadArtifact) -> list[Path]:
         # The artifact's features are those of answers generated in its dtype.
         dtype=artifact.manifest.dtype,
         cache_dir=source.cache_dir,
+        prompt_style=source.prompt_style,
         out_option=source.run_dir_option,
         # Answers of another model would be scored with this artifact's thresholds (calibrate would rewrite
         # them): refused once the model is loaded, before anything is generated.

@@ -8,15 +8,13 @@ from pathlib import Path
 import numpy as np
 
 from training.rejection import accuracy, informative
-from training.runs import check_run_folders, iter_texts
+from training.runs import TextTrace, check_no_duplicates, check_run_folders, iter_texts
 
 
 def summarise(runs: Sequence[Path]) -> str:
     """A markdown table per dataset: texts, accuracy, mean quality and mean answer tokens."""
-    # A mistyped path would otherwise read as a run with no texts and print an empty table.
-    check_run_folders(runs)
     groups: dict[str, list[tuple[float, int]]] = {}
-    for text in iter_texts(runs):
+    for text in _texts(runs):
         groups.setdefault(text.dataset, []).append((text.target, len(text)))
     lines = ["| dataset | texts | accuracy | mean quality | mean answer tokens |", "|---|---|---|---|---|"]
     for name, rows in sorted(groups.items()):
@@ -29,8 +27,17 @@ def summarise(runs: Sequence[Path]) -> str:
 def informative_datasets(runs: Sequence[Path]) -> list[str]:
     """The datasets whose accuracy in the runs lies in [0.1, 0.9]: those a PRR says something about, and those
     an artifact trains on (docs/training.md)."""
-    check_run_folders(runs)
     quality: dict[str, list[float]] = {}
-    for text in iter_texts(runs):
+    for text in _texts(runs):
         quality.setdefault(text.dataset, []).append(text.target)
     return sorted(name for name, values in quality.items() if informative(accuracy(np.array(values))))
+
+
+def _texts(runs: Sequence[Path]) -> list[TextTrace]:
+    """Every answer of the runs, each once: a mistyped path would otherwise read as a run with no texts (an
+    empty table), and a run given twice (or overlapping runs) would count its answers twice, which can move a
+    dataset across the informative bounds."""
+    check_run_folders(runs)
+    texts = list(iter_texts(runs))
+    check_no_duplicates(text.answer_key for text in texts)
+    return texts

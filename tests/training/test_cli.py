@@ -4,6 +4,7 @@ traceback or a failure minutes later."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -120,6 +121,7 @@ def test_run_settings_that_are_not_a_runs_are_named(
         ("evaluate", ["--limit", "5", "--model", "m"]),
         ("calibrate", ["--max-new-tokens", "8"]),
         ("calibrate", ["--run-dir", "somewhere"]),
+        ("calibrate", ["--prompt-style", "chat"]),
     ],
 )
 def test_generation_options_with_run_are_refused_not_ignored(
@@ -156,6 +158,7 @@ def test_answers_given_twice_are_refused(
         ["generate", "--data", "d", "--out", "o", "--batch-size", "0"],
         ["generate", "--data", "d", "--out", "o", "--n-lags", "0"],
         ["generate", "--data", "d", "--out", "o", "--limit", "-1"],
+        ["generate", "--data", "d", "--out", "o", "--limit", "0"],  # not "the files hold no records"
         ["generate", "--data", "d", "--out", "o", "--skip", "-1"],
         ["generate", "--data", "d", "--out", "o", "--max-new-tokens", "0"],
         ["generate", "--data", "d", "--out", "o", "--shard-size", "x"],
@@ -239,3 +242,34 @@ def test_a_default_target_that_was_not_asked_for_is_refused_before_calibrating(
     argv = ["calibrate", "--artifact", str(tiny_artifact), "--run", str(tiny_runs["dev"]), "--error", "0.3"]
     err = _fails([*argv, "--default-target", "error@0.42"], capsys, code=2)
     assert "--default-target error@0.42 is not one of the targets asked for (coverage@0.5" in err
+
+
+def test_an_out_that_cannot_be_a_run_folder_is_refused_before_the_model_loads(
+    tmp_path: Path, tiny_data: dict[str, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    argv = ["generate", "--data", str(tiny_data["dev"][0]), "--out", str(tmp_path / "a-file")]
+    # A model that would fail to load: refused for --out first, so it was never loaded.
+    err = _fails([*argv, "--model", str(tmp_path / "no-model")], capsys, code=2)
+    assert "a-file is a file" in err and "no-model" not in err
+
+
+def test_a_model_without_a_chat_template_is_sent_to_few_shot_before_anything_is_written(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = Path(shutil.copytree(tiny_model_dir, tmp_path / "base-model"))
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    argv = ["generate", "--data", str(tiny_data["dev"][0]), "--out", str(tmp_path / "run"), "--model", str(base)]
+    assert "has no chat template (a base model): generate with --prompt-style few-shot" in _fails(argv, capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_summary_refuses_answers_given_twice(tiny_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Counted twice, a run's answers could move a dataset across the informative bounds scripts train on."""
+    assert "more than once" in _fails(["summary", str(tiny_runs["dev"]), str(tiny_runs["dev"])], capsys)
+    assert "more than once" in _fails(
+        ["summary", "--informative", str(tiny_runs["dev"]), str(tiny_runs["dev"])], capsys
+    )

@@ -136,3 +136,18 @@ def test_generating_with_another_model_than_the_artifacts_is_refused_before_any_
     with pytest.raises(SystemExit, match="not the model the artifact was trained for"):
         obtain_runs(source, load_artifact(tiny_artifact))
     assert not list((tmp_path / "run").glob("shards/*"))
+
+
+@pytest.mark.parametrize("style", ["task", "chat"])
+def test_answers_generated_here_are_asked_in_the_style_given(
+    style: str, tiny_artifact: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    """calibrate --data --prompt-style chat certifies thresholds on questions asked as users ask them."""
+    from training.cli import main
+
+    artifact = Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))
+    data = ["--data", str(tiny_data["dev"][0]), "--model", str(tiny_model_dir), "--limit", "4", "--max-new-tokens", "2"]
+    main(["calibrate", "--artifact", str(artifact), *data, "--coverage", "0.5", "--prompt-style", style])
+    run = artifact / "calibration-run"
+    assert json.loads((run / "run.json").read_text())["prompt_style"] == style
+    assert {text.prompt_style.value for text in iter_texts([run])} == {style}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.arguments import RESUMES, add_generation_options, int_at_least, prompt_style
+from training.arguments import RESUMES, add_generation_options, check_report_folder, int_at_least, prompt_style
 from training.tasks import PromptStyle
 
 NAME = "generate"
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> None:
     from app.settings import DEFAULT_MODEL
     from training.generation import GenerateOptions, run_generate
 
+    check_report_folder(args.out)  # before the model loads (minutes), not after
     run_generate(
         GenerateOptions(
             data=args.data,
