@@ -11,6 +11,7 @@ one is logged and the previous one keeps serving.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import logging
@@ -144,7 +145,26 @@ def check_port_free(host: str, port: int) -> None:
         sys.exit(1)
 
 
+def parse_arguments(argv: list[str] | None = None) -> None:
+    """`--help` lists the settings; the service takes no arguments (a mistyped one is refused, not ignored)."""
+    prefix = Settings.model_config.get("env_prefix", "")
+    lines = []
+    for name, field in Settings.model_fields.items():
+        default = "unset" if field.default is None else str(field.default)
+        described = f": {field.description}" if field.description else ""
+        lines.append(f"  {prefix}{name.upper()} (default: {default}){described}")
+    parser = argparse.ArgumentParser(
+        prog="python -m app",
+        description="Serve the model and its TAD artifact (uncertainty-gated generation) on TAD_HOST:TAD_PORT. "
+        "Configured by environment variables (or a .env file), not arguments: docs/configuration.md.",
+        epilog="settings:\n" + "\n".join(lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.parse_args(argv)
+
+
 def main() -> None:
+    parse_arguments()
     settings = load_settings()
     check_port_free(settings.host, settings.port)
     logging.basicConfig(

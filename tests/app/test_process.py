@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
 
-from app.__main__ import DrainingServer
+from app.__main__ import DrainingServer, parse_arguments
 from app.serving.metrics import ServiceMetrics
 from app.serving.runtime import Runtime, State
 from app.settings import Settings
@@ -184,3 +185,17 @@ def test_a_signal_arriving_while_the_event_loop_holds_the_runtime_lock_still_dra
     while not server.should_exit and time.monotonic() < deadline:
         time.sleep(0.01)
     assert server.should_exit and runtime.state is State.DRAINING
+
+
+def test_help_lists_the_settings_and_an_argument_is_refused_before_anything_loads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`python -m app --help` started the server (it read no arguments); a mistyped flag was ignored."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_arguments(["--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "TAD_PORT (default: 8000)" in shown and "TAD_ARTIFACT_DIR (default: " in shown
+    with pytest.raises(SystemExit) as exit_info:
+        parse_arguments(["--port", "9000"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --port 9000" in capsys.readouterr().err
