@@ -91,25 +91,27 @@ def test_requests_still_running_when_the_grace_period_ends_get_a_503_not_a_cut(
     try:
         wait_until_ready(url, 90, alive=lambda: process.poll() is None)
         answers: dict[str, object] = {}
-        started = threading.Event()
+        streaming = threading.Event()
 
         def plain() -> None:
-            started.set()
             response = httpx.post(f"{url}/v1/generate", json={"prompt": "the", "max_new_tokens": 1500}, timeout=60)
             answers["plain"] = (response.status_code, response.headers.get("content-type"), response.json())
 
         def streamed() -> None:
-            events = []
+            events: list[str] = []
             payload = {"prompt": "the", "max_new_tokens": 1500, "stream": True}
             with httpx.stream("POST", f"{url}/v1/generate", json=payload, timeout=60) as response:
-                events = [line.removeprefix("event: ") for line in response.iter_lines() if line.startswith("event: ")]
+                for line in response.iter_lines():
+                    if line.startswith("event: "):
+                        events.append(line.removeprefix("event: "))
+                        streaming.set()
             answers["stream"] = events
 
         clients = [threading.Thread(target=plain), threading.Thread(target=streamed)]
         for client in clients:
             client.start()
-        assert started.wait(30)
-        time.sleep(1.0)  # both are generating
+        assert streaming.wait(30)  # the stream is generating
+        wait_for_requests_in_flight(url, 2, timeout=30)  # and the plain request has reached the server
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         for client in clients:
@@ -199,3 +201,14 @@ def test_help_lists_the_settings_and_an_argument_is_refused_before_anything_load
     with pytest.raises(SystemExit) as exit_info:
         parse_arguments(["--port", "9000"])
     assert exit_info.value.code == 2 and "unrecognized arguments: --port 9000" in capsys.readouterr().err
+
+
+def wait_for_requests_in_flight(url: str, count: int, timeout: float) -> None:
+    """Until the server's `tad_requests_in_flight` gauge reaches `count` (a sleep would only hope it had)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("tad_requests_in_flight ") and float(line.split()[1]) >= count:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} requests in flight after {timeout} s")
