@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import ValidationError
 
+from app.files import sync_files, sync_folder
 from app.identity import ModelIdentity
 from app.uncertainty.trace import TokenTrace
 from training.tasks import PromptStyle
@@ -129,9 +130,12 @@ def write_shard(run_dir: Path, index: int, texts: Sequence[TextTrace], attention
     attention = [t.rows for t in texts if len(t)]
     np.save(staging / "attention.npy", joined(attention, np.float32, attention_shape))
     (staging / "texts.json").write_text(json.dumps([t.meta for t in texts], ensure_ascii=False))
+    # On disk before the rename: a shard named done (its texts.json) after a crash must hold its arrays.
+    sync_files(staging)
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
+    sync_folder(final.parent)
     return final
 
 

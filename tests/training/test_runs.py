@@ -62,3 +62,16 @@ def test_runs_generated_in_two_dtypes_are_not_fitted_together(tiny_runs: dict[st
     (other / RUN_FILE).write_text(json.dumps({**settings, "dtype": "bfloat16"}))
     with pytest.raises(SystemExit, match=r"generated in bfloat16, .* in float32: fit runs of one dtype"):
         load_runs([tiny_runs["train"], other], None)
+
+
+def test_a_shard_is_on_disk_before_its_name_says_it_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a crash, a shard folder under its final name (which a rerun skips) must hold its arrays."""
+    from tests.app.test_files import record_disk_order
+    from training.runs import write_shard
+
+    events = record_disk_order(monkeypatch)
+    final = write_shard(tmp_path, 0, [], (2, 2, 3))
+    renamed = events.index(("rename", str(final)))
+    synced_before = {Path(path).name for kind, path in events[:renamed] if kind == "sync"}
+    assert {"texts.json", "attention.npy", "offsets.npy", "token_ids.npy"} <= synced_before
+    assert events[renamed + 1 :] == [("sync", str(final.parent))]
