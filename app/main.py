@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.api.body_limit import BodySizeLimitMiddleware
+from app.api.cors import ErrorShapedCORSMiddleware
 from app.api.deployment_schema import deployment_openapi
 from app.api.metrics_middleware import MetricsMiddleware
 from app.api.native import routes as native_routes
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            ErrorShapedCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-ID"],

@@ -20,6 +20,8 @@ from app.uncertainty.trace import TokenTrace
 
 CHECK_PROMPT = "Question: {question}\nProposed answer: {answer}\nIs the proposed answer correct? Answer yes or no."
 YES = "Yes"
+# The check prompt, as error messages name it.
+CHECK_PROMPT_NAME = "the prompt that asks the model about its answer"
 
 
 def check_pass(engine: Engine, question: str, answer: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -267,7 +267,7 @@ class Runtime:
                 raise ArtifactReloadError(str(error)) from error
             except Exception as error:  # e.g. a regressor pickled by another scikit-learn, a file vanishing
                 logger.exception("loading the artifact failed")
-                refusal = ArtifactReloadError(f"the artifact could not be loaded ({type(error).__name__}); see the log")
+                refusal = ArtifactReloadError("the artifact could not be loaded; the server log says why")
                 self._refuse_reload(refusal)
                 raise refusal from error
             self.serving = serving

@@ -22,7 +22,7 @@ from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
-from app.serving.check_pass import check_pass, p_true_of, with_p_true
+from app.serving.check_pass import CHECK_PROMPT_NAME, check_pass, p_true_of, with_p_true
 from app.serving.decision_log import log_decision
 from app.serving.events import Event, Failure, GenerationResult, KeepAlive, StreamedToken
 from app.serving.outcomes import (
@@ -119,16 +119,36 @@ class GenerationService:
         """`prompt`: what the prompt is, in the message (a check pass's is not the request's)."""
         context = self._context()
         if context is not None and prompt_tokens + answer_tokens > context:
+            added = f" plus {field} ({answer_tokens})" if answer_tokens else ""
             raise InvalidRequest(
-                f"{prompt} ({prompt_tokens} tokens) plus {field} ({answer_tokens}) exceeds the model's context of "
-                f"{context} tokens",
+                f"{prompt} ({prompt_tokens} tokens){added} exceeds the model's context of {context} tokens",
                 param=field,
             )
 
-    def _check_pass_fits(self, check_ids: Sequence[int], answer_tokens: int, field: str) -> None:
-        """A check pass's prompt (`check_ids`, holding `answer_tokens` more of the answer once it is written) and
-        the one token it scores fit in the context."""
-        self._check_context(len(check_ids) + 1, answer_tokens, field, "the prompt that asks the model about its answer")
+    async def _fit_check_pass(
+        self, question: str, prompt_field: str, answer_tokens: int, field: str, asked: bool
+    ) -> int:
+        """The answer tokens P(True)'s check prompt about `question` leaves room for in the context: all
+        `answer_tokens` if they fit, else the room when the client set no length (`asked` False: a default
+        gives way), else a refusal naming `field`; a question that leaves no room is refused naming the prompt."""
+        context = self._context()
+        if context is None:
+            return answer_tokens
+        check_ids, _ = await tokenized(len(question), self.engine, check_pass, question, "")
+        room = context - len(check_ids) - 1
+        if room < 1:
+            raise InvalidRequest(
+                f"{CHECK_PROMPT_NAME} ({len(check_ids) + 1} tokens before the answer) leaves no room for an answer in "
+                f"the model's context of {context} tokens: shorten the prompt",
+                param=prompt_field,
+            )
+        if answer_tokens <= room or not asked:
+            return min(answer_tokens, room)
+        raise InvalidRequest(
+            f"{CHECK_PROMPT_NAME} plus {field} ({answer_tokens} tokens) exceeds the model's context: at most {room} "
+            "tokens of answer fit with this prompt",
+            param=field,
+        )
 
     def policy(self, request: PolicyRequest | None, serving: ServingArtifact | None = None) -> Policy:
         if request is not None and not self.settings.policy_overrides:
@@ -194,8 +214,8 @@ class GenerationService:
         if REGISTRY[resolved.method.value].needs_check_pass:
             # The answer is asked about in a prompt of its own after it is generated: refused now if that could
             # not fit, rather than once the answer has been computed.
-            check_ids, _ = await tokenized(len(question), self.engine, check_pass, question, "")
-            self._check_pass_fits(check_ids, wanted, max_tokens_field)
+            asked = max_new_tokens is not None
+            wanted = await self._fit_check_pass(question, prompt.field, wanted, max_tokens_field, asked)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
         params = SamplingParams(
@@ -363,7 +383,8 @@ class GenerationService:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
         (`app/serving/check_pass.py`); the pass is cancelled if the client goes away meanwhile."""
         prompt_ids, yes = await tokenized(len(question) + len(answer), self.engine, check_pass, question, answer)
-        self._check_pass_fits(prompt_ids, 0, "policy.method")  # re-tokenized, an answer can come out longer
+        # Re-tokenized in its prompt (with the one token the pass scores), an answer can come out longer.
+        self._check_context(len(prompt_ids) + 1, 0, "policy.method", CHECK_PROMPT_NAME)
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -420,8 +441,9 @@ class GenerationService:
         self._check_context(len(prompt_ids), len(answer_ids), "response")
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
+            await self._fit_check_pass(question, prompt.field, len(answer_ids), "response", asked=True)
             check_ids, _ = await tokenized(len(question) + len(response), self.engine, check_pass, question, response)
-            self._check_pass_fits(check_ids, 0, "response")
+            self._check_context(len(check_ids) + 1, 0, "response", CHECK_PROMPT_NAME)  # it can come out longer there
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),

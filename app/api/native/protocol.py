@@ -155,8 +155,8 @@ class GenerateRequest(PromptFields):
     )
 
     max_new_tokens: PositiveInt | None = Field(None, description="1..the service's limit (default: its default)")
-    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(0.0, ge=0.0, le=2.0, allow_inf_nan=False, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: Seed | None = Field(None, description="for sampling; echoed in the response")
     stop: StopStrings = Field(None, description="stop strings (not included in the text)")
 

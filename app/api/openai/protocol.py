@@ -87,16 +87,22 @@ TOP_LOGPROBS_NEED_LOGPROBS: dict[str, Any] = {
 
 class _SamplingFields(StrictModel):
     model: str = Field(min_length=1, max_length=MAX_MODEL_NAME)
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1.0, as in the OpenAI API")
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, allow_inf_nan=False, description="default 1.0, as in the OpenAI API"
+    )
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     # OpenAI's API takes null for these as "not set"; so do these routes.
     n: OnlyOne | None = Field(1, description="only 1 is supported")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: StopStrings = None
     seed: Seed | None = None
-    presence_penalty: float | None = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
-    frequency_penalty: float | None = Field(0.0, ge=0.0, le=0.0, description="not supported (must be 0)")
+    presence_penalty: float | None = Field(
+        0.0, ge=0.0, le=0.0, allow_inf_nan=False, description="not supported (must be 0)"
+    )
+    frequency_penalty: float | None = Field(
+        0.0, ge=0.0, le=0.0, allow_inf_nan=False, description="not supported (must be 0)"
+    )
     logit_bias: dict[str, float] | None = Field(
         None, description="not supported (must be empty)", json_schema_extra={"maxProperties": 0}
     )

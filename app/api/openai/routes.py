@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 
@@ -25,6 +27,9 @@ from app.errors import InvalidRequest, ServiceError
 from app.serving.outcomes import PromptInput, Submitted
 from app.serving.runtime import Runtime
 from app.serving.service import GenerationService
+
+# A policy field named in a message (policy.method, policy.threshold ...), not already under `tad.`.
+POLICY_FIELD = re.compile(r"(?<![\w.])policy\.(method|threshold|target|action)\b")
 
 
 class OpenAIRoute(APIRoute):
@@ -77,9 +82,10 @@ async def _submit(
             top_logprobs_field="top_logprobs" if chat else "logprobs",
         )
     except InvalidRequest as error:
-        # The policy override sits inside the `tad` extension here.
+        # The policy override sits inside the `tad` extension here: its fields are named so, in the message too.
         if error.param is not None and error.param.startswith("policy"):
             error.param = f"tad.{error.param}"
+        error.message = POLICY_FIELD.sub(r"tad.\g<0>", error.message)
         raise
     early_stop = bool(body.tad and body.tad.early_stop)
     return service.submit(prepared, stream=bool(body.stream), early_stop=early_stop, early_stop_field="tad.early_stop")

@@ -149,7 +149,8 @@ async def reload_artifact(runtime: RuntimeDep) -> ArtifactReloadResponse:
         # Hashing and unpickling take a moment: off the event loop.
         serving = await run_in_threadpool(runtime.reload_artifact)
     except ArtifactReloadError as error:
-        raise Conflict(f"artifact refused, the previous one keeps serving: {error}") from error
+        kept = "the previous one keeps serving" if runtime.artifact is not None else "none is served, as before"
+        raise Conflict(f"artifact refused, {kept}: {error}") from error
     return ArtifactReloadResponse(
         artifact=serving.name, manifest_sha256=serving.manifest_sha256, loaded_at=serving.loaded_at
     )

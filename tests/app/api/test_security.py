@@ -35,6 +35,13 @@ def test_cors_is_off_unless_configured(service_settings: Settings) -> None:
     with make_client(service_settings, cors_origins=["https://example.org"]) as client:
         response = client.options("/v1/generate", headers=preflight)
         assert response.headers["access-control-allow-origin"] == "https://example.org"
+        # A refused preflight in the one error shape (Starlette's own is plain text), naming what it refused.
+        refused = client.options("/v1/generate", headers={**preflight, "Origin": "https://evil.example"})
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["type"] == "invalid_request_error" and error["param"] == "Origin"
+        assert error["message"].startswith("Disallowed CORS origin")
+        refused = client.options("/v1/generate", headers={**preflight, "Access-Control-Request-Method": "DELETE"})
+        assert refused.json()["error"]["param"] == "Access-Control-Request-Method"
 
 
 def _unauthenticated_statuses(client: TestClient) -> dict[tuple[str, str], tuple[bool, int]]:

@@ -83,7 +83,11 @@ def test_a_tampered_artifact_is_refused_and_the_old_one_keeps_serving(
 
 
 def test_an_artifact_that_fails_to_unpickle_is_a_409_not_a_500(
-    client: TestClient, served: Path, other_artifact: Path, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
+    served: Path,
+    other_artifact: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The hashes match, but unpickling breaks (e.g. a regressor saved by another scikit-learn)."""
     import app.serving.runtime as runtime_module
@@ -95,7 +99,10 @@ def test_an_artifact_that_fails_to_unpickle_is_a_409_not_a_500(
     _replace(served, other_artifact)
     monkeypatch.setattr(runtime_module, "load_artifact", broken)
     response = client.post(RELOAD)
-    assert response.status_code == 409 and "ModuleNotFoundError" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]
+    # The exception is the server log's (with its traceback), not the client's: not even its class.
+    assert response.status_code == 409 and message.endswith("the artifact could not be loaded; the server log says why")
+    assert "ModuleNotFoundError" not in message and "sklearn.linear_model._gone" in caplog.text
     assert client.get("/info").json()["artifact"]["manifest_sha256"] == before
     assert 'tad_artifact_reloads_total{outcome="refused"} 1.0' in client.get("/metrics").text
 
@@ -125,6 +132,10 @@ def test_an_unreadable_manifest_is_refused_without_parser_or_pydantic_text(clien
     (served / "manifest.json").write_text("[]")
     message = client.post(RELOAD).json()["error"]["message"]
     assert "invalid" in message and "pydantic" not in message and "input_value" not in message
+    assert "the manifest: Input should be an object" in message and "instance of" not in message
+    (served / "manifest.json").write_bytes(b"\xff\xfe\x00binary")
+    message = client.post(RELOAD).json()["error"]["message"]
+    assert "the artifact could not be loaded; the server log says why" in message and "Error" not in message
 
 
 def test_a_manifest_whose_feature_sizes_contradict_its_lags_is_refused(client: TestClient, served: Path) -> None:

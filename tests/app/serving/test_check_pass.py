@@ -142,7 +142,31 @@ def test_a_given_answer_whose_check_prompt_would_not_fit_is_refused(long_client:
     body = {"messages": messages, "response": response}
     assert client.post("/v1/score", json=body).status_code == 200
     refused = client.post("/v1/score", json={**body, "policy": P_TRUE_POLICY})
-    assert refused.status_code == 422 and refused.json()["error"]["param"] == "response"
+    error = refused.json()["error"]
+    assert refused.status_code == 422 and error["param"] == "response"
+    assert "tokens of answer fit with this prompt" in error["message"] and "(0)" not in error["message"]
+
+
+def test_without_a_length_asked_for_the_default_gives_way_to_the_check_prompt(long_client: TestClient) -> None:
+    """A field the client never sent is not to blame: the default shrinks to what the check prompt leaves."""
+    client = long_client
+    messages, prompt_tokens = _near_the_context(client, room=40)
+    body = client.post("/v1/generate", json={"messages": messages, "policy": P_TRUE_POLICY}).json()
+    assert 0 < body["usage"]["completion_tokens"] < 2048 - prompt_tokens
+    assert body["uncertainty"]["p_true"] is not None
+
+
+@pytest.mark.parametrize("route", ["/v1/generate", "/v1/score"])
+def test_a_question_whose_check_prompt_leaves_no_room_is_refused_naming_the_prompt(
+    long_client: TestClient, route: str
+) -> None:
+    client = long_client
+    messages, _ = _near_the_context(client, room=8)  # the check prompt's own words take more than that
+    body = {"messages": messages, "policy": P_TRUE_POLICY}
+    refused = client.post(route, json={**body, "response": "Paris."} if route == "/v1/score" else body)
+    error = refused.json()["error"]
+    assert refused.status_code == 422 and error["param"] == "messages", error
+    assert "leaves no room for an answer" in error["message"] and "shorten the prompt" in error["message"]
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,12 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
             model="model", messages=MESSAGES, extra_body={"tad": {"policy": {"target": "error@0.01"}}}
         )
     assert target.value.body["param"] == "tad.policy.target"
+    with pytest.raises(openai.BadRequestError) as unthresholded:  # the message names the fields as sent here
+        client.chat.completions.create(
+            model="model", messages=MESSAGES, extra_body={"tad": {"policy": {"method": "p_true"}}}
+        )
+    message = unthresholded.value.body["message"]
+    assert "send tad.policy.threshold" in message and " policy.threshold" not in message
     # Checks across fields still name the field the client must change.
     with pytest.raises(openai.BadRequestError) as needs_logprobs:
         client.chat.completions.create(model="model", messages=MESSAGES, top_logprobs=3)
