@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     default_max_new_tokens: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(4096, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=1)
-    max_stop_strings: int = Field(8, ge=0)
+    max_stop_strings: int = Field(8, ge=0, le=256, description="at most the schema's cap (256)")
     max_top_logprobs: int = Field(20, ge=0, le=20, description="at most the schema's cap (20, OpenAI's)")
 
     # Scheduling.

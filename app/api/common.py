@@ -28,6 +28,9 @@ MAX_SEED = 2**53
 # means an over-long field is a 422 naming it, not a 413.
 MAX_TEXT_CHARS = 200_000
 MAX_STOP_CHARS = 1000
+# The most stop strings the schema takes (TAD_MAX_STOP_STRINGS, at most this, is the deployment's limit): a
+# longer list is refused whole, before pydantic validates (and describes) each of its items.
+MAX_STOP_STRINGS = 256
 # A text field that must hold something other than whitespace, as validation and the schema both say.
 # Python, JSON Schema (ECMA) and pydantic's (Rust) regexes disagree on a few whitespace characters;
 # naming them makes the three agree.
@@ -69,7 +72,9 @@ def check_stop_strings(value: object) -> object:
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 # Stop strings as a field type, shared by the native and the OpenAI-compatible requests.
 StopStrings = Annotated[
-    StopString | list[StopString] | None, BeforeValidator(check_stop_strings), AfterValidator(stop_list)
+    StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None,
+    BeforeValidator(check_stop_strings),
+    AfterValidator(stop_list),
 ]
 
 
