@@ -8,7 +8,7 @@ Internal exception text never reaches a client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -171,7 +171,10 @@ def invalid_request_status(request: Request) -> int:
     return getattr(request.scope.get("route"), "invalid_request_status", InvalidRequest.status_code)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, unauthenticated: Callable[[Request], ServiceError | None]) -> None:
+    """`unauthenticated`: the refusal a request without the API key its route needs gets before any complaint
+    about its body (which FastAPI judges before the route's own checks run)."""
+
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, error: ServiceError) -> JSONResponse:
         status = invalid_request_status(request) if isinstance(error, InvalidRequest) else error.status_code
@@ -179,6 +182,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        if (refusal := unauthenticated(request)) is not None:
+            return await _service_error(request, refusal)
         errors = list(error.errors())
         content_type = request.headers.get("content-type", "")
         if _body_not_read_as_json(errors, content_type):
@@ -192,6 +197,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 400:  # a body FastAPI could not parse (e.g. not UTF-8): bad input, like any other
+            if (refusal := unauthenticated(request)) is not None:
+                return await _service_error(request, refusal)
             status = invalid_request_status(request)
             return error_response(status, InvalidRequest.error_type, f"body: {error.detail}", "body")
         error_type = {404: "not_found", 405: "method_not_allowed", 413: PayloadTooLarge.error_type}.get(

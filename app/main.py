@@ -12,6 +12,7 @@ from app import __version__
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cors import ErrorShapedCORSMiddleware
 from app.api.deployment_schema import deployment_openapi
+from app.api.deps import unauthenticated
 from app.api.metrics_middleware import MetricsMiddleware
 from app.api.native import routes as native_routes
 from app.api.openai import routes as openai_routes
@@ -54,7 +55,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
     )
     app.state.runtime = runtime
     app.openapi = deployment_openapi(app, runtime)  # type: ignore[method-assign]
-    install_error_handlers(app)
+    install_error_handlers(app, unauthenticated)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 
 from app.api.request_id import request_id
 from app.errors import Unauthorized
@@ -47,14 +48,41 @@ async def require_api_key(
     header_key: Annotated[str | None, Depends(_header_key)],
 ) -> None:
     """When TAD_API_KEY is set, every /v1 route needs it (Bearer token or X-API-Key), compared in constant time."""
-    expected = runtime.settings.api_key
+    refusal = key_refusal(runtime.settings.api_key, bearer.credentials if bearer is not None else header_key)
+    if refusal is not None:
+        raise refusal
+
+
+def key_refusal(expected: SecretStr | None, presented: str | None) -> Unauthorized | None:
     if expected is None:
-        return
-    presented = bearer.credentials if bearer is not None else header_key
+        return None
     if presented is None or not secrets.compare_digest(
         presented.encode("utf-8", "surrogateescape"), expected.get_secret_value().encode("utf-8", "surrogateescape")
     ):
-        raise Unauthorized("missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
+        return Unauthorized("missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    return None
+
+
+def unauthenticated(request: Request) -> Unauthorized | None:
+    """The 401 a request to a route that needs the key gets before its body is judged: FastAPI reads and
+    validates a body before the route's dependencies run, so a malformed body would otherwise be answered
+    (a 422 or 400) to a client without the key."""
+    if not _needs_key(request.scope.get("route")):
+        return None
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    presented = credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
+    return key_refusal(request.app.state.runtime.settings.api_key, presented or request.headers.get("x-api-key"))
+
+
+def _needs_key(route: object) -> bool:
+    dependant = getattr(route, "dependant", None)
+    pending = list(dependant.dependencies) if dependant is not None else []
+    while pending:
+        dependency = pending.pop()
+        if dependency.call is require_api_key:
+            return True
+        pending.extend(dependency.dependencies)
+    return False
 
 
 ApiKeyDep = Depends(require_api_key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unittest.mock import ANY
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.settings import Settings
@@ -71,3 +72,25 @@ def test_schema_declares_the_key_exactly_where_it_is_required(service_settings: 
         assert "securitySchemes" not in client.get("/openapi.json").json()["components"]
         for key, (declared, status) in _unauthenticated_statuses(client).items():
             assert not declared and status != 401, key
+
+
+@pytest.mark.parametrize("route", ["/v1/generate", "/v1/chat/completions"])
+def test_a_body_is_judged_only_for_a_client_with_the_key(service_settings: Settings, route: str) -> None:
+    """FastAPI reads a body before the route's dependencies run: a malformed one was answered, to a client
+    without the key, with what was wrong in it."""
+    json_header = {"content-type": "application/json"}
+    with make_client(service_settings, api_key="s3cret") as client:
+        for body in (b"{bad", b"\xff\xfe not utf-8", b'{"prompt": 1}'):
+            response = client.post(route, content=body, headers=json_header)
+            assert response.status_code == 401 and response.json()["error"]["message"] == "missing or invalid API key"
+            wrong = client.post(route, content=body, headers={**json_header, "Authorization": "Bearer wrong"})
+            assert wrong.status_code == 401
+            for key in (
+                {"Authorization": "Bearer s3cret"},
+                {"authorization": "bearer s3cret"},
+                {"X-API-Key": "s3cret"},
+            ):
+                judged = client.post(route, content=body, headers={**json_header, **key})
+                assert judged.status_code in (400, 422) and judged.json()["error"]["param"] is not None
+    with make_client(service_settings) as client:  # no key set: the body's problem, as before
+        assert client.post(route, content=b"{bad", headers=json_header).status_code in (400, 422)
