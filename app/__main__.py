@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import logging
 import signal
 import socket
@@ -150,7 +151,8 @@ def parse_arguments(argv: list[str] | None = None) -> None:
     prefix = Settings.model_config.get("env_prefix", "")
     lines = []
     for name, field in Settings.model_fields.items():
-        default = "unset" if field.default is None else str(field.default)
+        value = field.get_default(call_default_factory=True)
+        default = "unset" if value is None else json.dumps(value) if isinstance(value, list) else str(value)
         described = f": {field.description}" if field.description else ""
         lines.append(f"  {prefix}{name.upper()} (default: {default}){described}")
     parser = argparse.ArgumentParser(

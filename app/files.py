@@ -20,11 +20,13 @@ def write_text_atomic(path: Path, text: str) -> None:
     sync_folder(path.parent)
 
 
-def sync_files(folder: Path) -> None:
-    """Flush every file directly in `folder`, and the folder's entries, to disk (before the folder is renamed
-    into place: the rename must not reach the disk before what it names)."""
+def sync_tree(folder: Path) -> None:
+    """Flush every file under `folder`, and every folder's entries, to disk (before the folder is renamed into
+    place: the rename must not reach the disk before what it names)."""
     for item in folder.iterdir():
-        if item.is_file():
+        if item.is_dir() and not item.is_symlink():
+            sync_tree(item)
+        elif item.is_file():
             descriptor = os.open(item, os.O_RDONLY)
             try:
                 os.fsync(descriptor)

@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from app.files import write_text_atomic
 from app.identity import ModelIdentity
 from app.numeric import finite_tree
 from app.uncertainty.artifact import FeatureInfo, Manifest, write_manifest
@@ -212,9 +212,7 @@ def _write(out: Path, manifest: Manifest, report: dict[str, Any]) -> Manifest:
     """The manifest and its report, into `out` (created; an existing artifact's regressor is not kept)."""
     refuse_trained_artifact(out)
     (out / REPORT).parent.mkdir(parents=True, exist_ok=True)
-    staging = (out / REPORT).with_name(f"{REPORT.name}.{os.getpid()}.tmp")
-    staging.write_text(json.dumps(finite_tree(report), indent=2, allow_nan=False) + "\n")
-    os.replace(staging, out / REPORT)
+    write_text_atomic(out / REPORT, json.dumps(finite_tree(report), indent=2, allow_nan=False) + "\n")
     written = write_manifest(out, manifest)
     chosen = written.metrics["decision"]
     gain = chosen["gain"]

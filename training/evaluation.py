@@ -288,6 +288,11 @@ def run_evaluate(
         compared = load_artifact(compare_dir)
         if compared.manifest.llm.sha256 != artifact.manifest.llm.sha256:
             raise SystemExit(f"--compare-artifact {compare_dir} was trained for a different model than {artifact_dir}")
+        if compared.manifest.dtype != artifact.manifest.dtype:  # the runs are the artifact's dtype (run_source.py)
+            raise SystemExit(
+                f"--compare-artifact {compare_dir} was trained on answers in {compared.manifest.dtype}, {artifact_dir} "
+                f"on answers in {artifact.manifest.dtype}: one set of runs cannot be scored fairly by both"
+            )
     runs = obtain_runs(source, artifact)
     if compared is not None:
         for run in runs:

@@ -183,10 +183,8 @@ def check_or_write_settings(out: Path, settings: dict[str, Any], rank: int = 0, 
         check_unchanged(out, settings, out_option)
         return
     out.mkdir(parents=True, exist_ok=True)
-    # Every data-parallel process may get here at once: each writes its own temporary file.
-    staging = path.with_name(f"{RUN_FILE}.{rank}.tmp")
-    staging.write_text(json.dumps(settings, indent=2) + "\n")
-    staging.replace(path)
+    # Every data-parallel process may get here at once: each writes its own temporary file (by its pid).
+    write_text_atomic(path, json.dumps(settings, indent=2) + "\n")
 
 
 def without_duplicate_ids(records: list[LocatedRecord], bad: list[BadRecord]) -> list[LocatedRecord]:
@@ -329,7 +327,7 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
             f"--model {options.model} ({loaded.identity.name}) is not the model the artifact was trained for: "
             "its answers cannot be scored with this artifact"
         )
-    if options.prompt_style is not PromptStyle.FEW_SHOT and loaded.tokenizer.chat_template is None:
+    if options.prompt_style is not PromptStyle.FEW_SHOT and not loaded.tokenizer.chat_template:
         # Before anything is written: the task and chat styles are chat messages.
         raise SystemExit(
             f"--model {options.model} has no chat template (a base model): generate with --prompt-style few-shot"

@@ -14,6 +14,7 @@ so the table shows whether any of them would have changed it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ from tqdm import tqdm
 from app.files import write_text_atomic
 from app.numeric import finite_or_none
 from app.uncertainty.aggregation import Aggregation, aggregate
-from app.uncertainty.artifact import TrainedTad, load_artifact
+from app.uncertainty.artifact import Manifest, TrainedTad, load_artifact
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import AveragedRegressor, Regressor, TadScorer
 from training.fit.cross_validation import Choice, fit_final, prepare_folds
@@ -39,7 +40,7 @@ from training.fit.texts import load_runs
 from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.method_scores import baseline_table, ranked
-from training.progress import ProgressStore, digest
+from training.progress import PROGRESS_SUFFIX, ProgressStore, digest
 from training.rejection import (
     INFORMATIVE_ACCURACY,
     accuracy,
@@ -57,7 +58,8 @@ from training.weighting import RowWeighting, weighted
 logger = logging.getLogger(__name__)
 
 # Where a stopped lodo's finished held-out datasets wait for its rerun (inside --out; removed with the report).
-PROGRESS_DIR = "lodo-progress"
+PROGRESS_DIR = f"lodo{PROGRESS_SUFFIX}"
+PROGRESS_VERSION = 1
 
 
 def run_lodo(
@@ -175,7 +177,7 @@ def run_lodo(
     )
     # Each held-out dataset's refit is minutes (an MLP's): a rerun of the same lodo takes the finished ones back.
     progress = ProgressStore(
-        out / PROGRESS_DIR / _progress_key(report["configuration"], options, tad, resamples, seed, texts, tests)
+        out / PROGRESS_DIR / _progress_key(report["configuration"], options, manifest, resamples, seed, texts, tests)
     )
     drawn: list[np.ndarray] = []  # bootstrap samples of TAD - MSP of each informative held-out dataset
     for dataset in tqdm(datasets, desc="lodo", unit="dataset"):
@@ -212,38 +214,53 @@ def run_lodo(
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "lodo.json", json.dumps(report, indent=2) + "\n")
     write_text_atomic(out / "lodo.md", lodo_markdown(report))
-    progress.discard()
+    for dataset in datasets:  # this run's; a stopped run's other datasets (under --held-out) stay
+        progress.remove(dataset)
     return report
 
 
 def _progress_key(
     configuration: dict[str, Any],
     options: FitOptions,
-    tad: TrainedTad,
+    manifest: Manifest,
     resamples: int,
     seed: int,
     texts: Sequence[FitText],
     tests: Sequence[TextTrace],
 ) -> str:
-    """Everything a held-out dataset's entry depends on: the refit's configuration, the bootstrap, and each
-    training and test answer."""
+    """Everything a held-out dataset's entry depends on: the refit's configuration, the model and dtype, the
+    bootstrap, and each training and test answer (its probabilities too: answers regenerated into the same
+    runs have other numbers under the same keys)."""
     described = {
+        "version": PROGRESS_VERSION,
         "configuration": configuration,
         "options": {name: value for name, value in asdict(options).items() if name != "out"},
-        "spec": asdict(tad.spec),
-        "epsilon": tad.epsilon,
-        "params": tad.regressor.params,
+        "model": manifest.llm.sha256,
+        "dtype": manifest.dtype,
+        "features": manifest.features.model_dump(),
+        "epsilon": manifest.epsilon,
+        "params": manifest.regressor.params if manifest.regressor is not None else None,
         "resamples": resamples,
         "seed": seed,
     }
-    lines = [f"train\t{t.key}\t{t.group}\t{t.target!r}\t{len(t)}" for t in texts]
-    lines += [f"test\t{t.key}\t{t.group}\t{t.target!r}\t{len(t)}" for t in tests]
+    lines = [f"train\t{t.key}\t{t.group}\t{t.target!r}\t{_numbers(t.probs)}" for t in texts]
+    lines += [f"test\t{t.key}\t{t.group}\t{t.target!r}\t{_numbers(t.logprobs)}" for t in tests]
     return digest(described, lines)
+
+
+def _numbers(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float64).tobytes()).hexdigest()[:16]
+
+
+# The keys of a held-out dataset's report entry: a saved entry without them (another version's) is refitted.
+ENTRY_KEYS = frozenset({"n", "train_texts", "accuracy", "prr", "prr_ci95", "tad_minus_msp", "by_aggregation"})
 
 
 def _finished(saved: Any) -> tuple[dict[str, Any], np.ndarray | None] | None:
     """A held-out dataset's entry and TAD - MSP samples as an earlier run saved them (None: not finished)."""
     if not isinstance(saved, dict) or not isinstance(saved.get("entry"), dict) or "samples" not in saved:
+        return None
+    if not set(saved["entry"]) >= ENTRY_KEYS:
         return None
     samples = saved["samples"]
     return saved["entry"], None if samples is None else np.asarray(samples, dtype=float)

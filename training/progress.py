@@ -21,6 +21,9 @@ from app.files import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
+# How a folder of stores is named (fit's `fit-progress`, lodo's `lodo-progress`): kept when an artifact is refitted.
+PROGRESS_SUFFIX = "-progress"
+
 
 def digest(described: Any, lines: Iterable[str] = ()) -> str:
     """A short key for a description (JSON-able) and per-item lines (e.g. one per text the work reads)."""
@@ -50,6 +53,13 @@ class ProgressStore:
     def save(self, name: str, value: Any) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.folder / f"{name}.json", json.dumps(value))
+
+    def remove(self, name: str) -> None:
+        """Remove one item, and the store's folders once they are empty."""
+        (self.folder / f"{name}.json").unlink(missing_ok=True)
+        for folder in (self.folder, self.folder.parent):
+            with contextlib.suppress(OSError):  # not empty: other items, or another command's store
+                folder.rmdir()
 
     def discard(self) -> None:
         """Remove this command's items, and their parent folder once no other command's are left in it."""

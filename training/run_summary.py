@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from training.rejection import accuracy, informative
-from training.runs import TextTrace, check_no_duplicates, check_run_folders, iter_texts
+from training.runs import check_no_duplicates, check_run_folders, iter_texts
 
 
 def summarise(runs: Sequence[Path]) -> str:
     """A markdown table per dataset: texts, accuracy, mean quality and mean answer tokens."""
     groups: dict[str, list[tuple[float, int]]] = {}
-    for text in _texts(runs):
-        groups.setdefault(text.dataset, []).append((text.target, len(text)))
+    for dataset, target, length in _answers(runs):
+        groups.setdefault(dataset, []).append((target, length))
     lines = ["| dataset | texts | accuracy | mean quality | mean answer tokens |", "|---|---|---|---|---|"]
     for name, rows in sorted(groups.items()):
         quality = np.array([q for q, _ in rows])
@@ -28,16 +28,19 @@ def informative_datasets(runs: Sequence[Path]) -> list[str]:
     """The datasets whose accuracy in the runs lies in [0.1, 0.9]: those a PRR says something about, and those
     an artifact trains on (docs/training.md)."""
     quality: dict[str, list[float]] = {}
-    for text in _texts(runs):
-        quality.setdefault(text.dataset, []).append(text.target)
+    for dataset, target, _ in _answers(runs):
+        quality.setdefault(dataset, []).append(target)
     return sorted(name for name, values in quality.items() if informative(accuracy(np.array(values))))
 
 
-def _texts(runs: Sequence[Path]) -> list[TextTrace]:
-    """Every answer of the runs, each once: a mistyped path would otherwise read as a run with no texts (an
-    empty table), and a run given twice (or overlapping runs) would count its answers twice, which can move a
-    dataset across the informative bounds."""
+def _answers(runs: Sequence[Path]) -> list[tuple[str, float, int]]:
+    """(dataset, target, tokens) of every answer of the runs, each once: a mistyped path would otherwise read
+    as a run with no texts (an empty table), and a run given twice (or overlapping runs) would count its
+    answers twice, which can move a dataset across the informative bounds."""
     check_run_folders(runs)
-    texts = list(iter_texts(runs))
-    check_no_duplicates(text.answer_key for text in texts)
-    return texts
+    keys, answers = [], []
+    for text in iter_texts(runs):
+        keys.append(text.answer_key)
+        answers.append((text.dataset, text.target, len(text)))
+    check_no_duplicates(keys)
+    return answers

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import ValidationError
 
-from app.files import sync_files, sync_folder
+from app.files import sync_folder, sync_tree
 from app.identity import ModelIdentity
 from app.uncertainty.trace import TokenTrace
 from training.tasks import PromptStyle
@@ -131,7 +131,7 @@ def write_shard(run_dir: Path, index: int, texts: Sequence[TextTrace], attention
     np.save(staging / "attention.npy", joined(attention, np.float32, attention_shape))
     (staging / "texts.json").write_text(json.dumps([t.meta for t in texts], ensure_ascii=False))
     # On disk before the rename: a shard named done (its texts.json) after a crash must hold its arrays.
-    sync_files(staging)
+    sync_tree(staging)
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)

@@ -23,6 +23,7 @@ from app.engine.sampling import SamplingParams
 from app.engine.sequence import GenerationRequest
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
 from app.serving.check_pass import CHECK_PROMPT_NAME, check_pass, p_true_of, with_p_true
+from app.serving.context_room import check_context, context_length, fit_check_pass
 from app.serving.decision_log import log_decision
 from app.serving.events import Event, Failure, GenerationResult, KeepAlive, StreamedToken
 from app.serving.outcomes import (
@@ -107,49 +108,6 @@ class GenerationService:
             )
         return ids
 
-    def _context(self) -> int | None:
-        """The longest prompt plus answer: the model's context, or a compiled step's slot when that is shorter."""
-        context: int | None = getattr(self.engine.loaded.model.config, "max_position_embeddings", None)
-        if self.engine.compiled_decode_refusal() is None:
-            slot = self.engine.compiled_decode_length - 1  # the answer's last token is fed once more, for its own row
-            context = slot if context is None else min(context, slot)
-        return context
-
-    def _check_context(self, prompt_tokens: int, answer_tokens: int, field: str, prompt: str = "prompt") -> None:
-        """`prompt`: what the prompt is, in the message (a check pass's is not the request's)."""
-        context = self._context()
-        if context is not None and prompt_tokens + answer_tokens > context:
-            added = f" plus {field} ({answer_tokens})" if answer_tokens else ""
-            raise InvalidRequest(
-                f"{prompt} ({prompt_tokens} tokens){added} exceeds the model's context of {context} tokens",
-                param=field,
-            )
-
-    async def _fit_check_pass(
-        self, question: str, prompt_field: str, answer_tokens: int, field: str, asked: bool
-    ) -> int:
-        """The answer tokens P(True)'s check prompt about `question` leaves room for in the context: all
-        `answer_tokens` if they fit, else the room when the client set no length (`asked` False: a default
-        gives way), else a refusal naming `field`; a question that leaves no room is refused naming the prompt."""
-        context = self._context()
-        if context is None:
-            return answer_tokens
-        check_ids, _ = await tokenized(len(question), self.engine, check_pass, question, "")
-        room = context - len(check_ids) - 1
-        if room < 1:
-            raise InvalidRequest(
-                f"{CHECK_PROMPT_NAME} ({len(check_ids) + 1} tokens before the answer) leaves no room for an answer in "
-                f"the model's context of {context} tokens: shorten the prompt",
-                param=prompt_field,
-            )
-        if answer_tokens <= room or not asked:
-            return min(answer_tokens, room)
-        raise InvalidRequest(
-            f"{CHECK_PROMPT_NAME} plus {field} ({answer_tokens} tokens) exceeds the model's context: at most {room} "
-            "tokens of answer fit with this prompt",
-            param=field,
-        )
-
     def policy(self, request: PolicyRequest | None, serving: ServingArtifact | None = None) -> Policy:
         if request is not None and not self.settings.policy_overrides:
             raise InvalidRequest(
@@ -195,7 +153,7 @@ class GenerationService:
                 f"{top_logprobs_field} must be at most {self.settings.max_top_logprobs}", param=top_logprobs_field
             )
         prompt_ids = await self.encode(prompt)
-        context = self._context()
+        context = context_length(self.engine)
         if max_new_tokens is None and context is not None:
             # The default is a default: a prompt near the end of the context gets what room is left (as
             # vLLM does), and one that fills it is the prompt's problem, not that of a field never sent.
@@ -207,7 +165,7 @@ class GenerationService:
                     param=prompt.field,
                 )
             wanted = min(wanted, room)
-        self._check_context(len(prompt_ids), wanted, max_tokens_field)
+        check_context(self.engine, len(prompt_ids), wanted, max_tokens_field)
         serving = self.runtime.serving
         resolved = self.policy(policy, serving)
         question = _question(prompt)
@@ -215,7 +173,7 @@ class GenerationService:
             # The answer is asked about in a prompt of its own after it is generated: refused now if that could
             # not fit, rather than once the answer has been computed.
             asked = max_new_tokens is not None
-            wanted = await self._fit_check_pass(question, prompt.field, wanted, max_tokens_field, asked)
+            wanted = await fit_check_pass(self.engine, question, prompt.field, wanted, max_tokens_field, asked)
         if temperature > 0 and seed is None:
             seed = secrets.randbelow(2**31)
         params = SamplingParams(
@@ -384,7 +342,7 @@ class GenerationService:
         (`app/serving/check_pass.py`); the pass is cancelled if the client goes away meanwhile."""
         prompt_ids, yes = await tokenized(len(question) + len(answer), self.engine, check_pass, question, answer)
         # Re-tokenized in its prompt (with the one token the pass scores), an answer can come out longer.
-        self._check_context(len(prompt_ids) + 1, 0, "policy.method", CHECK_PROMPT_NAME)
+        check_context(self.engine, len(prompt_ids) + 1, 0, "policy.method", CHECK_PROMPT_NAME)
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -438,12 +396,19 @@ class GenerationService:
         limit = self.settings.max_new_tokens_limit
         if len(answer_ids) > limit:
             raise InvalidRequest(f"the response has {len(answer_ids)} tokens; the limit is {limit}", param="response")
-        self._check_context(len(prompt_ids), len(answer_ids), "response")
+        check_context(self.engine, len(prompt_ids), len(answer_ids), "response")
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
-            await self._fit_check_pass(question, prompt.field, len(answer_ids), "response", asked=True)
             check_ids, _ = await tokenized(len(question) + len(response), self.engine, check_pass, question, response)
-            self._check_context(len(check_ids) + 1, 0, "response", CHECK_PROMPT_NAME)  # it can come out longer there
+            context = context_length(self.engine)
+            if context is not None and len(check_ids) + 1 > context:
+                # The question alone may leave no room (then the prompt is named); else the response is too long.
+                await fit_check_pass(self.engine, question, prompt.field, 0, "response", asked=True)
+                raise InvalidRequest(
+                    f"{CHECK_PROMPT_NAME}, with this response, has {len(check_ids) + 1} tokens: more than the "
+                    f"model's context of {context}",
+                    param="response",
+                )
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),

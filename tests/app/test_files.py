@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.files import sync_files, write_text_atomic
+from app.files import sync_tree, write_text_atomic
 
 
 def test_a_write_replaces_the_file_whole(tmp_path: Path) -> None:
@@ -61,11 +61,26 @@ def test_the_text_is_on_disk_before_the_rename_and_the_rename_before_the_return(
     assert events == [("sync", staging), ("rename", str(path)), ("sync", str(tmp_path))]
 
 
-def test_a_folder_s_files_and_entries_are_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_folder_s_files_and_entries_are_synced_all_the_way_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "a.npy").write_bytes(b"a")
     (tmp_path / "texts.json").write_text("[]")
-    (tmp_path / "sub").mkdir()
+    (tmp_path / "alternatives" / "authors").mkdir(parents=True)
+    (tmp_path / "alternatives" / "authors" / "regressor.joblib").write_bytes(b"r")
     events = record_disk_order(monkeypatch)
-    sync_files(tmp_path)
-    assert sorted(events[:-1]) == [("sync", str(tmp_path / "a.npy")), ("sync", str(tmp_path / "texts.json"))]
-    assert events[-1] == ("sync", str(tmp_path))
+    sync_tree(tmp_path)
+    synced = [path for _, path in events]
+    assert sorted(synced) == sorted(
+        str(path)
+        for path in (
+            tmp_path / "a.npy",
+            tmp_path / "texts.json",
+            tmp_path / "alternatives" / "authors" / "regressor.joblib",
+            tmp_path / "alternatives" / "authors",
+            tmp_path / "alternatives",
+            tmp_path,
+        )
+    )
+    assert synced[-1] == str(tmp_path)  # a folder after what it holds
+    assert synced.index(str(tmp_path / "alternatives")) > synced.index(str(tmp_path / "alternatives" / "authors"))

@@ -198,6 +198,7 @@ def test_help_lists_the_settings_and_an_argument_is_refused_before_anything_load
     assert exit_info.value.code == 0
     shown = capsys.readouterr().out
     assert "TAD_PORT (default: 8000)" in shown and "TAD_ARTIFACT_DIR (default: " in shown
+    assert "TAD_CORS_ORIGINS (default: [])" in shown and "Undefined" not in shown  # a default_factory's value
     with pytest.raises(SystemExit) as exit_info:
         parse_arguments(["--port", "9000"])
     assert exit_info.value.code == 2 and "unrecognized arguments: --port 9000" in capsys.readouterr().err

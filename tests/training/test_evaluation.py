@@ -46,6 +46,17 @@ def test_an_artifact_compared_with_itself_differs_by_nothing(
     assert all(d == 0.0 for d in differences if d is not None) and any(d is not None for d in differences)
 
 
+def test_an_artifact_of_answers_in_another_dtype_is_not_compared(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
+) -> None:
+    """The runs are the evaluated artifact's dtype: the other's features would be scored on numbers it never saw."""
+    other = Path(shutil.copytree(tiny_artifact, tmp_path / "bf16"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "dtype": "bfloat16"}))
+    with pytest.raises(SystemExit, match="trained on answers in bfloat16"):
+        run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", 0, other)
+
+
 def test_a_run_made_with_the_attention_to_the_prompt_is_scored_as_before(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path
 ) -> None:

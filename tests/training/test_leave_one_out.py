@@ -381,6 +381,30 @@ def test_an_interrupted_lodo_resumes_from_its_finished_datasets(
     assert not (tmp_path / "resumed" / lodo.PROGRESS_DIR).exists()
 
 
+def test_a_held_out_lodo_keeps_what_a_stopped_full_one_finished_of_other_datasets(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held_out = lodo._held_out
+
+    def stopped_at_squad(dataset: str, *args: Any) -> Any:
+        if dataset == "squad":
+            raise Interrupted
+        return held_out(dataset, *args)
+
+    monkeypatch.setattr(lodo, "_held_out", stopped_at_squad)
+    with pytest.raises(Interrupted):
+        _lodo(tiny_runs, tiny_artifact, tmp_path)  # mmlu finished
+    monkeypatch.setattr(lodo, "_held_out", held_out)
+    _lodo(tiny_runs, tiny_artifact, tmp_path, "--held-out", "squad")
+    (store,) = (tmp_path / lodo.PROGRESS_DIR).iterdir()
+    assert [item.name for item in store.iterdir()] == ["mmlu.json"]  # for the full lodo's rerun
+
+
+def test_a_saved_entry_of_another_version_is_refitted() -> None:
+    assert lodo._finished({"entry": {"n": 3}, "samples": None}) is None
+    assert lodo._finished({"entry": dict.fromkeys(lodo.ENTRY_KEYS), "samples": [0.5]}) is not None
+
+
 def test_each_held_out_dataset_is_resampled_with_its_own_seed(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

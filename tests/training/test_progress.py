@@ -40,3 +40,14 @@ def test_the_key_changes_with_anything_the_work_depends_on() -> None:
     assert key != digest({"alpha": 0.5}, ["text-1\t0.5", "text-2\t1.0"])
     assert key != digest({"alpha": 1.0}, ["text-1\t0.5", "text-2\t0.0"])
     assert key != digest({"alpha": 1.0}, ["text-1\t0.5"])
+
+
+def test_removing_the_last_item_removes_the_store_and_its_empty_parent(tmp_path: Path) -> None:
+    root = tmp_path / "lodo-progress"
+    store = ProgressStore(root / "key")
+    store.save("squad", 1)
+    store.save("mmlu", 2)
+    store.remove("squad")
+    assert store.load("squad") is None and store.load("mmlu") == 2
+    store.remove("mmlu")
+    assert not root.exists()

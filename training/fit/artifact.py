@@ -17,9 +17,11 @@ from typing import Any
 
 import joblib
 
+from app.files import sync_folder, sync_tree
 from app.uncertainty.artifact import MANIFEST_NAME, ArtifactError, Manifest, read_manifest, write_manifest
 from app.uncertainty.tad import Regressor
 from training.fit.report import CV_REPORT, write_cv_report
+from training.progress import PROGRESS_SUFFIX
 from training.runs import RUN_FILE, read_run_settings
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ def write_artifact(
         joblib.dump(regressor, staging / name)
     write_cv_report(staging, cv_record)
     written = write_manifest(staging, manifest)
+    sync_tree(staging)  # the regressors on disk before the rename makes them the artifact (and the old one goes)
     install_artifact(staging, out)
     return written
 
@@ -95,10 +98,12 @@ def install_artifact(staging: Path, out: Path) -> None:
             os.replace(leftover, out)
     if not out.exists():
         os.replace(staging, out)
+        sync_folder(out.parent)
         return
     old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
     os.replace(out, old)
     os.replace(staging, out)
+    sync_folder(out.parent)
     _carry_over(old, out)
 
 
@@ -106,23 +111,42 @@ def _carry_over(old: Path, out: Path) -> None:
     """Move what lay beside the old artifact's own files into `out`, then remove the old artifact."""
     for item in old.iterdir():
         # The old regressors, alternatives and manifest go: an earlier fit's alternatives would otherwise
-        # stay beside the new ones and be hashed into the manifest as if they belonged to it. So do its
-        # reports: beside the new cv.json they would be read as the new regressor's until evaluated again.
-        own = item.name in (MANIFEST_NAME, "alternatives", REPORTS) or item.suffix == ".joblib"
-        if item.name == REPORTS and item.is_dir() and any(item.iterdir()):
-            logger.warning(
-                "%s: the replaced artifact's reports (%s) are removed; evaluate the new one",
-                out,
-                ", ".join(sorted(child.name for child in item.iterdir())),
-            )
-        if not own:
+        # stay beside the new ones and be hashed into the manifest as if they belonged to it.
+        own = item.name in (MANIFEST_NAME, "alternatives") or item.suffix == ".joblib"
+        if item.name == REPORTS and item.is_dir():
+            _carry_over_reports(item, out / REPORTS, out)
+        elif not own:
             _move_missing(item, out / item.name)
     shutil.rmtree(old)
 
 
+def _carry_over_reports(old: Path, new: Path, out: Path) -> None:
+    """The old report/ folder's reports describe the old regressor: beside the new cv.json they would pass for
+    the new one's, so they go. What was generated there (evaluate's answers, a run folder) depends on the model
+    alone, and a stopped command's progress store on its own key: both are kept."""
+    dropped: list[str] = []
+
+    def walk(folder: Path, target: Path) -> None:
+        for item in sorted(folder.iterdir()):
+            keep = item.is_dir() and ((item / RUN_FILE).is_file() or item.name.endswith(PROGRESS_SUFFIX))
+            if keep:
+                target.mkdir(parents=True, exist_ok=True)
+                _move_missing(item, target / item.name)
+            elif item.is_dir() and not item.is_symlink():
+                walk(item, target / item.name)
+            elif item.name != CV_REPORT.name or folder != old:  # the new fit wrote its own cv.json
+                dropped.append(item.relative_to(old).as_posix())
+
+    walk(old, new)
+    if dropped:
+        logger.warning(
+            "%s: the replaced artifact's reports are removed (%s); evaluate the new one", out, ", ".join(dropped)
+        )
+
+
 def _move_missing(item: Path, target: Path) -> None:
-    """Move `item` to `target` unless the new artifact has it; a folder both have (report/, where the new one
-    wrote its cv.json) is merged, the new artifact's files winning."""
+    """Move `item` to `target` unless the new artifact has it; a folder both have is merged, the new artifact's
+    files winning."""
     if not target.exists():
         os.replace(item, target)
     elif item.is_dir() and not item.is_symlink() and target.is_dir():

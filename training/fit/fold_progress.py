@@ -20,12 +20,12 @@ from app.uncertainty.features import FeatureSpec
 from training.fit.cross_validation import Choice, FoldData
 from training.fit.options import FitOptions
 from training.groups import Selection
-from training.progress import ProgressStore, digest
+from training.progress import PROGRESS_SUFFIX, ProgressStore, digest
 from training.two_stage import FitText
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_DIR = "fit-progress"
+PROGRESS_DIR = f"fit{PROGRESS_SUFFIX}"
 # One fold's PRRs: by (stage-2 kind, configuration index), selection metric and aggregation.
 FoldScores = dict[tuple[str, int], dict[Selection, dict[Aggregation, float]]]
 

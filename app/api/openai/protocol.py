@@ -43,6 +43,10 @@ class StreamOptions(StrictModel):
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+# Text parts in one message's content: refused whole beyond this, before each part is validated.
+MAX_CONTENT_PARTS = 1024
+
+
 class TextPart(StrictModel):
     type: Literal["text"]
     text: str = Field(max_length=MAX_TEXT_CHARS)
@@ -54,7 +58,7 @@ class TextFormat(StrictModel):
 
 class OpenAIMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] = Field(max_length=MAX_TEXT_CHARS)
+    content: str | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] = Field(max_length=MAX_TEXT_CHARS)
     name: str | None = Field(None, max_length=256)
     # A previous response's message sent back as it was dumped (`message.model_dump()`) carries these as
     # null; anything else in them (a tool call, audio) is not something this service can take.
@@ -118,10 +122,11 @@ class _SamplingFields(StrictModel):
             raise ValueError("stream_options is only allowed with stream: true")
         return value
 
-    @field_validator("logit_bias")
+    # Before its values are validated: refused whole, a large map costs nothing to refuse.
+    @field_validator("logit_bias", mode="before")
     @classmethod
-    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
+    def _no_bias(cls, value: object) -> object:
+        if isinstance(value, dict) and value:
             raise ValueError("logit_bias is not supported")
         return value
 
@@ -235,6 +240,14 @@ class CompletionRequest(_SamplingFields):
     def _no_echo(cls, value: bool | None) -> bool | None:
         if value:
             raise ValueError("echo is not supported")
+        return value
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt_listed(cls, value: object) -> object:
+        """Before the items are validated: a list of many prompts is refused whole."""
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("exactly one prompt is supported")
         return value
 
     @field_validator("prompt")

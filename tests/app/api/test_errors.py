@@ -114,6 +114,20 @@ def test_a_body_wrong_in_many_places_gets_a_short_answer(client: TestClient) -> 
     assert "List should have at most 256 items" in error["message"]  # refused whole, its items never validated
     error = assert_error(client.post("/v1/generate", json={"prompt": "a", "stop": [[1]] * 256}), 422, "stop")
     assert len(error["message"]) < 1000 and error["message"].endswith("more problems")
+    # Lists and maps the OpenAI routes take one of, or none: refused whole, their items never validated.
+    chat = {"model": "m", "messages": [{"role": "user", "content": "a"}]}
+    for route, body, param, said in (
+        ("/v1/completions", {"model": "m", "prompt": [1] * 20_000}, "prompt", "exactly one prompt"),
+        ("/v1/chat/completions", {**chat, "logit_bias": {str(i): "x" for i in range(20_000)}}, "logit_bias", "not"),
+        (
+            "/v1/chat/completions",
+            {**chat, "messages": [{"role": "user", "content": [{"type": "img"}] * 20_000}]},
+            "messages.0.content",
+            "at most 1024 items",
+        ),
+    ):
+        error = assert_error(client.post(route, json=body), 400, param)
+        assert said in error["message"] and "more problems" not in error["message"], error
     unknown = {"prompt": "a", **{f"field{i}": 1 for i in range(1000)}}
     error = assert_error(client.post("/v1/generate", json=unknown), 422, "field0")
     assert "and 995 more problems" in error["message"] and "field999" not in error["message"]

@@ -144,7 +144,7 @@ def test_a_given_answer_whose_check_prompt_would_not_fit_is_refused(long_client:
     refused = client.post("/v1/score", json={**body, "policy": P_TRUE_POLICY})
     error = refused.json()["error"]
     assert refused.status_code == 422 and error["param"] == "response"
-    assert "tokens of answer fit with this prompt" in error["message"] and "(0)" not in error["message"]
+    assert "with this response, has" in error["message"] and "(0)" not in error["message"]
 
 
 def test_without_a_length_asked_for_the_default_gives_way_to_the_check_prompt(long_client: TestClient) -> None:

@@ -39,7 +39,7 @@ def test_a_keep_alive_when_nothing_came_and_the_deadline_is_ahead() -> None:
 
 
 def _service_on(context: int, refusal: str | None, slot_length: int) -> GenerationService:
-    service = GenerationService.__new__(GenerationService)  # _check_context needs only the engine
+    service = GenerationService.__new__(GenerationService)  # the context checks need only the engine
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=context))
     service.engine = SimpleNamespace(  # type: ignore[assignment]
         loaded=SimpleNamespace(model=model),
@@ -47,20 +47,6 @@ def _service_on(context: int, refusal: str | None, slot_length: int) -> Generati
         compiled_decode_length=slot_length,
     )
     return service
-
-
-def test_a_compiled_steps_slot_shorter_than_the_context_caps_prompt_plus_answer() -> None:
-    from app.errors import InvalidRequest
-
-    compiled = _service_on(context=2048, refusal=None, slot_length=64)
-    compiled._check_context(40, 23, "max_tokens")  # 63 tokens: the slot's 64 less the last token's own step
-    with pytest.raises(InvalidRequest, match="context of 63 tokens") as refused:
-        compiled._check_context(40, 24, "max_tokens")
-    assert refused.value.param == "max_tokens"
-    eager = _service_on(context=2048, refusal="compiled decoding is off", slot_length=64)
-    eager._check_context(40, 2008, "max_tokens")
-    with pytest.raises(InvalidRequest, match="context of 2048 tokens"):
-        eager._check_context(40, 2009, "max_tokens")
 
 
 def test_a_check_pass_whose_client_has_gone_is_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:

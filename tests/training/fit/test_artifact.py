@@ -126,12 +126,20 @@ def test_a_refit_in_place_replaces_the_old_reports_and_keeps_what_else_lies_besi
     (out / "calibration-run").mkdir()
     (out / "calibration-run" / "run.json").write_text("answers")
     (out / "README.md").write_text("about the artifact")
+    # What was generated under report/ (answers: the model's, not the regressor's) and a stopped lodo's progress.
+    (out / "report" / "dev" / "run").mkdir(parents=True)
+    (out / "report" / "dev" / "run" / "run.json").write_text("answers")
+    (out / "report" / "dev" / "report.md").write_text("old evaluation")
+    (out / "report" / "lodo" / "lodo-progress" / "key").mkdir(parents=True)
+    (out / "report" / "lodo" / "lodo-progress" / "key" / "squad.json").write_text("{}")
+    (out / "report" / "lodo" / "lodo.md").write_text("old table")
     staging = _artifact_folder(tmp_path / "staging", "new", {})
     (staging / "report").mkdir()
     (staging / "report" / "cv.json").write_text("new record")
     install_artifact(staging, out)
     assert (out / "regressor.joblib").read_text() == "new"
-    assert sorted(p.relative_to(out / "report").as_posix() for p in (out / "report").rglob("*")) == ["cv.json"]
+    files = sorted(p.relative_to(out / "report").as_posix() for p in (out / "report").rglob("*") if p.is_file())
+    assert files == ["cv.json", "dev/run/run.json", "lodo/lodo-progress/key/squad.json"]
     assert (out / "report" / "cv.json").read_text() == "new record"
     assert (out / "calibration-run" / "run.json").read_text() == "answers"
     assert (out / "README.md").read_text() == "about the artifact"
