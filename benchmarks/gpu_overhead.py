@@ -6,7 +6,7 @@ Llama-3.1-8B, Qwen2.5-7B and, optionally, Gemma-2-9B. Random weights change what
 what a step costs: every run generates exactly `--new-tokens` tokens (no stop ids, no eos).
 
 `--time` measures, per model and per (batch, prompt length) setting, interleaved in rotating
-order after one short warm-up run of each method, `--repeats` times:
+order after one warm-up run of each method (as long as the timed ones), `--repeats` times:
 
 - plain:   `model.generate` (sdpa attention, greedy, `do_sample=False`), the reference of every ratio;
 - engine:  this project's decode loop without capture (`n_lags=0`), what the loop alone costs;
@@ -169,8 +169,8 @@ def time_model(name: str, args: argparse.Namespace, rows: list[Row], started: fl
             if args.bare:
                 methods[ENGINE] = engine_only
             try:
-                for run in methods.values():  # warm-up: kernels, cuBLAS heuristics, allocator
-                    run(tokens=args.warmup_tokens)
+                for run in methods.values():  # warm-up: kernels, cuBLAS heuristics, cuDNN plans, allocator
+                    run(tokens=args.warmup_tokens or new)
                 names = list(methods)
                 row.times = {m: [] for m in names}
                 row.ratios = {m: [] for m in names}
@@ -337,7 +337,13 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--prompts", type=int, nargs="+", default=[128, 2048])
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--warmup-tokens", type=int, default=4)
+    parser.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=None,
+        help="the warm-up run's length (default: --new-tokens; a shorter one leaves cuDNN's attention plans for "
+        "the longer keys to the first timed run, plain generate's in the first repeat)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--n-lags", type=int, default=10)
     parser.add_argument("--bare", action=argparse.BooleanOptionalAction, default=True, help="also time n_lags=0")

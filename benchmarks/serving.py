@@ -4,8 +4,8 @@ The service is the real app under uvicorn: continuous batching, attention captur
 statistics, every answer scored (TAD where the artifact has a regressor, and the baselines) and
 decided by the policy (whatever method the artifact decides with). Plain transformers `generate`
 runs at batch `--clients` on the same model object in the same server process, between the
-service's timed windows, with the same prompts and answer lengths. On CPU a tiny model makes the
-forward cheap, so the Python around it dominates, as it does on a GPU.
+service's timed windows, with prompts of the same length (the warm-up round's) and the same answer
+lengths. On CPU a tiny model makes the forward cheap, so the Python around it dominates, as on a GPU.
 
 `--model` is a config with random weights (`tiny-llama`, a host-bound model for CPU: 4 layers x 4
 heads, hidden 64, vocabulary 2,048; or `llama`, `qwen`, `gemma2`: the real shapes of
