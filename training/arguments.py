@@ -150,7 +150,7 @@ def run_source_of(args: argparse.Namespace, default_run_dir: Path, run_dir_optio
 CENTRINGS = ("none", "group-0.25", "group-0.5", "group")
 
 # What an interrupted command leaves (each command module's INTERRUPTED): generation keeps finished shards
-# (`fit --mlp` its finished MLP folds, `lodo` its finished held-out datasets); every command writes its outputs
+# (`fit` its finished trials and MLP folds, `lodo` its finished held-out datasets); every command writes its outputs
 # whole at the end (an artifact in a side folder swapped in), so an interruption replaces nothing.
 RESUMES = "finished shards are kept; rerunning the same command resumes"
 STARTS_OVER = "nothing was replaced; rerunning starts over"

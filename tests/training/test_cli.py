@@ -86,7 +86,7 @@ def test_every_command_says_what_an_interruption_leaves() -> None:
     assert set(INTERRUPTED) == set(commands.choices)
     assert "resumes" in INTERRUPTED["generate"] and "resumes" not in INTERRUPTED["summary"]
     assert "resumes its finished held-out datasets" in INTERRUPTED["lodo"]
-    assert "resumes its finished MLP folds" in INTERRUPTED["fit"]
+    assert "resumes its finished trials" in INTERRUPTED["fit"] and "MLP folds" in INTERRUPTED["fit"]
 
 
 @pytest.mark.parametrize(

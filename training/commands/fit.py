@@ -12,8 +12,10 @@ if TYPE_CHECKING:
     from training.fit.options import FitOptions
 
 NAME = "fit"
-# Only the MLP's cross-validation folds (most of a fit with --mlp) are kept: training/fit/fold_progress.py.
-INTERRUPTED = "nothing was replaced; with --mlp, rerunning the same fit resumes its finished MLP folds"
+# Each trial's cross-validation (training/fit/cross_validation.py) and the MLP's folds (fold_progress.py) are kept.
+INTERRUPTED = (
+    "nothing was replaced; rerunning the same fit resumes its finished trials (and, with --mlp, its finished MLP folds)"
+)
 # The values of the enums in training/ (Variant, Convention, RowWeighting; tests/training/commands/test_fit.py
 # checks them), spelled out so that --help imports no numpy.
 VARIANTS = ("leak-free", "algorithm1-literal", "authors")

@@ -8,7 +8,7 @@ under every aggregation and both selection metrics; the final fits use all folds
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from training.fit.options import FitOptions
 from training.folds import assign_folds
 from training.groups import Selection, TargetCentring, centred, informative_groups, within_group_prr
 from training.method_scores import baseline_table, ranked
+from training.progress import ProgressStore
 from training.rejection import prediction_rejection_ratio
 from training.ridge import GramStats, fit_ridge
 from training.two_stage import (
@@ -229,10 +230,12 @@ def best_per_variant(table: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
 
 @dataclass
 class ConventionResult:
-    """Cross-validation of every candidate under one attention convention."""
+    """Cross-validation of every candidate under one attention convention (and target centring and row
+    weighting). `folds` prepares its folds' statistics: a result read back from a stopped fit's progress
+    has none until the final fit asks for them (`data`); the trials it lost to never do."""
 
     spec: FeatureSpec
-    data: FoldData
+    folds: Callable[[], FoldData]
     table: list[dict[str, Any]]
     best: dict[str, dict[str, Any]]
     chosen_row: dict[str, Any]
@@ -241,6 +244,13 @@ class ConventionResult:
     centring: TargetCentring = TargetCentring.NONE
     weighting: RowWeighting = RowWeighting.TOKEN
     texts: Sequence[FitText] = ()
+    prepared: FoldData | None = field(default=None, repr=False)
+
+    @property
+    def data(self) -> FoldData:
+        if self.prepared is None:
+            self.prepared = self.folds()
+        return self.prepared
 
     @property
     def prr(self) -> float:
@@ -261,16 +271,57 @@ def cross_validate_convention(
     options: FitOptions,
     centring: TargetCentring = TargetCentring.NONE,
     weighting: RowWeighting = RowWeighting.TOKEN,
+    progress: ProgressStore | None = None,
 ) -> ConventionResult:
-    """Cross-validation under one feature spec, target centring and row weighting."""
+    """Cross-validation under one feature spec, target centring and row weighting. With `progress`, a finished
+    trial is kept there and read back by the same fit rerun (the cross-validation is most of a fit)."""
     texts = weighted(centred(texts, centring), weighting)
-    data = prepare_folds(texts, spec, options)
-    candidates, baselines = cross_validate(texts, spec, data, options)
-    selection = effective_selection(options.selection, data)
-    table = cv_table(candidates, selection)
+    name = f"cv-{spec.convention.value}-{centring.value}-{weighting.value}"
+    restored = _restored(progress.load(name) if progress is not None else None)
+    prepared = None
+    if restored is not None:
+        table, baselines, selection = restored
+    else:
+        prepared = prepare_folds(texts, spec, options)
+        candidates, baselines = cross_validate(texts, spec, prepared, options)
+        selection = effective_selection(options.selection, prepared)
+        table = cv_table(candidates, selection)
+        if progress is not None:
+            progress.save(name, {"table": table, "baselines": _baselines_json(baselines), "selection": selection.value})
     best = best_per_variant(table)
     chosen = sorted(best.values(), key=prr_order)[-1]
-    return ConventionResult(spec, data, table, best, chosen, baselines, selection, centring, weighting, texts)
+    return ConventionResult(
+        spec=spec,
+        folds=lambda: prepare_folds(texts, spec, options),
+        table=table,
+        best=best,
+        chosen_row=chosen,
+        baselines=baselines,
+        selection=selection,
+        centring=centring,
+        weighting=weighting,
+        texts=texts,
+        prepared=prepared,
+    )
+
+
+def _restored(
+    saved: Any,
+) -> tuple[list[dict[str, Any]], dict[Selection, dict[str, list[float]]], Selection] | None:
+    """A trial's CV table, baselines and selection as a stopped fit saved them (None: none, or another version's)."""
+    try:
+        return saved["table"], _baselines_of(saved["baselines"]), Selection(saved["selection"])
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
+
+
+def _baselines_json(baselines: dict[Selection, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
+    return {selection.value: by_method for selection, by_method in baselines.items()}
+
+
+def _baselines_of(saved: dict[str, dict[str, list[float]]]) -> dict[Selection, dict[str, list[float]]]:
+    return {Selection(selection): {name: [float(v) for v in values] for name, values in by_method.items()}
+            for selection, by_method in saved.items()}  # fmt: skip
 
 
 def choose_convention(results: dict[Convention, ConventionResult]) -> Convention:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from app.identity import ModelIdentity
 from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo
@@ -23,12 +27,13 @@ from training.fit.cross_validation import (
     cross_validate_convention,
     fit_final,
 )
-from training.fit.fold_progress import FoldProgress
+from training.fit.fold_progress import FoldProgress, progress_root
 from training.fit.mlp import choose_stage2
 from training.fit.options import FitOptions
 from training.fit.report import cv_record, manifest_summary, served_row
 from training.fit.texts import load_runs
 from training.fit.trial_rule import keep_by_trial_rule
+from training.progress import ProgressStore, digest
 from training.runs import run_dtype
 from training.two_stage import FitText
 
@@ -47,8 +52,9 @@ def run_fit(options: FitOptions) -> Manifest:
             "answers (other data, or more records)"
         )
     identity = ModelIdentity.model_validate(settings["identity"])
-    results = cross_validate_conventions(texts, identity, lags, options)
-    result, centrings, weightings = settle_trials(texts, results[choose_convention(results)], options)
+    progress = trial_progress(options, texts)
+    results = cross_validate_conventions(texts, identity, lags, options, progress)
+    result, centrings, weightings = settle_trials(texts, results[choose_convention(results)], options, progress)
     chosen = Choice.of(result.chosen_row)
     others = [
         Choice.of(result.best[v.value]) for v in options.variants if v is not chosen.variant and v.value in result.best
@@ -92,7 +98,20 @@ def run_fit(options: FitOptions) -> Manifest:
     written = write_artifact(options.out, manifest, regressors, record)
     if options.mlp:
         FoldProgress(options, chosen, result.spec, result.texts, result.data).discard()
+    progress.discard()
     return written
+
+
+def trial_progress(options: FitOptions, texts: Sequence[FitText]) -> ProgressStore:
+    """Where this fit keeps each finished trial's cross-validation (a convention, centring and weighting: most
+    of a fit without --mlp) for its rerun: under a key of its options and every text, its numbers included."""
+    described = {"version": 1, "options": {name: value for name, value in asdict(options).items() if name != "out"}}
+    lines = (f"{t.key}\t{t.group}\t{t.target!r}\t{t.row_weight!r}\t{len(t)}\t{_numbers(t.probs)}" for t in texts)
+    return ProgressStore(progress_root(options) / f"trials-{digest(described, lines)}")
+
+
+def _numbers(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float32).tobytes()).hexdigest()[:16]
 
 
 def decision_of(record: dict[str, Any], kind: str) -> DecisionRule:
@@ -113,7 +132,7 @@ def decision_of(record: dict[str, Any], kind: str) -> DecisionRule:
 
 
 def cross_validate_conventions(
-    texts: Sequence[FitText], identity: ModelIdentity, lags: int, options: FitOptions
+    texts: Sequence[FitText], identity: ModelIdentity, lags: int, options: FitOptions, progress: ProgressStore
 ) -> dict[Convention, ConventionResult]:
     """Each attention convention's cross-validation, with the first centring and weighting tried."""
     results = {}
@@ -132,13 +151,13 @@ def cross_validate_conventions(
             spec.stage2_size,
         )
         results[convention] = cross_validate_convention(
-            texts, spec, options, centring=options.centrings[0], weighting=options.weightings[0]
+            texts, spec, options, centring=options.centrings[0], weighting=options.weightings[0], progress=progress
         )
     return results
 
 
 def settle_trials(
-    texts: Sequence[FitText], result: ConventionResult, options: FitOptions
+    texts: Sequence[FitText], result: ConventionResult, options: FitOptions, progress: ProgressStore
 ) -> tuple[ConventionResult, dict[str, Any], dict[str, Any]]:
     """The target centrings, then the row weightings, tried in turn under the trial rule on the chosen
     convention: the result kept, and the record of each centring and each weighting tried."""
@@ -147,14 +166,18 @@ def settle_trials(
         result,
         result.centring.value,
         options.centrings[1:],
-        lambda c: cross_validate_convention(texts, base.spec, options, centring=c, weighting=base.weighting),
+        lambda c: cross_validate_convention(
+            texts, base.spec, options, centring=c, weighting=base.weighting, progress=progress
+        ),
     )
     settled = result
     result, weightings = keep_by_trial_rule(
         result,
         result.weighting.value,
         options.weightings[1:],
-        lambda w: cross_validate_convention(texts, settled.spec, options, centring=settled.centring, weighting=w),
+        lambda w: cross_validate_convention(
+            texts, settled.spec, options, centring=settled.centring, weighting=w, progress=progress
+        ),
     )
     return result, centrings, weightings
 

@@ -79,7 +79,8 @@ def test_an_interrupted_mlp_cross_validation_resumes_from_its_finished_folds(
         runs=[tiny_runs["train"]], out=tmp_path / "whole", alphas=(1.0,), mlp=True, mlp_width=16, mlp_grid=grid
     )
     whole = read_cv_record(tmp_path / "whole", run_fit(options))["mlp"]["grid"]
-    assert not progress_root(options).exists()
+    # A finished fit keeps no folds (other tests' stopped fits may have left theirs in the shared runs).
+    assert not list(progress_root(options).glob("*/fold-*.json"))
     fitted: list[int] = []
     fold_scores = mlp_module._fold_scores
 
@@ -98,13 +99,13 @@ def test_an_interrupted_mlp_cross_validation_resumes_from_its_finished_folds(
     other = replace(options, out=tmp_path / "other", mlp_grid={**grid, "epochs": (4,)})
     run_fit(other)
     assert fitted == [0, 1, 2, 3, 4]  # another grid: none of the stopped fit's folds are its own
-    assert progress_root(options).is_dir()  # and the stopped fit's are still there
+    assert list(progress_root(options).glob("*/fold-*.json"))  # and the stopped fit's are still there
     fitted.clear()
     resumed = run_fit(replace(options, out=tmp_path / "resumed"))
     assert fitted == [3, 4]
     # As text: an undefined PRR (NaN) is equal to itself there.
     assert json.dumps(read_cv_record(tmp_path / "resumed", resumed)["mlp"]["grid"]) == json.dumps(whole)
-    assert not progress_root(options).exists()
+    assert not list(progress_root(options).glob("*/fold-*.json"))
 
 
 CRAFTED_CONFIG = {"layers": 2, "epochs": 3, "learning_rate": 1e-3, "batch_size": 64}

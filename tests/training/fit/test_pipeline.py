@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,54 @@ def test_answers_all_alike_are_refused_not_fitted_to_a_nan(tiny_runs: dict[str, 
     with pytest.raises(SystemExit, match=r"answers have the same quality \(0\): fit needs right and wrong"):
         run_fit(FitOptions(runs=[run], out=tmp_path / "a", **QUICK_FIT))
     assert not (tmp_path / "a").exists()
+
+
+class Interrupted(Exception):
+    """Stands for the fit being stopped (Ctrl-C, a lost machine) between two trials' cross-validations."""
+
+
+def test_an_interrupted_fit_resumes_from_its_finished_trials(
+    tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each trial (a convention, centring and weighting) is a whole cross-validation, most of a ridge fit: a rerun
+    reads the finished ones back, with the record of a fit never stopped, and a finished fit keeps none."""
+    import json
+
+    import training.fit.cross_validation as cv
+    from app.uncertainty.features import Convention
+    from training.fit.pipeline import trial_progress
+    from training.fit.report import read_cv_record
+    from training.fit.texts import load_runs
+    from training.groups import TargetCentring
+    from training.weighting import RowWeighting
+
+    runs = Path(shutil.copytree(tiny_runs["train"], tmp_path / "runs"))  # no other test's stopped fits in it
+    options = FitOptions(
+        runs=[runs],
+        out=tmp_path / "whole",
+        **{**QUICK_FIT, "centrings": (TargetCentring.NONE, TargetCentring.GROUP)},
+        conventions=(Convention.GENERATING,),
+        weightings=(RowWeighting.TOKEN,),  # two trials: the centrings
+    )
+    whole = read_cv_record(options.out, run_fit(options))
+    store = trial_progress(options, load_runs(options.runs, options.n_lags)[0]).folder
+    assert not store.exists()
+    calls: list[int] = []
+    cross_validate = cv.cross_validate
+
+    def counted(*args: object, stop_at: int | None = None) -> object:
+        calls.append(1)
+        if len(calls) == stop_at:
+            raise Interrupted
+        return cross_validate(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cv, "cross_validate", lambda *args: counted(*args, stop_at=2))
+    with pytest.raises(Interrupted):
+        run_fit(replace(options, out=tmp_path / "resumed"))
+    assert [item.name for item in store.iterdir()] == ["cv-generating-none-token.json"]
+    monkeypatch.setattr(cv, "cross_validate", counted)
+    calls.clear()
+    resumed = read_cv_record(tmp_path / "resumed", run_fit(replace(options, out=tmp_path / "resumed")))
+    assert len(calls) == 1  # the second trial alone
+    assert json.dumps(resumed) == json.dumps(whole)
+    assert not store.exists()
