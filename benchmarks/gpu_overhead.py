@@ -171,6 +171,7 @@ def time_model(name: str, args: argparse.Namespace, rows: list[Row], started: fl
             try:
                 for run in methods.values():  # warm-up: kernels, cuBLAS heuristics, cuDNN plans, allocator
                     run(tokens=args.warmup_tokens or new)
+                row.score_s.clear()  # a full-length warm-up scored its answers too, cold
                 names = list(methods)
                 row.times = {m: [] for m in names}
                 row.ratios = {m: [] for m in names}

@@ -106,7 +106,7 @@ class GenerateThread:
     """Where plain `generate` runs, warm-up and timed runs alike. On a CPU, a thread that ends with each run
     (`in_own_thread`: OpenMP teams). On CUDA, one thread for all of them: PyTorch keeps its cuDNN attention
     plans per thread (one per key length), so a new thread per run timed `generate` rebuilding them for every
-    decode step's length (the H200 figures measured that way fit a fixed cost of about 6 s a run)."""
+    decode step's length (the H200 figures measured that way fit a fixed cost of about 6 s a timed window)."""
 
     def __init__(self, device: torch.device) -> None:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="bench-generate") if device.type == "cuda" else None

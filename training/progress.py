@@ -51,8 +51,13 @@ class ProgressStore:
             return None
 
     def save(self, name: str, value: Any) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.folder / f"{name}.json", json.dumps(value))
+        """Best effort: progress only saves a rerun time, so a folder that cannot be written (a read-only run,
+        a full disk) is said and the command goes on."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.folder / f"{name}.json", json.dumps(value))
+        except OSError as error:
+            logger.warning("progress not kept in %s (%s): a rerun would redo this work", self.folder, error)
 
     def remove(self, name: str) -> None:
         """Remove one item, and the store's folders once they are empty."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from training.progress import ProgressStore, digest
 
 
@@ -51,3 +53,13 @@ def test_removing_the_last_item_removes_the_store_and_its_empty_parent(tmp_path:
     assert store.load("squad") is None and store.load("mmlu") == 2
     store.remove("mmlu")
     assert not root.exists()
+
+
+def test_a_store_that_cannot_be_written_is_said_and_the_work_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Progress only saves a rerun time: a read-only run or a full disk must not stop the command itself."""
+    (tmp_path / "a-file").write_text("")
+    store = ProgressStore(tmp_path / "a-file" / "key")  # its folder cannot be made
+    store.save("fold-0", [1.0])
+    assert store.load("fold-0") is None and "progress not kept" in caplog.text

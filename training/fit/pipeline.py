@@ -34,10 +34,13 @@ from training.fit.report import cv_record, manifest_summary, served_row
 from training.fit.texts import load_runs
 from training.fit.trial_rule import keep_by_trial_rule
 from training.progress import ProgressStore, digest
-from training.runs import run_dtype
+from training.runs import read_run_settings, run_dtype
 from training.two_stage import FitText
 
 logger = logging.getLogger(__name__)
+
+# Raised when a change alters what a trial's cross-validation computes (training/fit/cross_validation.py).
+TRIAL_STORE_VERSION = 1
 
 
 def run_fit(options: FitOptions) -> Manifest:
@@ -52,7 +55,7 @@ def run_fit(options: FitOptions) -> Manifest:
             "answers (other data, or more records)"
         )
     identity = ModelIdentity.model_validate(settings["identity"])
-    progress = trial_progress(options, texts)
+    progress = trial_progress(options, texts, lags)
     results = cross_validate_conventions(texts, identity, lags, options, progress)
     result, centrings, weightings = settle_trials(texts, results[choose_convention(results)], options, progress)
     chosen = Choice.of(result.chosen_row)
@@ -102,16 +105,27 @@ def run_fit(options: FitOptions) -> Manifest:
     return written
 
 
-def trial_progress(options: FitOptions, texts: Sequence[FitText]) -> ProgressStore:
+def trial_progress(options: FitOptions, texts: Sequence[FitText], lags: int) -> ProgressStore:
     """Where this fit keeps each finished trial's cross-validation (a convention, centring and weighting: most
-    of a fit without --mlp) for its rerun: under a key of its options and every text, its numbers included."""
-    described = {"version": 1, "options": {name: value for name, value in asdict(options).items() if name != "out"}}
-    lines = (f"{t.key}\t{t.group}\t{t.target!r}\t{t.row_weight!r}\t{len(t)}\t{_numbers(t.probs)}" for t in texts)
+    of a fit without --mlp) for its rerun: under a key of the options that shape a trial, the lags it reads,
+    each run's settings and every text, its numbers (probabilities, statistics, attention rows) included.
+    TRIAL_STORE_VERSION changes with what a trial computes, so that no older code's trials are read back."""
+    described = {
+        "version": TRIAL_STORE_VERSION,
+        "options": {name: value for name, value in asdict(options).items() if name != "out" and "mlp" not in name},
+        "lags": lags,
+        "runs": [read_run_settings(Path(run)) for run in options.runs],
+    }
+    lines = (
+        f"{t.key}\t{t.group}\t{t.target!r}\t{t.row_weight!r}\t{len(t)}\t{_numbers(t.probs)}\t{_numbers(t.attention)}\t"
+        + ",".join(f"{name}:{_numbers(values)}" for name, values in sorted(t.stats.items()))
+        for t in texts
+    )
     return ProgressStore(progress_root(options) / f"trials-{digest(described, lines)}")
 
 
 def _numbers(values: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float32).tobytes()).hexdigest()[:16]
+    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()[:16]
 
 
 def decision_of(record: dict[str, Any], kind: str) -> DecisionRule:

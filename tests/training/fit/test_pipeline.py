@@ -156,8 +156,10 @@ def test_an_interrupted_fit_resumes_from_its_finished_trials(
         weightings=(RowWeighting.TOKEN,),  # two trials: the centrings
     )
     whole = read_cv_record(options.out, run_fit(options))
-    store = trial_progress(options, load_runs(options.runs, options.n_lags)[0]).folder
+    texts, _, lags = load_runs(options.runs, options.n_lags)
+    store = trial_progress(options, texts, lags).folder
     assert not store.exists()
+    assert trial_progress(options, texts, lags - 1).folder != store  # features of other lags: other trials
     calls: list[int] = []
     cross_validate = cv.cross_validate
 
