@@ -14,12 +14,10 @@ so the table shows whether any of them would have changed it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,7 @@ from training.fit.texts import load_runs
 from training.folds import fold_unit_of_split
 from training.groups import TargetCentring, centred
 from training.method_scores import baseline_table, ranked
-from training.progress import PROGRESS_SUFFIX, ProgressStore, digest
+from training.progress import PROGRESS_SUFFIX, ProgressStore, array_digest, digest
 from training.rejection import (
     INFORMATIVE_ACCURACY,
     accuracy,
@@ -234,7 +232,7 @@ def _progress_key(
     described = {
         "version": PROGRESS_VERSION,
         "configuration": configuration,
-        "options": {name: value for name, value in asdict(options).items() if name != "out"},
+        "options": options.described(),
         "model": manifest.llm.sha256,
         "dtype": manifest.dtype,
         "features": manifest.features.model_dump(),
@@ -243,13 +241,9 @@ def _progress_key(
         "resamples": resamples,
         "seed": seed,
     }
-    lines = [f"train\t{t.key}\t{t.group}\t{t.target!r}\t{_numbers(t.probs)}" for t in texts]
-    lines += [f"test\t{t.key}\t{t.group}\t{t.target!r}\t{_numbers(t.logprobs)}" for t in tests]
+    lines = [f"train\t{t.key}\t{t.group}\t{t.target!r}\t{array_digest(t.probs)}" for t in texts]
+    lines += [f"test\t{t.key}\t{t.group}\t{t.target!r}\t{array_digest(t.logprobs)}" for t in tests]
     return digest(described, lines)
-
-
-def _numbers(values: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float64).tobytes()).hexdigest()[:16]
 
 
 # The keys of a held-out dataset's report entry: a saved entry without them (another version's) is refitted.

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from app.files import write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -31,6 +33,11 @@ def digest(described: Any, lines: Iterable[str] = ()) -> str:
     for line in lines:
         hashed.update(f"{line}\n".encode())
     return hashed.hexdigest()[:24]
+
+
+def array_digest(values: np.ndarray) -> str:
+    """A short key for an array's numbers (a text's probabilities, statistics or attention rows in a key line)."""
+    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()[:16]
 
 
 class ProgressStore:

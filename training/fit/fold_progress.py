@@ -36,7 +36,7 @@ def progress_root(options: FitOptions) -> Path:
 
 def _key(options: FitOptions, choice: Choice, spec: FeatureSpec, texts: Sequence[FitText], data: FoldData) -> str:
     described = {
-        "options": {name: value for name, value in asdict(options).items() if name != "out"},
+        "options": options.described(),
         "choice": asdict(choice),
         "spec": asdict(spec),
     }

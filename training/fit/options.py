@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from app.uncertainty.features import Convention
 from training.folds import FoldUnit
@@ -49,3 +50,12 @@ class FitOptions:
     centrings: Sequence[TargetCentring] = tuple(TargetCentring)
     # Likewise, tried after the centring is settled (training/weighting.py).
     weightings: Sequence[RowWeighting] = (RowWeighting.TOKEN, RowWeighting.TEXT)
+
+    def described(self, without_mlp: bool = False) -> dict[str, Any]:
+        """The options as a progress key describes them: all but the output folder, which changes no number
+        (`without_mlp`: nor the MLP's, for work done before the MLP's cross-validation)."""
+        return {
+            name: value
+            for name, value in asdict(self).items()
+            if name != "out" and not (without_mlp and name.startswith("mlp"))
+        }

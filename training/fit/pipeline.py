@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from training.fit.options import FitOptions
 from training.fit.report import cv_record, manifest_summary, served_row
 from training.fit.texts import load_runs
 from training.fit.trial_rule import keep_by_trial_rule
-from training.progress import ProgressStore, digest
+from training.progress import ProgressStore, array_digest, digest
 from training.runs import read_run_settings, run_dtype
 from training.two_stage import FitText
 
@@ -112,20 +110,20 @@ def trial_progress(options: FitOptions, texts: Sequence[FitText], lags: int) -> 
     TRIAL_STORE_VERSION changes with what a trial computes, so that no older code's trials are read back."""
     described = {
         "version": TRIAL_STORE_VERSION,
-        "options": {name: value for name, value in asdict(options).items() if name != "out" and "mlp" not in name},
+        "options": options.described(without_mlp=True),
         "lags": lags,
         "runs": [read_run_settings(Path(run)) for run in options.runs],
     }
     lines = (
-        f"{t.key}\t{t.group}\t{t.target!r}\t{t.row_weight!r}\t{len(t)}\t{_numbers(t.probs)}\t{_numbers(t.attention)}\t"
-        + ",".join(f"{name}:{_numbers(values)}" for name, values in sorted(t.stats.items()))
+        f"{t.key}\t{t.group}\t{t.target!r}\t{t.row_weight!r}\t{len(t)}\t"
+        + "\t".join(array_digest(values) for values in (t.probs, t.attention, *_stats_in_order(t)))
         for t in texts
     )
     return ProgressStore(progress_root(options) / f"trials-{digest(described, lines)}")
 
 
-def _numbers(values: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()[:16]
+def _stats_in_order(text: FitText) -> list[np.ndarray]:
+    return [text.stats[name] for name in sorted(text.stats)]
 
 
 def decision_of(record: dict[str, Any], kind: str) -> DecisionRule:
