@@ -13,6 +13,7 @@ from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cors import ErrorShapedCORSMiddleware
 from app.api.deployment_schema import deployment_openapi
 from app.api.deps import unauthenticated
+from app.api.head import HeadAsGetMiddleware
 from app.api.metrics_middleware import MetricsMiddleware
 from app.api.native import routes as native_routes
 from app.api.openai import routes as openai_routes
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
     app.state.runtime = runtime
     app.openapi = deployment_openapi(app, runtime)  # type: ignore[method-assign]
     install_error_handlers(app, unauthenticated)
+    app.add_middleware(HeadAsGetMiddleware)  # innermost: routing sees a GET, the outer middlewares a HEAD
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(

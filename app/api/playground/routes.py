@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from app.api.deps import ApiKeyDep, RuntimeDep
 from app.api.playground import STATIC_DIR
 from app.api.playground.protocol import ReportFiles
+from app.api.range_errors import RangeShapedFileResponse, RangeShapedStaticFiles
 from app.errors import ServiceError
 from app.serving.runtime import Runtime
 from app.uncertainty.artifact import TadArtifact
@@ -39,7 +40,7 @@ class ReportFileNotFound(ServiceError):
     error_type = "not_found"
 
 
-class RevalidatedStaticFiles(StaticFiles):
+class RevalidatedStaticFiles(RangeShapedStaticFiles):
     """Assets a browser revalidates on every load (a 304 while unchanged): after an upgrade, no cached
     module of the old page runs against the new one."""
 
@@ -112,6 +113,6 @@ async def report_file(path: str, runtime: RuntimeDep) -> FileResponse:
     found = _inside(_report_root(artifact), path) if artifact is not None else None
     if found is None:
         raise ReportFileNotFound("no such PNG in the artifact's report folder", param="path")
-    return FileResponse(
+    return RangeShapedFileResponse(
         found, media_type="image/png", headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
     )

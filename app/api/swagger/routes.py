@@ -16,6 +16,8 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from app.api.range_errors import RangeShapedStaticFiles
+
 ASSETS_PREFIX = "/docs/static"
 ASSETS_DIR = Path(str(files("fastapi_offline") / "static"))
 
@@ -24,7 +26,7 @@ router = APIRouter(include_in_schema=False)
 
 def static_files() -> StaticFiles:
     """The pages' scripts, stylesheet and icon, mounted at ASSETS_PREFIX."""
-    return StaticFiles(directory=ASSETS_DIR)
+    return RangeShapedStaticFiles(directory=ASSETS_DIR)
 
 
 def _root(request: Request) -> str:

@@ -135,3 +135,17 @@ def test_report_without_an_artifact_is_empty(service_settings: Settings) -> None
     with make_client(service_settings, artifact_dir=None) as client:
         assert client.get("/playground/report").json() == {"artifact": None, "files": []}
         assert_error(client.get("/playground/report/rejection_test.png"), 404)
+
+
+@pytest.mark.parametrize("path", ["/playground/static/app.js", "/playground/report/rejection_test.png"])
+def test_refused_byte_ranges_get_the_error_shape_and_good_ones_still_work(page_client: TestClient, path: str) -> None:
+    size = len(page_client.get(path).content)
+    malformed = assert_error(
+        page_client.get(path, headers={"Range": "bytes=z-"}), 400, "Range", "invalid_request_error"
+    )
+    assert malformed["message"].startswith("Range: ")
+    past_the_end = page_client.get(path, headers={"Range": f"bytes={size + 10}-"})
+    assert str(size) in assert_error(past_the_end, 416, "Range", "range_not_satisfiable")["message"]
+    assert past_the_end.headers["content-range"] == f"bytes */{size}"
+    partial = page_client.get(path, headers={"Range": "bytes=0-3"})
+    assert partial.status_code == 206 and partial.content == page_client.get(path).content[:4]

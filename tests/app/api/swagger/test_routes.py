@@ -61,3 +61,8 @@ def test_links_carry_the_proxy_prefix(service_settings: Settings) -> None:
     assert urls and all(url.startswith("/tad/docs/static/") for url in urls), urls
     assert "url: '/tad/openapi.json'" in client.get("/docs").text
     assert all(url.startswith("/tad/docs/static/") for url in page_assets(client, "/redoc"))
+
+
+def test_a_refused_byte_range_gets_the_error_shape(docs_client: TestClient) -> None:
+    response = docs_client.get("/docs/static/swagger-ui.css", headers={"Range": "bytes=5-2"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "Range"
