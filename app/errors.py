@@ -8,6 +8,7 @@ Internal exception text never reaches a client.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -171,6 +172,19 @@ def invalid_request_status(request: Request) -> int:
     return getattr(request.scope.get("route"), "invalid_request_status", InvalidRequest.status_code)
 
 
+def unreadable_body_message(error: StarletteHTTPException) -> str:
+    """What kept FastAPI from reading a body as JSON (its own detail says only that it could not): the cause's
+    own text is Python's, not for a client."""
+    cause = error.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        reason = "it is not UTF-8 text"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        reason = f"a number in it has more than {sys.get_int_max_str_digits()} digits"
+    else:
+        reason = str(error.detail)
+    return f"body: could not be read as JSON: {reason}"
+
+
 def install_error_handlers(app: FastAPI, unauthenticated: Callable[[Request], ServiceError | None]) -> None:
     """`unauthenticated`: the refusal a request without the API key its route needs gets before any complaint
     about its body (which FastAPI judges before the route's own checks run)."""
@@ -200,7 +214,7 @@ def install_error_handlers(app: FastAPI, unauthenticated: Callable[[Request], Se
             if (refusal := unauthenticated(request)) is not None:
                 return await _service_error(request, refusal)
             status = invalid_request_status(request)
-            return error_response(status, InvalidRequest.error_type, f"body: {error.detail}", "body")
+            return error_response(status, InvalidRequest.error_type, unreadable_body_message(error), "body")
         error_type = {404: "not_found", 405: "method_not_allowed", 413: PayloadTooLarge.error_type}.get(
             error.status_code, "http_error"
         )

@@ -433,3 +433,16 @@ def test_a_number_that_is_not_finite_is_named_as_such(
     response = client.post(route, content=body, headers={"content-type": "application/json"})
     error = assert_error(response, invalid_status(route), field)
     assert error["message"] == f"{field}: Input should be a finite number"
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b'{"prompt": "hi", "max_new_tokens": ' + b"9" * 5000 + b"}", "more than 4300 digits"),
+        (b'{"prompt": "\xff"}', "not UTF-8"),
+    ],
+)
+def test_a_body_that_cannot_be_read_as_json_says_why(client: TestClient, body: bytes, said: str) -> None:
+    response = client.post("/v1/generate", content=body, headers={"content-type": "application/json"})
+    error = assert_error(response, 422, "body", "invalid_request_error")
+    assert error["message"].startswith("body: could not be read as JSON: ") and said in error["message"], error
