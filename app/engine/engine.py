@@ -21,6 +21,15 @@ from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
 
 
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """Every special token's id: the named ones (`all_special_ids`) and added tokens marked special. A GGUF's
+    control tokens come as the latter only (Qwen2.5's `<|im_start|>` and fill-in-the-middle markers), and the
+    method scores no special token (METHOD.md): generating one ends the answer, like EOS."""
+    ids = {int(i) for i in tokenizer.all_special_ids}
+    ids.update(int(i) for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items() if token.special)
+    return ids
+
+
 class Engine:
     """Tokenisation, chat templates, batched generation with capture, teacher-forced scoring."""
 
@@ -42,7 +51,7 @@ class Engine:
         self._slot_batch: SlotDecodeBatch | None = None
         self._compile_failure: str | None = None
         tokenizer = loaded.tokenizer
-        stop_ids = set(tokenizer.all_special_ids)
+        stop_ids = special_token_ids(tokenizer)
         eos = loaded.model.generation_config.eos_token_id
         stop_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:

@@ -63,8 +63,9 @@ class FeatureSpec:
         return 0 if self.convention is Convention.GENERATING else 1
 
     def rows_needed(self, n_tokens: int) -> int:
-        """Step rows a sequence of n tokens needs (the generating convention never needs the last one)."""
-        return max(n_tokens - self.row_shift, 0)
+        """Step rows a sequence of n tokens needs (the generating convention never needs the last one; a
+        single token none: c_1 = p_1 reads no row)."""
+        return n_tokens - self.row_shift if n_tokens > 1 else 0
 
     @property
     def attention_size(self) -> int:

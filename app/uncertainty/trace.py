@@ -14,7 +14,9 @@ class TokenTrace:
 
     token_ids: Sequence[int] | np.ndarray  # a tuple when served; a slice of a run's array in training
     stats: Mapping[str, np.ndarray]
-    attention: np.ndarray | None  # [n, layers, heads, n_lags] float32, or None without capture
+    # [step rows, layers, heads, slots] float32 (rows: FeatureSpec.rows_needed(n) or more; slots: keys 0..N
+    # back, N + 1), or None without capture
+    attention: np.ndarray | None
 
     @property
     def logprobs(self) -> np.ndarray:

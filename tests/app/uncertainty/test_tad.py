@@ -289,3 +289,12 @@ def test_blocks_of_any_size_score_as_the_feature_vector(convention: Convention, 
             stream.advance(list(logprobs[:arrived]), list(rows[:arrived]))
         assert len(stream.confidences) == 14
         np.testing.assert_allclose(stream.confidences, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("convention", list(Convention))
+def test_a_one_token_answer_needs_no_attention_row(convention: Convention) -> None:
+    spec = FeatureSpec(n_lags=2, num_layers=1, num_heads=2, convention=convention)
+    scorer = TadScorer(_linear(np.full(spec.stage2_size, 0.1), 0.2), spec, epsilon=1e-3)
+    logprobs = np.log(np.array([0.5]))
+    assert spec.rows_needed(1) == 0 and spec.rows_needed(2) == 2 - spec.row_shift
+    assert scorer.confidences(logprobs, None).tolist() == scorer.stream().advance(list(logprobs), []) == [0.5]

@@ -1,0 +1,24 @@
+"""The engine's stop set: every special token ends an answer unscored (METHOD.md)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from tokenizers import AddedToken
+
+from app.engine.engine import Engine, special_token_ids
+from app.engine.loading import LoadedModel
+
+
+def test_added_tokens_marked_special_stop_generation_like_named_ones(tiny_loaded: LoadedModel) -> None:
+    # A GGUF's control tokens (Qwen2.5's <|im_start|>, <|fim_prefix|>) are added tokens marked special that
+    # `all_special_ids` does not list.
+    tokenizer = copy.deepcopy(tiny_loaded.tokenizer)
+    tokenizer.add_tokens([AddedToken("<|control|>", special=True), AddedToken("<|plain|>", special=False)])
+    control, plain = tokenizer.convert_tokens_to_ids(["<|control|>", "<|plain|>"])
+    assert control not in tokenizer.all_special_ids
+    assert control in special_token_ids(tokenizer) and plain not in special_token_ids(tokenizer)
+    stops = Engine(replace(tiny_loaded, tokenizer=tokenizer), n_lags=2).context.stop_token_ids
+    assert control in stops and plain not in stops
+    assert set(tokenizer.all_special_ids) <= stops
