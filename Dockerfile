@@ -1,5 +1,6 @@
-# CPU image by default. For NVIDIA GPUs, build on an image that already has CUDA torch:
-#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime --build-arg TORCH_SPEC= .
+# CPU image by default. For NVIDIA GPUs, take torch==2.13.0 from PyPI, whose Linux x86_64 wheel is the CUDA
+# build (a base image with its own torch would clash with constraints.txt's pins):
+#   docker build --build-arg TORCH_INDEX_URL= .
 # and run with `--gpus all` (TAD_DEVICE=auto picks cuda; several GPUs are spread by accelerate).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
@@ -16,6 +17,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TAD_HOST=0.0.0.0 \
     TAD_PORT=8000 \
     TAD_CACHE_DIR=/cache \
+    # The code and the committed artifacts in /srv whatever the working directory (a k8s workingDir, docker -w):
+    # the installed copy would look for models/ beside itself, in site-packages.
+    PYTHONPATH=/srv \
+    # A gate without its artifact would accept every answer: an artifact that cannot be found stops the start.
+    # A model served without one (a hub id, no artifact of its own) sets TAD_REQUIRE_ARTIFACT=false.
+    TAD_REQUIRE_ARTIFACT=true \
     # A model given as a hub id is downloaded into the volume too: the user's home (/srv) is not writable.
     HF_HOME=/cache/huggingface
 

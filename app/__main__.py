@@ -113,6 +113,13 @@ def reload_on_sighup(runtime: Runtime) -> None:
     signal.signal(signal.SIGHUP, handler)
 
 
+def _variable(prefix: str, location: tuple[int | str, ...]) -> str:
+    """The environment variable a settings error is about: a field with an alias is located by the alias,
+    which already is the whole name."""
+    name = str(location[0]).upper() if location else "?"
+    return name if name.startswith(prefix) else prefix + name
+
+
 def load_settings() -> Settings:
     """The settings, or exit 1 with one line naming each bad variable (a traceback says less)."""
     try:
@@ -120,8 +127,7 @@ def load_settings() -> Settings:
     except ValidationError as error:
         prefix = Settings.model_config.get("env_prefix", "")
         problems = "; ".join(
-            f"{prefix}{str(item['loc'][0]).upper() if item['loc'] else '?'}: "
-            f"{str(item['msg']).removeprefix('Value error, ')}"
+            f"{_variable(prefix, item['loc'])}: {str(item['msg']).removeprefix('Value error, ')}"
             for item in error.errors()  # never the value itself: it may be the API key
         )
         print(f"tad-serve: cannot start: {problems}", file=sys.stderr, flush=True)
@@ -158,7 +164,7 @@ def parse_arguments(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m app",
         description="Serve the model and its TAD artifact (uncertainty-gated generation) on TAD_HOST:TAD_PORT. "
-        "Configured by environment variables (or a .env file), not arguments: docs/configuration.md.",
+        "Configured by environment variables, not arguments: docs/configuration.md.",
         epilog="settings:\n" + "\n".join(lines),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

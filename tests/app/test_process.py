@@ -134,10 +134,11 @@ def test_a_model_that_fails_to_load_exits_non_zero(tmp_path: Path) -> None:
 
 
 def test_a_bad_setting_exits_non_zero_naming_the_variable() -> None:
-    process = start_server({"TAD_PORT": "eighty", "TAD_REJECT_THRESHOLD": "nan"})
+    process = start_server({"TAD_PORT": "eighty", "TAD_REJECT_THRESHOLD": "nan", "TAD_COMPILED_DECODE_LENGTH": "x"})
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1 and "Traceback" not in output
     assert "cannot start: TAD_PORT: Input should be a valid integer" in output and "TAD_REJECT_THRESHOLD" in output
+    assert "TAD_COMPILED_DECODE_LENGTH: Input should be a valid integer" in output and "TAD_TAD_" not in output
     assert "eighty" not in output  # a value is never echoed: it could be a secret
     process = start_server({"TAD_CORS_ORIGINS": "https://a.example"})  # a list setting that is not JSON
     output, _ = process.communicate(timeout=60)
