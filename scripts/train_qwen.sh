@@ -8,7 +8,8 @@
 #  2. Training answers, in chunks of CHUNK records per dataset and style (run folders qwen-train-<style>-<start>,
 #     disjoint by --skip), up to TRAIN_LIMIT per dataset and style. GSM8K's worked answers (about 240 tokens, six
 #     times the others') get the first chunk only: most of the generation time otherwise.
-#  3. More dev answers on the informative datasets (DEV_EXTRA more per dataset, GSM8K_DEV_EXTRA for GSM8K).
+#  3. More dev answers on the informative datasets (DEV_EXTRA more per dataset, GSM8K_DEV_EXTRA for GSM8K), in
+#     the EXTRA_STYLES (chat: calibration's answers; the task report is on the survey's answers alone).
 #  4. fit (FIT_ARGS: the paper's ridge grid, every aggregation, both variants, the trial rule for centring and
 #     row weighting; add --mlp to cross-validate the paper's MLP),
 #     calibrate on the extra chat dev answers, evaluate on every dev answer per style (and the default policy on
@@ -34,6 +35,7 @@ CHUNK=${CHUNK:-250}
 TRAIN_LIMIT=${TRAIN_LIMIT:-250}
 DEV_EXTRA=${DEV_EXTRA:-100}
 GSM8K_DEV_EXTRA=${GSM8K_DEV_EXTRA:-0}
+EXTRA_STYLES=${EXTRA_STYLES:-chat}
 STEPS=${STEPS:-generate fit report}
 FIT_ARGS=${FIT_ARGS-"--conventions generating --variants leak-free authors --alphas 100 10 1 0.1 0.01 --stage1-alphas 10 1 0.1"}
 if [ $((TRAIN_LIMIT % CHUNK)) != 0 ]; then
@@ -47,6 +49,7 @@ files() { local split=$1; shift; for name in "$@"; do printf '%s ' "$DATA/${name
 informative() { "$PY" -m training summary --informative "$RUNS/qwen-dev-$1"; }
 without_gsm8k() { local name; for name in "$@"; do [ "$name" = gsm8k ] || printf '%s ' "$name"; done; }
 has_gsm8k() { [[ " $* " == *" gsm8k "* ]]; }
+with_extra() { [[ " $EXTRA_STYLES " == *" $1 "* ]]; }
 
 if [[ " $STEPS " == *" generate "* ]]; then
     for style in $STYLES; do
@@ -62,6 +65,7 @@ if [[ " $STEPS " == *" generate "* ]]; then
             "${GEN[@]}" --data $(files train "${names[@]}") --skip "$start" --limit "$CHUNK" --prompt-style "$style" \
                 --out "$RUNS/qwen-train-$style-$start"
         done
+        with_extra "$style" || continue
         # shellcheck disable=SC2046
         "${GEN[@]}" --data $(files dev "${rest[@]}") --skip "$SURVEY" --limit "$DEV_EXTRA" --prompt-style "$style" \
             --out "$RUNS/qwen-dev-$style-extra"
@@ -79,7 +83,9 @@ for style in $STYLES; do
     for ((start = 0; start < TRAIN_LIMIT; start += CHUNK)); do TRAIN_RUNS+=("$RUNS/qwen-train-$style-$start"); done
 done
 dev_runs() {
-    printf '%s ' "$RUNS/qwen-dev-$1" "$RUNS/qwen-dev-$1-extra"
+    printf '%s ' "$RUNS/qwen-dev-$1"
+    with_extra "$1" || return 0
+    printf '%s ' "$RUNS/qwen-dev-$1-extra"
     if [ "$GSM8K_DEV_EXTRA" -gt 0 ] && [ -d "$RUNS/qwen-dev-$1-gsm8k-extra" ]; then
         printf '%s ' "$RUNS/qwen-dev-$1-gsm8k-extra"
     fi
