@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.routing import Mount
 
 from app import __version__
 from app.api.body_limit import BodySizeLimitMiddleware
@@ -74,11 +75,15 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
         playground_routes.router,
         swagger_routes.router,
     ]
-    routes = [route for router in routers for route in router.routes]
+    mounts = [
+        Mount(playground_routes.STATIC_PREFIX, app=playground_routes.static_files(), name="playground-static"),
+        Mount(swagger_routes.ASSETS_PREFIX, app=swagger_routes.static_files(), name="docs-static"),
+    ]
+    # The mounts too: a static file is labelled by its mount, not "unmatched".
+    routes = [*(route for router in routers for route in router.routes), *mounts]
     app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http, routes=routes)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: every response carries the id, a 413 included
     for router in routers:
         app.include_router(router)
-    app.mount(playground_routes.STATIC_PREFIX, playground_routes.static_files(), name="playground-static")
-    app.mount(swagger_routes.ASSETS_PREFIX, swagger_routes.static_files(), name="docs-static")
+    app.router.routes.extend(mounts)  # what `app.mount` does, with the Mounts the metrics label by
     return app

@@ -12,15 +12,23 @@ from app.api.openapi import CLIENT_CLOSED_REQUEST
 from app.serving.metrics import ServiceMetrics
 
 
-def route_label(scope: Scope, routes: Sequence[BaseRoute] = ()) -> str:
+def route_label(scope: Scope, routes: Sequence[BaseRoute] = (), root_path: str | None = None) -> str:
     """The route template that served the request; for one refused before routing (a 413 from the body
-    limit), the template of the first of `routes` its path matches; "unmatched" for unknown paths (keeps
-    labels bounded)."""
+    limit) or served by a mount, the template of the first of `routes` its path matches; "unmatched" for
+    unknown paths (keeps labels bounded). `root_path`: the request's as it arrived (a mount that served it
+    has extended the scope's by its own path)."""
     route = scope.get("route")
     if route is None:
-        route = next((r for r in routes if r.matches(scope)[0] is not Match.NONE), None)
+        arrived = scope if root_path is None else {**scope, "root_path": root_path}
+        route = next((r for r in routes if r.matches(arrived)[0] is not Match.NONE), None)
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: uvicorn's `--root-path` (a proxy's prefix) is part of `scope["path"]`."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class MetricsMiddleware:
@@ -44,7 +52,8 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         status = {"code": 500}
-        tracked = scope.get("path", "").startswith("/v1/")
+        tracked = route_path(scope).startswith("/v1/")
+        root_path = scope.get("root_path", "")
 
         responded = False
         disconnected = False
@@ -79,6 +88,6 @@ class MetricsMiddleware:
             if tracked:
                 self.metrics.in_flight.dec()
                 self.counter(-1)
-            route = route_label(scope, self.routes)
+            route = route_label(scope, self.routes, root_path)
             self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
             self.metrics.latency.labels(route=route).observe(time.perf_counter() - started)

@@ -14,7 +14,12 @@ from app.uncertainty.methods import Method, SequenceUncertainty
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
-UNCERTAINTY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1, 1.5, 2, 3, 5, 10, 20, 50)
+# Every 0.05 over [0, 1], where the bounded scores (TAD's mean, P(True)) and their thresholds lie, then wide steps
+# for the unbounded ones (perplexity, summed log-probabilities, RAUQ) over long answers.
+UNCERTAINTY_BUCKETS = (
+    *(round(0.05 * i, 2) for i in range(1, 21)),
+    *(1.5, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
+)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
@@ -117,13 +122,20 @@ class ServiceMetrics:
             if value is None:  # not computed for this answer
                 continue
             undefined = math.isnan(value)  # an empty answer: rejected by every method, as calibration counted it
-            if not undefined:
+            if math.isfinite(value):  # an infinite one (a token of probability 0) would make the sum infinite for good
                 self.sequence_uncertainty.labels(method=method).observe(value)
             threshold = thresholds.get(method)
             if threshold is not None:
                 window = self._windows[method]
                 window.append(undefined or value > threshold)
                 self.rejection_rate.labels(method=method).set(sum(window) / len(window))
+
+    def reset_rejection_windows(self) -> None:
+        """A new artifact's thresholds: the answers judged against the old ones leave the rolling rates (a method
+        the new artifact has no threshold for leaves the gauge)."""
+        for window in self._windows.values():
+            window.clear()
+        self.rejection_rate.clear()
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

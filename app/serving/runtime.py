@@ -225,8 +225,10 @@ class Runtime:
         )
 
     def _publish_artifact(self) -> None:
-        """The serving artifact in the info gauges (one series: the old one is removed)."""
+        """The serving artifact in the info gauges (one series: the old one is removed); the rolling rejection
+        rates start again on its thresholds."""
         assert self.engine is not None
+        self.metrics.reset_rejection_windows()
         self.metrics.info.clear()
         self.metrics.info.labels(
             model=self.engine.identity.name, artifact=self.serving.name, device=str(self.engine.device)

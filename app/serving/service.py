@@ -321,6 +321,9 @@ class GenerationService:
             if not finished:
                 self.runtime.metrics.failed_generations.labels(error_type="client_disconnected").inc()
             raise
+        except Exception:  # a defect: a whole answer's becomes a 500, a stream's an error event after its 200
+            self.runtime.metrics.failed_generations.labels(error_type="internal_error").inc()
+            raise
         finally:
             if not finished:
                 self.scheduler.cancel(item)

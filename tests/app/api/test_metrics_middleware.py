@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 from app.api.asgi import Message, Receive, Scope, Send
-from app.api.metrics_middleware import MetricsMiddleware
+from app.api.metrics_middleware import MetricsMiddleware, route_path
 from app.serving.metrics import ServiceMetrics
 
 SCOPE: Scope = {"type": "http", "method": "POST", "path": "/v1/generate", "headers": []}
@@ -50,3 +50,9 @@ def test_a_client_gone_mid_body_is_499() -> None:
 def test_an_exception_stays_a_500_even_after_the_client_left() -> None:
     metrics = _run("raises")
     assert _count(metrics, "500") == 1 and _count(metrics, "499") == 0
+
+
+def test_requests_under_a_proxy_prefix_are_tracked_by_the_path_the_app_routes_on() -> None:
+    assert route_path({"path": "/tad/v1/generate", "root_path": "/tad"}) == "/v1/generate"
+    assert route_path({"path": "/v1/generate", "root_path": ""}) == "/v1/generate"
+    assert route_path({"path": "/v1/generate", "root_path": "/tad"}) == "/v1/generate"  # a server that strips it

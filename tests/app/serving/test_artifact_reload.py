@@ -56,6 +56,8 @@ def _confidences(client: TestClient, payload: dict) -> list[float]:
 
 def test_reload_swaps_the_artifact_and_reports_it(client: TestClient, served: Path, other_artifact: Path) -> None:
     before = client.get("/info").json()["artifact"]["manifest_sha256"]
+    client.post("/v1/generate", json={"prompt": "hello", "max_new_tokens": 3})
+    assert "tad_rolling_rejection_rate{" in client.get("/metrics").text
     _replace(served, other_artifact)
     response = client.post(RELOAD)
     assert response.status_code == 200, response.text
@@ -64,6 +66,7 @@ def test_reload_swaps_the_artifact_and_reports_it(client: TestClient, served: Pa
     metrics = client.get("/metrics").text
     assert f'manifest_sha256="{after}"' in metrics and f'manifest_sha256="{before}"' not in metrics
     assert 'tad_artifact_reloads_total{outcome="loaded"} 1.0' in metrics
+    assert "tad_rolling_rejection_rate{" not in metrics  # answers judged on the old thresholds are forgotten
 
 
 def test_a_tampered_artifact_is_refused_and_the_old_one_keeps_serving(

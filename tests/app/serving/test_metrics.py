@@ -36,3 +36,32 @@ def test_an_empty_answer_counts_as_rejected_in_the_rolling_rate_as_it_is_decided
     sample = metrics.registry.get_sample_value
     assert sample("tad_rolling_rejection_rate", {"method": "msp"}) == 0.5
     assert sample("tad_sequence_uncertainty_count", {"method": "msp"}) == 1
+
+
+def test_an_infinite_score_is_judged_but_kept_out_of_the_histogram() -> None:
+    metrics = ServiceMetrics()
+    metrics.observe_answer({"perplexity": float("inf")}, {"perplexity": 5.0})
+    metrics.observe_answer({"perplexity": 3.0}, {"perplexity": 5.0})
+    sample = metrics.registry.get_sample_value
+    assert sample("tad_rolling_rejection_rate", {"method": "perplexity"}) == 0.5
+    assert sample("tad_sequence_uncertainty_sum", {"method": "perplexity"}) == 3.0
+
+
+def test_bounded_scores_near_a_threshold_fall_in_buckets_of_their_own() -> None:
+    metrics = ServiceMetrics()
+    for value in (0.61, 0.66):  # either side of a 0.642 threshold
+        metrics.observe_answer({"tad": value}, {})
+    sample = metrics.registry.get_sample_value
+    assert sample("tad_sequence_uncertainty_bucket", {"method": "tad", "le": "0.65"}) == 1
+    assert sample("tad_sequence_uncertainty_bucket", {"method": "tad", "le": "0.7"}) == 2
+
+
+def test_resetting_the_rejection_windows_forgets_answers_judged_on_old_thresholds() -> None:
+    metrics = ServiceMetrics()
+    metrics.observe_answer({"msp": 0.9, "tad": 0.9}, {"msp": 0.5, "tad": 0.5})
+    metrics.reset_rejection_windows()
+    sample = metrics.registry.get_sample_value
+    assert sample("tad_rolling_rejection_rate", {"method": "tad"}) is None
+    metrics.observe_answer({"tad": 0.1}, {"tad": 0.5})
+    assert sample("tad_rolling_rejection_rate", {"method": "tad"}) == 0.0
+    assert sample("tad_rolling_rejection_rate", {"method": "msp"}) is None
