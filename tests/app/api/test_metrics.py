@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.app.service_client import CHAT
+from app.settings import Settings
+from tests.app.service_client import CHAT, make_client
 
 
 def samples(client: TestClient) -> dict[str, list]:
@@ -68,3 +70,18 @@ def test_scored_answers_are_decisions_but_not_the_served_answers_drift(client: T
     assert value(after, "tad_decisions_total") - value(before, "tad_decisions_total") == 3
     assert value(after, "tad_sequence_uncertainty_count") == value(before, "tad_sequence_uncertainty_count")
     assert after.get("tad_rolling_rejection_rate") == before.get("tad_rolling_rejection_rate")
+
+
+def test_an_unexpected_error_in_a_generation_is_counted_as_failed(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.serving.service import GenerationService
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(GenerationService, "conclude", broken)
+    with make_client(service_settings, raise_server_exceptions=False) as client:
+        assert client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 2}).status_code == 500
+        failed = value(samples(client), "tad_failed_generations_total", error_type="internal_error")
+    assert failed == 1
