@@ -22,20 +22,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from app.engine import phase_timing
 from app.engine.decoding import DecodeBatch, PromptPrefill
 from app.engine.engine import Engine
 from app.engine.sequence import FinishReason, SequenceState
 from app.engine.teacher_forcing import ScoringPass
-from app.errors import DeadlineExceeded, NotReady, Overloaded, ServiceError
-from app.serving.events import Event, Failure, Timing
+from app.errors import DeadlineExceeded, ServiceError
+from app.serving.admission import Admission
+from app.serving.events import Event, Failure
 from app.serving.work_items import (
     GenerationItem,
     Outbox,
     PendingWork,
-    SchedulerStats,
     ScoringItem,
     WorkItem,
     prefill_groups,
@@ -44,11 +43,15 @@ from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import prime_streams
 
 logger = logging.getLogger(__name__)
+FAILED_INSIDE_THE_MODEL = {
+    "prefill": "generation failed inside the model; see the server log",
+    "scoring": "scoring failed; see the server log",
+}
 # How long `stop` waits for the worker, which finishes a forward already running (seconds for a CPU prefill).
 STOP_TIMEOUT_S = 10.0
 
 
-class Scheduler:
+class Scheduler(Admission):
     def __init__(
         self,
         engine: Engine,
@@ -63,36 +66,28 @@ class Scheduler:
         """`prefill_chunk_tokens`: prompt tokens a prefill or a scoring pass may run between two
         decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps
         failing in a row, with no step succeeding between them, after which the worker counts as broken."""
+        super().__init__(max_batch_size, max_queue)
         self.engine = engine
         self.scorer = scorer
-        self.max_batch_size = max_batch_size
-        self.max_queue = max_queue
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.broken_after_failed_steps = broken_after_failed_steps
         self.failed_steps_in_a_row = 0
-        self.stats = SchedulerStats()
-        self._waiting: deque[GenerationItem] = deque()
-        self._scoring: deque[ScoringItem] = deque()
-        self._condition = threading.Condition()
-        self._stopping = False
-        self._abandon: ServiceError | None = None  # set by `abandon_everything`, taken by the worker
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
         self._stepped = 0  # items in `_items` whose observer needs each step (streams, early stop)
-        self._cancel_seen = False  # set by `cancel`: the next step looks for cancelled rows
         self._earliest_deadline = math.inf  # of the running items: no row can be past its deadline before it
         self._outbox = Outbox()
         self._prime_failure_logged = False
         self._pending: deque[PendingWork] = deque()  # queued prefills and scoring passes, oldest first (worker only)
-        self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the worker (again, after `stop`)."""
         self._stopping = False
+        self._refusal = None
         self._thread = threading.Thread(target=self._run, name="tad-scheduler", daemon=True)
         self._thread.start()
 
@@ -113,65 +108,6 @@ class Scheduler:
         """Every recent step failed: the device or the model is in a state (a CUDA error poisons the process's
         context) that only a restart mends, so the replica should leave rotation and be restarted."""
         return self.failed_steps_in_a_row >= self.broken_after_failed_steps
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_system
-
-    def _release(self, item: WorkItem) -> None:
-        """The item has its answer (or was dropped): its slot is free again."""
-        with self._condition:
-            if not item.released:
-                item.released = True
-                self._in_system -= 1
-
-    # ------------------------------------------------------------------ submission (event loop)
-    def _retry_after(self) -> int:
-        waiting = len(self._waiting) + 1
-        return math.ceil(self.stats.average_request_s * waiting / self.max_batch_size)
-
-    def _admit(self, queue: deque[Any], item: WorkItem, capped: bool = True) -> None:
-        with self._condition:
-            if self._stopping:
-                raise NotReady("the service is shutting down", retry_after_s=5)
-            if capped and self._in_system >= self.max_queue + self.max_batch_size:
-                raise Overloaded(
-                    f"too many requests in flight ({self._in_system}); retry later",
-                    retry_after_s=self._retry_after(),
-                )
-            self._in_system += 1
-            queue.append(item)
-            self.stats.queue_depth = len(self._waiting)
-            self._condition.notify_all()
-
-    def submit_generation(self, item: GenerationItem) -> None:
-        self._admit(self._waiting, item)
-
-    def submit_scoring(self, item: ScoringItem, follow_up: bool = False) -> None:
-        """`follow_up`: a pass of a request already admitted (a check pass), which the queue's cap does not refuse."""
-        self._admit(self._scoring, item, capped=not follow_up)
-
-    def abandon_everything(self, error: ServiceError) -> None:
-        """Shutdown that cannot wait any longer: every request queued or running is answered with `error`
-        (the worker does it at its next pass, after the step it is in), so that each client gets an answer
-        in the API's shape rather than a connection cut by the server's exit."""
-        with self._condition:
-            self._abandon = error
-            self._condition.notify_all()
-
-    def cancel(self, item: WorkItem) -> None:
-        """The client went away: drop the item if still queued, else stop it at the next step."""
-        with self._condition:
-            item.cancelled = True
-            self._cancel_seen = True
-            for queue in (self._waiting, self._scoring):
-                if item in queue:
-                    queue.remove(item)  # type: ignore[arg-type]
-                    self.stats.queue_depth = len(self._waiting)
-                    if not item.released:
-                        item.released = True
-                        self._in_system -= 1
-            self._condition.notify_all()
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
@@ -289,9 +225,7 @@ class Scheduler:
             try:
                 scoring = self.engine.start_scoring([(item.prompt_ids, item.answer_ids) for item in group])
             except Exception:
-                logger.exception("scoring failed")
-                self._fail_scoring(group)
-                self._model_step(succeeded=False)
+                self._fail_group(group, "scoring")
                 continue
             tokens = len(group) * max(len(item.prompt_ids) + len(item.answer_ids) for item in group)
             if budget is None or spent + tokens <= budget:
@@ -311,15 +245,18 @@ class Scheduler:
             for item, trace in zip(items, traces, strict=True):
                 if self._still_wanted(item, now, stage="being scored"):
                     self._answer(item, (item.scorer or self.scorer).score(trace))
-        except Exception:  # a failure fails its own group only
-            logger.exception("scoring failed")
-            self._fail_scoring(items)
-            self._model_step(succeeded=False)
+        except Exception:
+            self._fail_group(items, "scoring")
         return True
 
-    def _fail_scoring(self, items: list[ScoringItem]) -> None:
+    def _fail_group(self, items: list[GenerationItem] | list[ScoringItem], work: str) -> None:
+        """A prefill or scoring pass failed: its own requests fail, and only them; the running batch (whose
+        cache a prefill does not touch before its group joins) decodes on."""
+        logger.exception("%s failed", work)
+        failure = Failure(ServiceError(FAILED_INSIDE_THE_MODEL[work]))
         for item in items:
-            self._answer(item, Failure(ServiceError("scoring failed; see the server log")))
+            self._answer(item, failure)
+        self._model_step(succeeded=False)
 
     def _start_prefills(self, items: list[GenerationItem], now: float) -> None:
         """Prefill the first group that fits in a chunk (`prefill_groups`) at once; queue the others."""
@@ -328,11 +265,19 @@ class Scheduler:
         budget = self._chunk_budget()
         at_once, queued = (items, []) if budget is None else prefill_groups(items, budget)
         for group in queued:
-            prefill = self.engine.start_prefill([item.request for item in group if item.request is not None])
+            try:
+                prefill = self.engine.start_prefill([item.request for item in group if item.request is not None])
+            except Exception:
+                self._fail_group(group, "prefill")
+                continue
             self._pending.append(PendingWork(prefill, group))
         if at_once:
-            prefill = self.engine.start_prefill([item.request for item in at_once if item.request is not None])
-            batch = prefill.advance()
+            try:
+                prefill = self.engine.start_prefill([item.request for item in at_once if item.request is not None])
+                batch = prefill.advance()
+            except Exception:
+                self._fail_group(at_once, "prefill")
+                return
             assert batch is not None
             self._model_step(succeeded=True)
             self._join(at_once, batch)
@@ -340,21 +285,27 @@ class Scheduler:
     def _advance_pending(self) -> None:
         """The oldest queued work's next pass; done, it is merged into the batch (a prefill) or
         answered (a scoring pass)."""
-        pending = self._pending[0]
         now = time.monotonic()
-        prefill = isinstance(pending.job, PromptPrefill)
-        if all(item.cancelled or now > item.deadline for item in pending.items):
-            # Nobody waits for these any more: stop spending chunks on them.
-            self._pending.popleft()
-            for item in pending.items:
-                self._still_wanted(item, now, stage="being prefilled" if prefill else "being scored")
+        for gone in [work for work in self._pending if all(i.cancelled or now > i.deadline for i in work.items)]:
+            # Nobody waits for these any more (queued behind others too): their slots go now, no chunk runs.
+            self._pending.remove(gone)
+            stage = "being prefilled" if isinstance(gone.job, PromptPrefill) else "being scored"
+            for item in gone.items:
+                self._still_wanted(item, now, stage=stage)
+        if not self._pending:
             return
+        pending = self._pending[0]
         budget = self._chunk_budget()
         if isinstance(pending.job, ScoringPass):
             if self._run_scoring_job(pending.job, pending.items, budget):  # type: ignore[arg-type]
                 self._pending.popleft()
             return
-        batch = pending.job.advance(budget)
+        try:
+            batch = pending.job.advance(budget)
+        except Exception:
+            self._pending.popleft()
+            self._fail_group(pending.items, "prefill")
+            return
         self._model_step(succeeded=True)
         if batch is None:
             return
@@ -469,14 +420,8 @@ class Scheduler:
         if sequence.finish_reason is FinishReason.ERROR:
             self._answer(item, Failure(ServiceError("choosing a token failed; see the server log")))
             return
-        now = time.monotonic()
-        total = now - item.enqueued_at
-        self.stats.average_request_s = 0.9 * self.stats.average_request_s + 0.1 * total
-        timing = Timing(
-            queued_s=(item.admitted_at or now) - item.enqueued_at,
-            first_token_s=(item.first_token_at - item.enqueued_at) if item.first_token_at else None,
-            total_s=total,
-        )
+        timing = item.timing(time.monotonic())
+        self.stats.average_request_s = 0.9 * self.stats.average_request_s + 0.1 * timing.total_s
         assert item.observer is not None, "a generation item needs an observer to answer it"
         phase_timing.lap(phase_timing.SCHEDULER)
         *events, last = item.observer.on_finish(sequence, timing)
@@ -488,7 +433,7 @@ class Scheduler:
     def _fail_everything(
         self, admitted: list[GenerationItem], scoring: list[ScoringItem], failure: Failure | None = None
     ) -> None:
-        failure = failure or Failure(ServiceError("generation failed inside the model; see the server log"))
+        failure = failure or Failure(ServiceError(FAILED_INSIDE_THE_MODEL["prefill"]))
         pending = [item for work in self._pending for item in work.items]
         unique = {id(item): item for item in [*admitted, *scoring, *pending, *self._items.values()]}
         for item in unique.values():

@@ -41,12 +41,13 @@ from app.serving.runtime import Runtime, ServingArtifact
 from app.serving.tokenizing import tokenized
 from app.serving.work_items import GenerationItem, ScoringItem, WorkItem
 from app.settings import RejectAction
-from app.uncertainty.answer import ScoredAnswer
+from app.uncertainty.answer import AnswerScorer, ScoredAnswer
 from app.uncertainty.features import FeatureSpec
 from app.uncertainty.methods import REGISTRY
 
 DISCONNECT_POLL_S = 0.25
 DEADLINE_GRACE_S = 30.0
+TRACE_ONLY = AnswerScorer(None)  # a check pass's scorer: the baselines of its one token, no artifact
 
 
 def _question(prompt: PromptInput) -> str:
@@ -290,7 +291,9 @@ class GenerationService:
                     if REGISTRY[submitted.policy.method.value].needs_check_pass:
                         if keep_alive:  # the check is a scoring pass: what the consumer holds goes out first
                             yield KeepAlive()
-                        scored = await self._with_p_true(submitted.question, event.sequence.text, event.scored, request)
+                        scored = await self._with_p_true(
+                            submitted.question, event.sequence.text, event.scored, request, item.deadline
+                        )
                         event = replace(event, scored=scored)
                     finished = True
                     outcome = self.conclude(submitted, event)
@@ -339,19 +342,21 @@ class GenerationService:
         raise ServiceError("the generation ended without a result")
 
     async def _with_p_true(
-        self, question: str, answer: str, scored: ScoredAnswer, request: Request | None
+        self, question: str, answer: str, scored: ScoredAnswer, request: Request | None, deadline: float
     ) -> ScoredAnswer:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
-        (`app/serving/check_pass.py`); the pass is cancelled if the client goes away meanwhile."""
+        (`app/serving/check_pass.py`) within the request's own `deadline`; the pass is cancelled if the
+        client goes away meanwhile."""
         prompt_ids, yes = await tokenized(len(question) + len(answer), self.engine, check_pass, question, answer)
         # Re-tokenized in its prompt (with the one token the pass scores), an answer can come out longer.
         check_context(self.engine, len(prompt_ids) + 1, 0, "policy.method", CHECK_PROMPT_NAME)
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
-            deadline=self._deadline(),
+            deadline=deadline,
             prompt_ids=prompt_ids,
             answer_ids=yes,
+            scorer=TRACE_ONLY,  # only its trace is read: no TAD pass, and no artifact a reload has replaced
         )
         # Part of a request already admitted: a full queue must not throw away the answer it has computed.
         self.scheduler.submit_scoring(item, follow_up=True)
@@ -431,7 +436,7 @@ class GenerationService:
             raise ServiceError("unexpected scheduler event")
         if REGISTRY[resolved.method.value].needs_check_pass:
             try:
-                event = await self._with_p_true(question, response, event, request)
+                event = await self._with_p_true(question, response, event, request, item.deadline)
             except ClientDisconnected:
                 return None
         decision = self.decide(resolved, event)

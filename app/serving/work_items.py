@@ -63,6 +63,14 @@ class GenerationItem(WorkItem):
     first_token_at: float | None = None
     stepped: bool = False  # its observer's `on_step` runs every step (set when it joins the batch)
 
+    def timing(self, now: float) -> Timing:
+        """Its phases, from its arrival, for an answer finished at `now`."""
+        return Timing(
+            queued_s=(self.admitted_at or now) - self.enqueued_at,
+            first_token_s=(self.first_token_at - self.enqueued_at) if self.first_token_at else None,
+            total_s=now - self.enqueued_at,
+        )
+
 
 @dataclass(eq=False)
 class ScoringItem(WorkItem):

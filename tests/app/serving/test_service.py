@@ -63,12 +63,16 @@ def test_a_check_pass_whose_client_has_gone_is_cancelled(monkeypatch: pytest.Mon
     service.settings = SimpleNamespace(request_timeout_s=60)  # type: ignore[assignment]
 
     async def leave_during_the_check() -> None:
-        check = asyncio.create_task(service._with_p_true("question", "answer", None, None))  # type: ignore[arg-type]
+        check = asyncio.create_task(service._with_p_true("question", "answer", None, None, deadline))  # type: ignore[arg-type]
         while not submitted:
             await asyncio.sleep(0.01)
         check.cancel()
         with pytest.raises(asyncio.CancelledError):
             await check
 
+    deadline = time.monotonic() + 5.0  # the generation's: its check pass has no deadline of its own
     asyncio.run(leave_during_the_check())
     assert cancelled == submitted and len(submitted) == 1
+    assert submitted[0].deadline == deadline  # type: ignore[attr-defined]
+    # Only its trace is read: scored without TAD, so by no artifact (a reload may have replaced the load-time one).
+    assert submitted[0].scorer is not None and not submitted[0].scorer.tad_available  # type: ignore[attr-defined]
