@@ -324,17 +324,23 @@ class Runtime:
             raise NotReady("the service failed to start; see its log", retry_after_s=60)
         if self.state is not State.READY or self.engine is None or self.scheduler is None:
             raise NotReady("the model is still loading", retry_after_s=5)
-        if not self.scheduler.alive:
-            # Accepted, a request would only wait for its deadline: refuse it, and let /ready and tad_ready
-            # take this replica out of rotation.
+        if (problem := self._worker_problem(self.scheduler)) is not None:
+            # Accepted, a request would only wait for its deadline or fail: refuse it, and let /ready and
+            # tad_ready take this replica out of rotation.
             self.metrics.ready.set(0)
-            raise NotReady("the generation worker has stopped; see the log", retry_after_s=60)
-        if self.scheduler.broken:
-            self.metrics.ready.set(0)
-            raise NotReady(
-                f"the last {self.scheduler.failed_steps_in_a_row} model steps all failed; see the log", retry_after_s=60
-            )
+            raise NotReady(f"{problem}; see the log", retry_after_s=60)
         return self.engine, self.scheduler
+
+    def _worker_problem(self, scheduler: Scheduler) -> str | None:
+        """Why the worker cannot answer any more (only a restart mends it), or None."""
+        if not scheduler.alive:
+            return "the generation worker has stopped"
+        if scheduler.broken:
+            return f"the last {scheduler.failed_steps_in_a_row} model steps all failed"
+        # One pass longer than a request may last: a forward that never returns (a hung device, a deadlock).
+        if (running_s := scheduler.pass_running_s) > self.settings.request_timeout_s:
+            return f"the generation worker has been in one model step for {running_s:.0f} s"
+        return None
 
     def refresh_ready_gauge(self) -> None:
         """tad_ready from the state now: a replica whose failing steps stopped (one succeeded) is back."""
@@ -346,11 +352,7 @@ class Runtime:
         """Why only a restart can bring this replica back (what liveness reports), or None."""
         if self.state is not State.READY or self.scheduler is None:
             return None  # loading, draining or failed at startup: readiness says so, and none of them hangs
-        if not self.scheduler.alive:
-            return "the generation worker has stopped"
-        if self.scheduler.broken:
-            return f"the last {self.scheduler.failed_steps_in_a_row} model steps all failed"
-        return None
+        return self._worker_problem(self.scheduler)
 
     def default_policy(self) -> Policy:
         return resolve_policy(self.settings, self.artifact, None)

@@ -80,6 +80,7 @@ class Scheduler(Admission):
         self._stepped = 0  # items in `_items` whose observer needs each step (streams, early stop)
         self._earliest_deadline = math.inf  # of the running items: no row can be past its deadline before it
         self._outbox = Outbox()
+        self._pass_started: float | None = None  # when the pass in progress began (worker writes, anyone reads)
         self._prime_failure_logged = False
         self._pending: deque[PendingWork] = deque()  # queued prefills and scoring passes, oldest first (worker only)
 
@@ -102,6 +103,13 @@ class Scheduler(Admission):
     def alive(self) -> bool:
         """The worker thread runs (it ends only on stop, or if it died: then nothing would be answered)."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def pass_running_s(self) -> float:
+        """How long the worker has been in its current pass (a decode step, a prefill chunk, a scoring pass;
+        0 between passes): a forward that never returns is a stall no failure count sees."""
+        started = self._pass_started
+        return 0.0 if started is None else time.monotonic() - started
 
     @property
     def broken(self) -> bool:
@@ -146,6 +154,7 @@ class Scheduler(Admission):
                 scoring = list(self._scoring)
                 self._scoring.clear()
                 self.stats.queue_depth = len(self._waiting)
+            self._pass_started = time.monotonic()
             try:
                 self._work(admitted, scoring)
             except Exception:  # a model failure must not hang the waiting requests
@@ -153,6 +162,7 @@ class Scheduler(Admission):
                 self._fail_everything(admitted, scoring)
                 self._model_step(succeeded=False)
             finally:
+                self._pass_started = None
                 self._outbox.flush()
                 phase_timing.lap(phase_timing.HANDOFF)
 

@@ -446,3 +446,18 @@ def test_a_body_that_cannot_be_read_as_json_says_why(client: TestClient, body: b
     response = client.post("/v1/generate", content=body, headers={"content-type": "application/json"})
     error = assert_error(response, 422, "body", "invalid_request_error")
     assert error["message"].startswith("body: could not be read as JSON: ") and said in error["message"], error
+
+
+def test_a_model_step_running_past_the_request_timeout_asks_for_a_restart(service_settings: Settings) -> None:
+    """A forward that never returns fails no step: the worker's pass running longer than any request may last
+    is what shows it."""
+    with make_client(service_settings, request_timeout_s=30.0) as client:
+        scheduler = client.app.state.runtime.scheduler  # type: ignore[attr-defined]
+        assert scheduler.pass_running_s == 0.0 and client.get("/health").status_code == 200
+        scheduler._pass_started = time.monotonic() - 31.0  # as the worker leaves it, mid-pass
+        generate = client.post("/v1/generate", json={"prompt": "a"})
+        for response in (client.get("/health"), client.get("/ready"), generate):
+            error = assert_error(response, 503, error_type="not_ready")
+            assert "has been in one model step for 31 s" in error["message"]
+        scheduler._pass_started = None  # the step returned
+        assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -141,3 +142,34 @@ def test_a_stopped_scheduler_refuses_work_as_not_ready_not_as_overloaded(engine:
             scheduler.submit_scoring(scoring_item(loop, (5, 6), (7,)), follow_up=True)
 
     asyncio.run(body())
+
+
+def test_the_pass_in_progress_is_timed_and_cleared_when_it_returns(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine.decoding import DecodeBatch
+
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0)
+    entered, release = threading.Event(), threading.Event()
+    original = DecodeBatch.step
+
+    def hanging_step(self: DecodeBatch) -> None:
+        entered.set()
+        release.wait(30)
+        original(self)
+
+    monkeypatch.setattr(DecodeBatch, "step", hanging_step)
+
+    async def body() -> object:
+        item = generation_item(asyncio.get_running_loop(), (5, 6), tokens=3)
+        assert scheduler.pass_running_s == 0.0
+        scheduler.submit_generation(item)
+        await asyncio.to_thread(entered.wait, 30)
+        await asyncio.sleep(0.05)
+        assert scheduler.pass_running_s >= 0.05  # the worker is inside a step that has not returned
+        monkeypatch.setattr(DecodeBatch, "step", original)
+        release.set()
+        return await asyncio.wait_for(item.events.get(), 30)
+
+    assert run_on(scheduler, body)[0] == "done"  # type: ignore[index]
+    assert scheduler.pass_running_s == 0.0
