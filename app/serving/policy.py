@@ -72,6 +72,15 @@ def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Po
     return Policy(method=method, threshold=entry.threshold, name=f"calibrated:{name}")
 
 
+def configured_target(settings: Settings, artifact: TadArtifact | None) -> str | None:
+    """The calibrated target a method without a threshold of its own is decided at (TAD_REJECT_TARGET, with
+    'default' read as the artifact's), as `_resolve_threshold` reads it; None when there is none."""
+    target = settings.reject_target
+    if target == "default":
+        return artifact.manifest.default_target if artifact is not None else None
+    return target
+
+
 def default_method(settings: Settings, artifact: TadArtifact | None) -> Method:
     """The method decisions use unless a request names one: the settings', else the artifact's decision method."""
     if settings.reject_method is not None:

@@ -13,6 +13,7 @@ from app.api.openapi import errors
 from app.api.ops.protocol import ArtifactReloadResponse, HealthResponse, InfoResponse, ReadyResponse
 from app.engine.engine import Engine
 from app.errors import Conflict, NotReady
+from app.serving.policy import configured_target
 from app.serving.runtime import ArtifactReloadError, State
 
 router = APIRouter(tags=["operations"])
@@ -119,7 +120,12 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
         tad_available=runtime.tad_unavailable_reason is None,
         tad_unavailable_reason=runtime.tad_unavailable_reason,
         artifact=_artifact_summary(runtime),
-        policy={**policy.as_dict(), "active": policy.threshold is not None, "overridable": settings.policy_overrides},
+        policy={
+            **policy.as_dict(),
+            "active": policy.threshold is not None,
+            "overridable": settings.policy_overrides,
+            "reject_target": configured_target(settings, runtime.artifact),
+        },
         limits={
             "max_new_tokens": settings.max_new_tokens_limit,
             "default_max_new_tokens": settings.default_max_new_tokens,

@@ -116,10 +116,12 @@ async function boot() {
 function setUp() {
   const artifact = info.artifact;
   const features = artifact?.features;
-  $("model-line").textContent = artifact
+  $("model-line").textContent = info.tad_available
     ? `${info.model.name} · artifact ${artifact.name} (${artifact.aggregation} aggregation, N = ${features.n_lags} lags, ` +
       `${features.convention ?? "consuming"} convention) · ${info.device}`
-    : `${info.model.name} · no TAD artifact (${info.tad_unavailable_reason}) · ${info.device}`;
+    : artifact
+      ? `${info.model.name} · artifact ${artifact.name}, TAD off (${info.tad_unavailable_reason}) · ${info.device}`
+      : `${info.model.name} · no TAD artifact (${info.tad_unavailable_reason}) · ${info.device}`;
   const chat = info.chat_template;
   $("raw-box").hidden = !chat;
   $("system-box").hidden = !chat;
@@ -204,7 +206,7 @@ function fillTargets() {
 /** The policy the service applies when a request names only `method` (see app/serving/policy.py). */
 function defaultPolicy(method) {
   if (method === info.policy.method) return info.policy;
-  const target = info.artifact?.default_target;
+  const target = info.policy.reject_target; // TAD_REJECT_TARGET, as the service reads it for any method
   const entry = target ? thresholdsOf(method)[target] : null;
   return entry
     ? { method, threshold: entry.threshold, policy: `calibrated:${target}` }
@@ -381,14 +383,16 @@ function setRunning(controller) {
   // A button disabled while it has focus drops the keyboard user's focus to the page: move it to Stop
   // (where it is shown), and back to the starting button at the end.
   const focused = document.activeElement;
+  const stops = [$("stop"), $("stop-score")];
   $("generate").disabled = Boolean(controller);
   $("score").disabled = Boolean(controller);
-  $("stop").disabled = !controller;
+  for (const stop of stops) stop.disabled = !controller;
   if (controller) {
     startedFrom = focused === $("generate") || focused === $("score") ? focused : null;
-    if (startedFrom && $("stop").offsetParent !== null) $("stop").focus();
+    const shown = stops.find((stop) => stop.offsetParent !== null);
+    if (startedFrom && shown) shown.focus();
   } else if (startedFrom) {
-    if (focused === $("stop") || focused === startedFrom || focused === document.body) startedFrom.focus();
+    if (stops.includes(focused) || focused === startedFrom || focused === document.body) startedFrom.focus();
     startedFrom = null;
   }
 }
@@ -436,7 +440,7 @@ async function generate(event) {
         throw new ApiError(detail.code || 500, detail.message || "the generation failed", { param: detail.param });
       }
     }
-    if (!final) throw new ApiError(0, "the stream ended without an answer");
+    if (!final) throw new ApiError(502, "the answer's stream ended before its result (the connection or the service broke off)");
     showAnswer(final, false);
   } catch (error) {
     if (error.name === "AbortError") {
@@ -464,8 +468,13 @@ async function score(event) {
   try {
     showAnswer(await postJson("v1/score", body, { signal: running.signal }), true);
   } catch (error) {
-    renderPending($("verdict"), "No verdict");
-    showError(error);
+    if (error.name === "AbortError") {
+      renderPending($("verdict"), "Stopped: no verdict");
+      showMessage("Scoring stopped.", "info");
+    } else {
+      renderPending($("verdict"), "No verdict");
+      showError(error);
+    }
   } finally {
     setRunning(null);
   }
@@ -473,7 +482,7 @@ async function score(event) {
 
 $("panel-ask").addEventListener("submit", generate);
 $("panel-score").addEventListener("submit", score);
-$("stop").addEventListener("click", () => running?.abort());
+for (const stop of [$("stop"), $("stop-score")]) stop.addEventListener("click", () => running?.abort());
 
 // ------------------------------------------------------------------ tabs
 const TABS = [

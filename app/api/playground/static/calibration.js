@@ -117,7 +117,8 @@ export async function renderReport(container) {
   try {
     const report = await getJson("playground/report");
     if (report.files.length === 0) {
-      container.replaceChildren(element("p", "hint", "The artifact's report has no figures."));
+      const why = report.artifact === null ? "No artifact is loaded: no report." : "The artifact's report has no figures.";
+      container.replaceChildren(element("p", "hint", why));
       return;
     }
     const figures = await Promise.all(

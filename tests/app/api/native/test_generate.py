@@ -126,8 +126,15 @@ def test_info_describes_model_artifact_and_policy(client: TestClient) -> None:
     assert info["architecture"] == {"model_type": "llama", "tested": True, "note": None}
     assert info["artifact"]["features"]["n_lags"] == 4 and info["artifact"]["files"]
     assert info["policy"]["method"] == "tad" and info["policy"]["active"]
+    # TAD_REJECT_TARGET "default": the artifact's, what a request naming another method is decided at
+    assert info["policy"]["reject_target"] == info["artifact"]["default_target"] is not None
     assert info["limits"]["max_new_tokens"] == 32
     assert info["limits"]["prefill_chunk_tokens"] == Settings().prefill_chunk_tokens
+
+
+def test_info_names_no_reject_target_when_none_is_configured(service_settings: Settings) -> None:
+    with make_client(service_settings, reject_target=None) as client:
+        assert client.get("/info").json()["policy"]["reject_target"] is None
 
 
 def test_served_model_name(service_settings: Settings) -> None:

@@ -171,3 +171,19 @@ def test_the_page_asks_for_the_api_key_and_sends_it_as_a_header(
         fetched = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         assert fetched and not any("s3cret" in name for name in fetched)
         assert browser.execute_script("return sessionStorage.length") == 0  # "remember" was not ticked
+
+
+def test_a_calibration_only_artifact_is_named_with_tad_off_and_why(
+    browser: WebDriver, service_settings: Settings, tiny_calibration_artifact: Path
+) -> None:
+    settings = service_settings.model_copy(update={"artifact_dir": tiny_calibration_artifact})
+    with live_server(settings) as url:
+        page = Playground(browser, url)
+        page.open()
+        header = page.by_id("model-line").text
+        reason = httpx.get(f"{url}/info", timeout=30).json()["tad_unavailable_reason"]
+        assert reason and f"artifact {tiny_calibration_artifact.name}, TAD off ({reason})" in header, header
+        assert "null" not in header
+        page.ask(QUESTION, max_new_tokens=3)
+        assert {"Accepted", "Rejected"} & set(page.wait_for_verdict().text.split())
+        assert page.console_errors() == []
