@@ -8,7 +8,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from app.serving.events import GenerationResult
+from app.serving.events import GenerationResult, Timing
 from app.serving.policy import Decision
 from app.uncertainty.methods import Method, SequenceUncertainty
 
@@ -103,6 +103,13 @@ class ServiceMetrics:
         # long prompt would look like slow decoding.
         if count > 1 and timing.first_token_s is not None:
             self.time_per_token.observe((timing.total_s - timing.first_token_s) / (count - 1))
+
+    def observe_unanswered(self, timing: Timing) -> None:
+        """A generation that failed (its deadline passed, the model failed): its wait counts too, or under
+        overload, when requests time out in the queue, the latency histograms would show only the lucky ones."""
+        self.queue_time.observe(timing.queued_s)
+        if timing.first_token_s is not None:
+            self.time_to_first_token.observe(timing.first_token_s)
 
     def observe_decision(
         self, decision: Decision, scores: SequenceUncertainty, thresholds: dict[str, float | None], generated: bool

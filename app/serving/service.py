@@ -286,6 +286,7 @@ class GenerationService:
                     yield event
                 elif isinstance(event, Failure):
                     finished = True
+                    self.runtime.metrics.observe_unanswered(item.timing(time.monotonic()))
                     raise event.error
                 elif isinstance(event, GenerationResult):
                     if REGISTRY[submitted.policy.method.value].needs_check_pass:
@@ -315,6 +316,8 @@ class GenerationService:
         except ServiceError as error:
             # Counted here, where streamed and whole responses meet: a stream has already sent its 200.
             self.runtime.metrics.failed_generations.labels(error_type=error.error_type).inc()
+            if not finished:  # given up waiting for it (its deadline long past): no Failure came
+                self.runtime.metrics.observe_unanswered(item.timing(time.monotonic()))
             raise
         except ClientDisconnected:
             self.runtime.metrics.failed_generations.labels(error_type="client_disconnected").inc()

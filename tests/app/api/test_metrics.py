@@ -85,3 +85,15 @@ def test_an_unexpected_error_in_a_generation_is_counted_as_failed(
         assert client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 2}).status_code == 500
         failed = value(samples(client), "tad_failed_generations_total", error_type="internal_error")
     assert failed == 1
+
+
+def test_a_generation_past_its_deadline_still_counts_its_wait(service_settings: Settings) -> None:
+    """Under overload most requests time out in the queue: latency histograms of the answered ones alone would
+    look healthy."""
+    with make_client(service_settings, request_timeout_s=0.001) as client:
+        before = value(samples(client), "tad_queue_time_seconds_count")
+        response = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 4})
+        assert response.status_code == 504, response.text
+        after = samples(client)
+    assert value(after, "tad_queue_time_seconds_count") == before + 1
+    assert value(after, "tad_failed_generations_total", error_type="deadline_exceeded") == 1
