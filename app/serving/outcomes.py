@@ -94,3 +94,4 @@ class ScoreOutcome:
     decision: Decision
     prompt_tokens: int
     served: ServedModel
+    serving: ServingArtifact  # the artifact that scored it (a reload may swap the one serving now)

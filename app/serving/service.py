@@ -445,7 +445,9 @@ class GenerationService:
         decision = self.decide(resolved, event)
         served = self._served_by(serving)
         self._log(decision, served, kind="score", prompt_tokens=len(prompt_ids), answer_tokens=len(answer_ids))
-        return ScoreOutcome(scored=event, decision=decision, prompt_tokens=len(prompt_ids), served=served)
+        return ScoreOutcome(
+            scored=event, decision=decision, prompt_tokens=len(prompt_ids), served=served, serving=serving
+        )
 
     def _log(
         self,

@@ -63,7 +63,7 @@ async def score(body: ScoreRequest, request: Request, service: ServiceDep) -> Sc
     outcome = await service.score(body.to_prompt(), body.response, policy_request(body.policy), request)
     if outcome is None:
         return client_gone()
-    detail = _detail(service, body.return_attention, top_logprobs=False)
+    detail = _detail(service, body.return_attention, top_logprobs=False, serving=outcome.serving)
     return score_response(outcome, detail if body.return_tokens else None)
 
 
