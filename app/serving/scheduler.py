@@ -87,6 +87,8 @@ class Scheduler(Admission):
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the worker (again, after `stop`)."""
+        if self.alive:  # a `stop` that timed out left it running: two workers would share the batch
+            raise RuntimeError("the scheduler's worker is still running")
         self._stopping = False
         self._refusal = None
         self._thread = threading.Thread(target=self._run, name="tad-scheduler", daemon=True)

@@ -173,3 +173,15 @@ def test_the_pass_in_progress_is_timed_and_cleared_when_it_returns(
 
     assert run_on(scheduler, body)[0] == "done"  # type: ignore[index]
     assert scheduler.pass_running_s == 0.0
+
+
+def test_starting_a_worker_that_still_runs_is_refused(engine: Engine) -> None:
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0)
+    scheduler.start()
+    try:
+        with pytest.raises(RuntimeError, match="still running"):
+            scheduler.start()
+    finally:
+        scheduler.stop()
+    scheduler.start()  # after a stop that ended it, a new worker starts
+    scheduler.stop()
