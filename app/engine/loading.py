@@ -1,8 +1,8 @@
 """Finding and loading the LLM: a catalog name, hub id, local folder, GGUF file, or a file inside a package.
 
 A GGUF file takes 15-25 s to parse and dequantise; the first load writes a dequantised
-safetensors copy keyed by the file's sha256, which later starts reload in under a second
-with identical weights.
+safetensors copy keyed by the file's sha256 (`app/engine/model_cache.py`), which later starts
+reload in under a second with identical weights.
 """
 
 from __future__ import annotations
@@ -11,19 +11,18 @@ import hashlib
 import importlib
 import importlib.util
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from app.engine.architectures import ArchitectureSupport, UnsupportedArchitecture, check_architecture
 from app.engine.attention_capture import register_capture_attention
 from app.engine.catalog import known_model, known_names
+from app.engine.model_cache import UNVERIFIED, dequantised_copy
 from app.engine.split_gguf import SplitGGUFError
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
@@ -33,7 +32,9 @@ logger = logging.getLogger(__name__)
 
 PACKAGE_SCHEME = "pkg:"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
-_CACHE_COMPLETE_MARKER = "tad-cache-complete"
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# What a model that cannot be read raises (safetensors' own error for a torn file or a full disk).
+LOAD_ERRORS = (OSError, ValueError, SafetensorError)
 
 
 class ModelLoadError(RuntimeError):
@@ -202,46 +203,47 @@ def resolve_dtype(dtype: str, device: str, artifact_dtype: str | None = None) ->
         resolved = getattr(torch, dtype)
     except AttributeError as error:
         raise ModelLoadError(f"unknown dtype {dtype!r}") from error
-    if not isinstance(resolved, torch.dtype):
-        raise ModelLoadError(f"unknown dtype {dtype!r}")
+    if resolved not in COMPUTE_DTYPES:  # an attribute of torch that is no dtype, or one no model computes in
+        raise ModelLoadError(f"unknown dtype {dtype!r}: float32, bfloat16, float16 or auto")
     return resolved
 
 
-def _dequantised_copy(source: ModelSource, sha256: str, cache_dir: Path, dtype: torch.dtype) -> Path:
-    """A safetensors copy of a GGUF model in `dtype`, written once (atomically) and reused.
+def _checked_sha256(spec: str, source: ModelSource, cache_dir: Path | None) -> str:
+    """The weights' sha256; a file joined from a catalog model's parts that is not the published one (a torn or
+    damaged file of the right size, which is all a later start looks at) is joined again."""
+    sha256 = weights_sha256(source)
+    known = known_model(spec)
+    if known is None or known.split is None or sha256 == known.split.sha256:
+        return sha256
+    logger.warning("the joined %s is not the published file (sha256 %s...): joining it again", spec, sha256[:16])
+    (Path(source.location) / str(source.gguf_file)).unlink(missing_ok=True)
+    return weights_sha256(resolve_source(spec, cache_dir))  # resolve_source checks the new join's sha256
 
-    One copy per dtype: a bfloat16 copy is half the bytes to read at every start, and holds exactly the
-    weights a float32 copy would after the same cast."""
-    suffix = "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
-    target = cache_dir / f"gguf-{sha256[:32]}{suffix}"
-    if (target / _CACHE_COMPLETE_MARKER).exists():
-        return target
-    logger.info("dequantising %s once; later starts reuse %s", source.gguf_file, target)
-    tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file, dtype=dtype)
-    # The dequantised weights are plain tensors; drop the GGUF marker so they can be saved.
-    model.hf_quantizer = None  # type: ignore[assignment]  # torch types module attributes as tensors
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / _CACHE_COMPLETE_MARKER).write_text(sha256)
-        # Several processes (data-parallel workers) may race here: the first complete copy wins,
-        # and a complete copy is never removed while another process may be reading it.
-        if target.exists() and not (target / _CACHE_COMPLETE_MARKER).exists():
-            shutil.rmtree(target, ignore_errors=True)
+
+def _load_cached_copy(
+    source: ModelSource,
+    sha256: str,
+    cache_dir: Path,
+    dtype: torch.dtype,
+    attention: str,
+    placement: dict[str, Any],
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Tokenizer and model from the GGUF's dequantised copy in the cache; a copy that does not load (a file
+    damaged on disk) is made again, once."""
+    assert source.gguf_file is not None
+    for remake in (False, True):
+        folder = dequantised_copy(source.location, source.gguf_file, sha256, cache_dir, dtype, remake=remake)
         try:
-            os.replace(staging, target)
-        except OSError:
-            if not (target / _CACHE_COMPLETE_MARKER).exists():
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, attn_implementation=attention, **placement
+            )
+            return tokenizer, model
+        except LOAD_ERRORS as error:
+            if remake:
                 raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+            logger.warning("the cached copy %s does not load (%s): making it again", folder, error)
+    raise AssertionError("unreachable")
 
 
 def load_model(
@@ -254,27 +256,24 @@ def load_model(
 ) -> LoadedModel:
     """Load tokenizer and model with the capturing attention, in eval mode (`artifact_dtype`: see
     `resolve_dtype`)."""
-    source = resolve_source(spec, cache_dir)
-    sha256 = weights_sha256(source) if verify_sha256 else "unverified"
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device, artifact_dtype)
+    source = resolve_source(spec, cache_dir)
+    sha256 = _checked_sha256(spec, source, cache_dir) if verify_sha256 else UNVERIFIED
     attention = register_capture_attention()
-    load_from: str = source.location
-    extra: dict[str, Any] = {}
+    placement: dict[str, Any] = {}
+    if resolved_device == "cuda" and torch.cuda.device_count() > 1:
+        placement["device_map"] = "auto"
     try:
-        if source.kind == "gguf":
-            if cache_dir is not None:
-                load_from = str(_dequantised_copy(source, sha256, cache_dir, torch_dtype))
-            else:
-                extra["gguf_file"] = source.gguf_file
-        tokenizer = AutoTokenizer.from_pretrained(load_from, **extra)
-        placement: dict[str, Any] = {}
-        if resolved_device == "cuda" and torch.cuda.device_count() > 1:
-            placement["device_map"] = "auto"
-        model = AutoModelForCausalLM.from_pretrained(
-            load_from, dtype=torch_dtype, attn_implementation=attention, **placement, **extra
-        )
-    except (OSError, ValueError) as error:
+        if source.kind == "gguf" and cache_dir is not None:
+            tokenizer, model = _load_cached_copy(source, sha256, cache_dir, torch_dtype, attention, placement)
+        else:
+            extra = {"gguf_file": source.gguf_file} if source.kind == "gguf" else {}
+            tokenizer = AutoTokenizer.from_pretrained(source.location, **extra)
+            model = AutoModelForCausalLM.from_pretrained(
+                source.location, dtype=torch_dtype, attn_implementation=attention, **placement, **extra
+            )
+    except LOAD_ERRORS as error:
         raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
     try:
         architecture = check_architecture(model)

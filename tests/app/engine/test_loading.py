@@ -125,7 +125,7 @@ def test_auto_follows_the_artifact_and_else_what_the_cpu_computes_natively(
     assert resolve_dtype("float16", "cpu", artifact_dtype="bfloat16") == torch.float16  # set by hand: kept
 
 
-@pytest.mark.parametrize("dtype", ["float8", "Tensor", "nn"])
+@pytest.mark.parametrize("dtype", ["float8", "Tensor", "nn", "int8", "bool", "float8_e4m3fn"])
 def test_an_unknown_dtype_is_refused_by_name(dtype: str) -> None:
     with pytest.raises(ModelLoadError, match=f"unknown dtype '{dtype}'"):
         resolve_dtype(dtype, "cpu")

@@ -52,3 +52,45 @@ def test_a_wrong_checksum_leaves_nothing_behind(tmp_path: Path, monkeypatch: pyt
     wrong_size = SplitGGUF(split.file_name, split.parts, split.size + 1, split.sha256)
     with pytest.raises(SplitGGUFError, match="another version"):
         wrong_size.assembled(tmp_path / "cache")
+
+
+def test_the_joined_file_is_readable_by_all_and_old_leftovers_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import stat
+    import time
+
+    split = _install_parts(tmp_path / "site", monkeypatch)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    leftover = cache / ".joining-killed"
+    leftover.write_bytes(b"half a model")
+    long_ago = time.time() - 7200
+    os.utime(leftover, (long_ago, long_ago))
+    target = split.assembled(cache)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert [p.name for p in cache.iterdir()] == ["joined.gguf"]
+
+
+def test_a_joined_file_of_the_right_size_but_not_the_published_one_is_joined_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later start checks only the size (hashing it is the model's sha256 check): a torn or damaged file is
+    joined again there, not served."""
+    from app.engine import loading
+    from app.engine.catalog import KnownModel
+
+    split = _install_parts(tmp_path / "site", monkeypatch)
+    known = KnownModel(name="split-test", description="", pip_names=(), split=split)
+    monkeypatch.setattr(loading, "known_model", lambda spec: known if spec == "split-test" else None)
+    source = loading.resolve_source("split-test", cache_dir=tmp_path / "cache")
+    joined = Path(source.location) / str(source.gguf_file)
+    joined.write_bytes(b"\0" * split.size)
+    assert (
+        loading._checked_sha256(
+            "split-test", loading.resolve_source("split-test", tmp_path / "cache"), tmp_path / "cache"
+        )
+        == split.sha256
+    )
+    assert joined.read_bytes() == b"".join(CHUNKS)
