@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -181,6 +182,15 @@ class Engine:
     def stream_detokenizer(self) -> StreamDetokenizer:
         """Text pieces of one streamed answer (use it from the decode thread)."""
         return StreamDetokenizer(self.decode)
+
+    def answer_pieces(self, sequence: SequenceState) -> list[str]:
+        """The text each kept token of a finished answer adds to it, as its stream would send them (the
+        pieces join to its text), with the request-side tokenizer (call it from the request thread)."""
+        detokenizer = StreamDetokenizer(partial(decode_text, self.loaded.tokenizer))
+        pieces = [""] * len(sequence.kept_tokens)
+        for index, piece in detokenizer.ready(sequence, len(pieces)):
+            pieces[index] = piece
+        return pieces
 
     def token_bytes(self, token_id: int) -> bytes:
         """One token's exact bytes, with the request-side tokenizer (call it from the request thread)."""

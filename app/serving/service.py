@@ -20,7 +20,7 @@ from fastapi import Request
 from app.engine.chat_prompt import PromptError
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
-from app.engine.sequence import GenerationRequest
+from app.engine.sequence import GenerationRequest, SequenceState
 from app.errors import DeadlineExceeded, InvalidRequest, ServiceError
 from app.serving.check_pass import CHECK_PROMPT_NAME, check_pass, p_true_of, with_p_true
 from app.serving.context_room import check_context, context_length, fit_check_pass
@@ -86,6 +86,9 @@ class GenerationService:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.engine.token_bytes(token_id)
+
+    def answer_pieces(self, sequence: SequenceState) -> list[str]:
+        return self.engine.answer_pieces(sequence)
 
     def feature_spec(self, serving: ServingArtifact | None = None) -> FeatureSpec | None:
         """How the artifact's regressor (`serving`'s, else the one serving now) reads attention rows; None without

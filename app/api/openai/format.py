@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import codecs
+import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +24,7 @@ from app.api.openai.protocol import (
     UsageInfo,
 )
 from app.api.streaming import sse_data
-from app.engine.sequence import FinishReason
+from app.engine.sequence import FinishReason, SequenceState
 from app.engine.token_bytes import token_text
 from app.errors import ServiceError, error_body
 from app.numeric import logprob_or_floor
@@ -127,27 +127,18 @@ def chat_response(outcome: GenerationOutcome, token_bytes: TokenBytes, logprobs:
     )
 
 
-def text_offsets(token_bytes: list[bytes], text: str) -> list[int]:
-    """Where each token starts in the returned `text`, counted as the streamed chunks count it.
-
-    A token starts after the characters settled before it: the bytes of a character split over
-    several tokens give one character once its last byte is in, so those tokens share an offset,
-    and a U+FFFD (an invalid byte) counts once a character after it is in, as a stream sends it.
-    A SentencePiece decoder that strips the first token's leading space (Llama 2, Mistral, Gemma)
-    returns the text without it, so offsets count from the text the client got.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    starts, decoded = [], ""
-    for raw in token_bytes:
-        starts.append(len(decoded.rstrip("\ufffd")))
-        decoded += decoder.decode(raw)
-    decoded += decoder.decode(b"", final=True)
-    stripped = max(0, (len(decoded) - len(decoded.lstrip(" "))) - (len(text) - len(text.lstrip(" "))))
-    return [min(len(text), max(0, start - stripped)) for start in starts]
+def text_offsets(pieces: list[str]) -> list[int]:
+    """Where each token starts in the answer's text: after the pieces before it, the text a stream sends
+    with each token (the tokens of a character split over several share its offset, and a decoder that
+    adds or drops spaces is counted as the text has them)."""
+    return list(itertools.accumulate((len(piece) for piece in pieces[:-1]), initial=0)) if pieces else []
 
 
 def completion_response(
-    outcome: GenerationOutcome, token_bytes: TokenBytes, logprobs: int | None
+    outcome: GenerationOutcome,
+    token_bytes: TokenBytes,
+    logprobs: int | None,
+    answer_pieces: Callable[[SequenceState], list[str]],
 ) -> CompletionResponse:
     sequence = outcome.result.sequence
     kept = sequence.kept_tokens
@@ -159,7 +150,7 @@ def completion_response(
             tokens=texts,
             token_logprobs=[logprob_or_floor(t.logprob) for t in kept],
             top_logprobs=[_completion_top(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept],
-            text_offset=text_offsets(raw, sequence.text),
+            text_offset=text_offsets(answer_pieces(sequence)),
         )
     return CompletionResponse(
         id=new_id("cmpl"),

@@ -157,7 +157,7 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     outcome = await service.finish(submitted, request)
     if outcome is None:
         return client_gone()
-    return completion_response(outcome, service.token_bytes, body.logprobs)
+    return completion_response(outcome, service.token_bytes, body.logprobs, service.answer_pieces)
 
 
 @router.get("/models", response_model=ModelList, responses=errors(401, 503), summary="The served model")

@@ -110,6 +110,10 @@ def test_text_completion(client: openai.OpenAI) -> None:
     for streamed_top, whole_top in zip(streamed_logprobs, choice.logprobs.top_logprobs, strict=True):
         assert streamed_top.top_logprobs[0] == pytest.approx(whole_top)
     assert [lp.tokens[0] for lp in streamed_logprobs] == choice.logprobs.tokens
+    # Offsets count as the stream sends the text: the tiny model's word-level decoder adds the spaces between
+    # tokens that no token's bytes hold (so counting bytes put them inside the next word).
+    assert [lp.text_offset[0] for lp in streamed_logprobs] == choice.logprobs.text_offset
+    assert "".join(c.choices[0].text for c in streamed) == choice.text
 
 
 def test_a_sampled_completion_token_is_always_among_its_top_logprobs(client: openai.OpenAI) -> None:
