@@ -26,7 +26,8 @@ def check_context(engine: Engine, prompt_tokens: int, answer_tokens: int, field:
     if context is not None and prompt_tokens + answer_tokens > context:
         added = f" plus {field} ({answer_tokens})" if answer_tokens else ""
         raise InvalidRequest(
-            f"{prompt} ({prompt_tokens} tokens){added} exceeds the model's context of {context} tokens", param=field
+            f"{prompt} ({prompt_tokens} tokens){added} exceeds the model's maximum context length of {context} tokens",
+            param=field,
         )
 
 
@@ -44,13 +45,13 @@ async def fit_check_pass(
     if room < 1:
         raise InvalidRequest(
             f"{CHECK_PROMPT_NAME} ({len(check_ids) + 1} tokens before the answer) leaves no room for an answer in "
-            f"the model's context of {context} tokens: shorten the prompt",
+            f"the model's maximum context length of {context} tokens: shorten the prompt",
             param=prompt_field,
         )
     if answer_tokens <= room or not asked:
         return min(answer_tokens, room)
     raise InvalidRequest(
-        f"{CHECK_PROMPT_NAME} plus {field} ({answer_tokens} tokens) exceeds the model's context: at most {room} "
-        "tokens of answer fit with this prompt",
+        f"{CHECK_PROMPT_NAME} plus {field} ({answer_tokens} tokens) exceeds the model's maximum context length: "
+        f"at most {room} tokens of answer fit with this prompt",
         param=field,
     )

@@ -164,8 +164,8 @@ class GenerationService:
             room = context - len(prompt_ids)
             if room < 1:
                 raise InvalidRequest(
-                    f"the prompt ({len(prompt_ids)} tokens) leaves no room for an answer in the model's context "
-                    f"of {context} tokens",
+                    f"the prompt ({len(prompt_ids)} tokens) leaves no room for an answer in the model's maximum "
+                    f"context length of {context} tokens",
                     param=prompt.field,
                 )
             wanted = min(wanted, room)
@@ -420,7 +420,7 @@ class GenerationService:
                 await fit_check_pass(self.engine, question, prompt.field, 0, "response", asked=True)
                 raise InvalidRequest(
                     f"{CHECK_PROMPT_NAME}, with this response, has {len(check_ids) + 1} tokens: more than the "
-                    f"model's context of {context}",
+                    f"model's maximum context length of {context}",
                     param="response",
                 )
         item = ScoringItem(

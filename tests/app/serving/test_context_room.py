@@ -24,12 +24,12 @@ def _engine(context: int, refusal: str | None, slot_length: int) -> Engine:
 def test_a_compiled_steps_slot_shorter_than_the_context_caps_prompt_plus_answer() -> None:
     compiled = _engine(context=2048, refusal=None, slot_length=64)
     check_context(compiled, 40, 23, "max_tokens")  # 63 tokens: the slot's 64 less the last token's own step
-    with pytest.raises(InvalidRequest, match="context of 63 tokens") as refused:
+    with pytest.raises(InvalidRequest, match="maximum context length of 63 tokens") as refused:
         check_context(compiled, 40, 24, "max_tokens")
     assert refused.value.param == "max_tokens"
     eager = _engine(context=2048, refusal="compiled decoding is off", slot_length=64)
     check_context(eager, 40, 2008, "max_tokens")
-    with pytest.raises(InvalidRequest, match="context of 2048 tokens"):
+    with pytest.raises(InvalidRequest, match="maximum context length of 2048 tokens"):
         check_context(eager, 40, 2009, "max_tokens")
 
 
