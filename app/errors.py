@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -133,15 +133,20 @@ MAX_DESCRIBED_ERRORS = 5
 OBJECT_EXPECTED = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 
-def validation_message(errors: Sequence[dict[str, Any]], root: str = "body") -> tuple[str, str]:
+def validation_message(
+    errors: Sequence[dict[str, Any]], root: str = "body", unsupported: Collection[str] = ()
+) -> tuple[str, str]:
     """('field: problem; ...', first field) from pydantic errors, without echoing input values; `root` names
-    the whole validated object (a request's body, an artifact's manifest). Only the first
-    MAX_DESCRIBED_ERRORS problems are described; the message counts the rest."""
+    the whole validated object (a request's body, an artifact's manifest); `unsupported`: fields the API
+    defines and this service does not take (called so, not unknown). Only the first MAX_DESCRIBED_ERRORS
+    problems are described; the message counts the rest."""
     described = []
     for item in errors[:MAX_DESCRIBED_ERRORS]:
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         if item.get("type") in OBJECT_EXPECTED:  # pydantic names its model class ("... instance of Manifest")
             message = "Input should be an object"
+        if item.get("type") == "extra_forbidden" and _error_field(item, root) in unsupported:
+            message = "not supported by this service"
         if item.get("type") == "json_invalid" and len(item.get("loc", ())) > 1:
             message = f"{message} at character {item['loc'][-1]}"
         described.append(f"{_error_field(item, root)}: {message}")
@@ -205,7 +210,8 @@ def install_error_handlers(app: FastAPI, unauthenticated: Callable[[Request], Se
             sent = content_type.split(";")[0] or "none"
             message = f"body: send a JSON object with the header content-type: application/json (this one: {sent})"
             return error_response(invalid_request_status(request), InvalidRequest.error_type, message, "body")
-        message, field = validation_message(errors)
+        unsupported = getattr(request.scope.get("route"), "unsupported_fields", ())
+        message, field = validation_message(errors, unsupported=unsupported)
         return error_response(invalid_request_status(request), InvalidRequest.error_type, message, field)
 
     @app.exception_handler(StarletteHTTPException)

@@ -8,6 +8,7 @@ rather than silently ignored.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -120,6 +121,22 @@ class _SamplingFields(StrictModel):
         # A `stream` that failed its own validation is not in info.data: its error is the one to report.
         if value is not None and "stream" in info.data and not info.data["stream"]:
             raise ValueError("stream_options is only allowed with stream: true")
+        return value
+
+    # Before the bounds: "Input should be less than or equal to 1" does not say the option is unsupported.
+    @field_validator("n", mode="before")
+    @classmethod
+    def _one_choice(cls, value: object) -> object:
+        if type(value) is int and value > 1:
+            raise ValueError("only one choice per request is supported (n = 1)")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _no_penalty(cls, value: object, info: ValidationInfo) -> object:
+        # A NaN is left to the bounds, which say it should be finite.
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value != 0:
+            raise ValueError(f"{info.field_name} is not supported: send 0 or leave it out")
         return value
 
     # Before its values are validated: refused whole, a large map costs nothing to refuse.
@@ -235,6 +252,13 @@ class CompletionRequest(_SamplingFields):
     best_of: OnlyOne | None = None
     suffix: None = None
 
+    @field_validator("best_of", mode="before")
+    @classmethod
+    def _one_candidate(cls, value: object) -> object:
+        if type(value) is int and value > 1:
+            raise ValueError("best_of is not supported: one answer is generated (best_of = 1)")
+        return value
+
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, value: bool | None) -> bool | None:
@@ -245,7 +269,9 @@ class CompletionRequest(_SamplingFields):
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt_listed(cls, value: object) -> object:
-        """Before the items are validated: a list of many prompts is refused whole."""
+        """Before the items are validated: a list of many prompts is refused whole, token ids by name."""
+        if isinstance(value, list) and value and all(isinstance(item, int) for item in value):
+            raise ValueError("token ids are not supported: send the prompt as text")
         if isinstance(value, list) and len(value) != 1:
             raise ValueError("exactly one prompt is supported")
         return value

@@ -37,6 +37,23 @@ class OpenAIRoute(APIRoute):
     `BadRequestError`; the native routes keep FastAPI's 422 (app/errors.py, `invalid_request_status`)."""
 
     invalid_request_status = 400
+    # OpenAI's fields this service does not take: refused as unsupported, not as unknown ("Extra inputs are
+    # not permitted" reads like a typo).
+    unsupported_fields = frozenset(
+        {
+            "tools",
+            "functions",
+            "function_call",
+            "audio",
+            "modalities",
+            "prediction",
+            "reasoning_effort",
+            "service_tier",
+            "web_search_options",
+            "suffix",
+            "stream_options.include_obfuscation",
+        }
+    )
 
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKeyDep], route_class=OpenAIRoute)

@@ -117,7 +117,7 @@ def test_a_body_wrong_in_many_places_gets_a_short_answer(client: TestClient) -> 
     # Lists and maps the OpenAI routes take one of, or none: refused whole, their items never validated.
     chat = {"model": "m", "messages": [{"role": "user", "content": "a"}]}
     for route, body, param, said in (
-        ("/v1/completions", {"model": "m", "prompt": [1] * 20_000}, "prompt", "exactly one prompt"),
+        ("/v1/completions", {"model": "m", "prompt": [1] * 20_000}, "prompt", "token ids are not supported"),
         ("/v1/chat/completions", {**chat, "logit_bias": {str(i): "x" for i in range(20_000)}}, "logit_bias", "not"),
         (
             "/v1/chat/completions",

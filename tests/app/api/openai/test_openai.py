@@ -174,11 +174,20 @@ def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-9", messages=MESSAGES)
     assert missing.value.body["param"] == "model"
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as choices:
         client.chat.completions.create(model="model", messages=MESSAGES, n=2)
+    assert choices.value.body["param"] == "n" and "only one choice" in choices.value.body["message"]
     with pytest.raises(openai.BadRequestError) as penalty:
         client.chat.completions.create(model="model", messages=MESSAGES, presence_penalty=0.5)
-    assert penalty.value.body["param"] == "presence_penalty"
+    assert penalty.value.body["param"] == "presence_penalty" and "not supported" in penalty.value.body["message"]
+    # OpenAI's options this service does not take are called unsupported, not unknown.
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    with pytest.raises(openai.BadRequestError) as tools:
+        client.chat.completions.create(model="model", messages=MESSAGES, tools=[tool])  # type: ignore[list-item]
+    assert tools.value.body["message"] == "tools: not supported by this service"
+    with pytest.raises(openai.BadRequestError) as ids:
+        client.completions.create(model="model", prompt=[1, 2, 3])
+    assert "token ids are not supported" in ids.value.body["message"]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=10_000)
     with pytest.raises(openai.BadRequestError) as too_many:
