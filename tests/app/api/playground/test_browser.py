@@ -179,6 +179,7 @@ def test_a_calibration_only_artifact_is_named_with_tad_off_and_why(
     settings = service_settings.model_copy(update={"artifact_dir": tiny_calibration_artifact})
     with live_server(settings) as url:
         page = Playground(browser, url)
+        page.console_errors()  # drop what earlier tests' pages logged
         page.open()
         header = page.by_id("model-line").text
         reason = httpx.get(f"{url}/info", timeout=30).json()["tad_unavailable_reason"]
