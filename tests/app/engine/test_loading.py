@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,22 @@ def test_auto_follows_the_artifact_and_else_what_the_cpu_computes_natively(
 def test_an_unknown_dtype_is_refused_by_name(dtype: str) -> None:
     with pytest.raises(ModelLoadError, match=f"unknown dtype '{dtype}'"):
         resolve_dtype(dtype, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("pkg:", "a pkg: spec names a package"),
+        ("pkg:no_such_parent.child/model.gguf", "'no_such_parent.child' is not installed"),
+        ("typo-model", "unknown model 'typo-model' (TAD_MODEL)"),
+    ],
+)
+def test_a_model_spec_that_names_nothing_is_refused_saying_what_to_send(spec: str, said: str) -> None:
+    with pytest.raises(ModelLoadError, match=re.escape(said)):
+        resolve_source(spec)
+
+
+def test_a_gguf_file_is_found_whatever_the_case_of_its_suffix(tmp_path: Path) -> None:
+    (tmp_path / "Model.GGUF").write_bytes(b"GGUF")
+    source = resolve_source(str(tmp_path / "Model.GGUF"))
+    assert (source.kind, source.gguf_file) == ("gguf", "Model.GGUF")
