@@ -1,9 +1,14 @@
-"""Writing a file whole or not at all, and still there after a crash."""
+"""Writing a file whole or not at all, and still there after a crash; removing what a killed write left."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import time
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -42,3 +47,20 @@ def sync_folder(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+# A staging folder or joining file older than this is a killed start's (a write takes a minute at most).
+STALE_AFTER_S = 3600.0
+
+
+def remove_stale(folder: Path, prefix: str, older_than_s: float = STALE_AFTER_S) -> None:
+    """Leftovers of writes that were killed (SIGKILL, the OOM killer, a stop during the first start), which no
+    `finally` removed: gigabytes each, in a volume that only grows."""
+    cutoff = time.time() - older_than_s
+    for item in folder.glob(f"{prefix}*") if folder.is_dir() else ():
+        try:
+            if item.stat().st_mtime < cutoff:
+                logger.info("removing %s, left by a write that did not finish", item)
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+        except OSError:  # another process removed it, or cannot be removed: not this start's business
+            continue

@@ -21,8 +21,9 @@ REPLACED_HEADERS = frozenset({b"content-type", b"content-length"})
 
 
 def _message(status: int, plain_text: str, headers: list[tuple[bytes, bytes]]) -> str:
-    if status == 400:
-        return f"Range: {plain_text.strip() or 'malformed range header.'}"
+    if status == 400:  # Starlette's "Range header: start must be less than end", "Malformed range header."
+        reason = plain_text.strip().removeprefix("Range header: ") or "malformed"
+        return f"Range: {reason}"
     content_range = dict(headers).get(b"content-range", b"").decode("latin-1")
     size = content_range.rpartition("/")[2]
     return f"Range: no requested range starts inside the file ({size} bytes)"

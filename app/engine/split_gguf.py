@@ -18,8 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from app.engine.model_cache import remove_stale
-from app.files import sync_folder
+from app.files import remove_stale, sync_folder
 from app.hashing import CHUNK_BYTES
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
-"""The scheduler's front, on the event loop: requests admitted into its queues or refused (overload,
-shutdown), cancelled, and counted from submission until answered (`in_flight`, what the queue's cap
-and a drain count). The worker (`app/serving/scheduler.py`) takes them from the queues under the same lock.
+"""The scheduler's front: requests admitted into its queues or refused (overload, shutdown) and cancelled,
+from the event loop, and counted from submission until answered (`in_flight`, what the queue's cap and a
+drain count; the worker, `app/serving/scheduler.py`, releases them). Both sides take the same lock.
 """
 
 from __future__ import annotations

@@ -75,6 +75,9 @@ class ServiceMetrics:
             registry=r,
         )
         self.info = Gauge("tad_model_info", "Loaded model and artifact", ["model", "artifact", "device"], registry=r)
+        self.decision_method = Gauge(
+            "tad_decision_method", "1 for the method the service decides with (its policy's)", ["method"], registry=r
+        )
         self.ready = Gauge("tad_ready", "1 when the model (and artifact) are loaded", registry=r)
         self.artifact = Gauge(
             "tad_artifact_loaded_timestamp_seconds",
@@ -135,7 +138,9 @@ class ServiceMetrics:
             if threshold is not None:
                 window = self._windows[method]
                 window.append(undefined or value > threshold)
-                self.rejection_rate.labels(method=method).set(sum(window) / len(window))
+                judged = list(window)  # a reload's reset (on its own thread) may empty it meanwhile
+                if judged:
+                    self.rejection_rate.labels(method=method).set(sum(judged) / len(judged))
 
     def reset_rejection_windows(self) -> None:
         """A new artifact's thresholds: the answers judged against the old ones leave the rolling rates (a method

@@ -60,11 +60,16 @@ class Decision:
     withheld: bool = False  # rejected under the withhold action: its text was not returned
 
 
+def _target_name(artifact: TadArtifact | None, target: str) -> str | None:
+    """A target as settings and requests name it: 'default' reads as the artifact's default target."""
+    if target != "default":
+        return target
+    return artifact.manifest.default_target if artifact is not None else None
+
+
 def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Policy | None:
-    if artifact is None:
-        return None
-    name = artifact.manifest.default_target if target == "default" else target
-    if name is None:
+    name = _target_name(artifact, target)
+    if artifact is None or name is None:
         return None
     entry = artifact.manifest.thresholds.get(method, {}).get(name)
     if entry is None:
@@ -75,10 +80,7 @@ def _calibrated(artifact: TadArtifact | None, method: Method, target: str) -> Po
 def configured_target(settings: Settings, artifact: TadArtifact | None) -> str | None:
     """The calibrated target a method without a threshold of its own is decided at (TAD_REJECT_TARGET, with
     'default' read as the artifact's), as `_resolve_threshold` reads it; None when there is none."""
-    target = settings.reject_target
-    if target == "default":
-        return artifact.manifest.default_target if artifact is not None else None
-    return target
+    return None if settings.reject_target is None else _target_name(artifact, settings.reject_target)
 
 
 def default_method(settings: Settings, artifact: TadArtifact | None) -> Method:

@@ -233,6 +233,8 @@ class Runtime:
         self.metrics.info.labels(
             model=self.engine.identity.name, artifact=self.serving.name, device=str(self.engine.device)
         ).set(1)
+        self.metrics.decision_method.clear()
+        self.metrics.decision_method.labels(method=self.default_policy().method.value).set(1)
         self.metrics.artifact.clear()
         self.metrics.artifact.labels(
             artifact=self.serving.name, manifest_sha256=self.serving.manifest_sha256 or "none"
@@ -339,7 +341,7 @@ class Runtime:
             return f"the last {scheduler.failed_steps_in_a_row} model steps all failed"
         # One pass longer than a request may last: a forward that never returns (a hung device, a deadlock).
         if (running_s := scheduler.pass_running_s) > self.settings.request_timeout_s:
-            return f"the generation worker has been in one model step for {running_s:.0f} s"
+            return f"the generation worker has been in one pass of model steps for {running_s:.0f} s"
         return None
 
     def refresh_ready_gauge(self) -> None:

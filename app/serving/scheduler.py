@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Literal
 
 from app.engine import phase_timing
 from app.engine.decoding import DecodeBatch, PromptPrefill
@@ -89,8 +90,9 @@ class Scheduler(Admission):
         """Start the worker (again, after `stop`)."""
         if self.alive:  # a `stop` that timed out left it running: two workers would share the batch
             raise RuntimeError("the scheduler's worker is still running")
-        self._stopping = False
-        self._refusal = None
+        with self._condition:  # an abandon before this start is over: the new worker must not answer with it
+            self._stopping = False
+            self._abandon = self._refusal = None
         self._thread = threading.Thread(target=self._run, name="tad-scheduler", daemon=True)
         self._thread.start()
 
@@ -108,8 +110,9 @@ class Scheduler(Admission):
 
     @property
     def pass_running_s(self) -> float:
-        """How long the worker has been in its current pass (a decode step, a prefill chunk, a scoring pass;
-        0 between passes): a forward that never returns is a stall no failure count sees."""
+        """How long the worker has been in its current pass (0 between passes): a pass runs a decode step and
+        what joins between two steps (a prefill chunk, the scoring passes that fit in one); a forward that
+        never returns is a stall no failure count sees."""
         started = self._pass_started
         return 0.0 if started is None else time.monotonic() - started
 
@@ -261,7 +264,7 @@ class Scheduler(Admission):
             self._fail_group(items, "scoring")
         return True
 
-    def _fail_group(self, items: list[GenerationItem] | list[ScoringItem], work: str) -> None:
+    def _fail_group(self, items: list[GenerationItem] | list[ScoringItem], work: Literal["prefill", "scoring"]) -> None:
         """A prefill or scoring pass failed: its own requests fail, and only them; the running batch (whose
         cache a prefill does not touch before its group joins) decodes on."""
         logger.exception("%s failed", work)

@@ -380,7 +380,8 @@ class GenerationService:
     def conclude(self, submitted: Submitted, result: GenerationResult) -> GenerationOutcome:
         """Record a finished generation in the metrics and decide on it."""
         self.runtime.metrics.observe_generation(result)
-        decision = self.decide(submitted.policy, result.scored, generated=True)
+        current = submitted.served.artifact_sha256 == self.runtime.serving.manifest_sha256
+        decision = self.decide(submitted.policy, result.scored, generated=True, current=current)
         reason = result.sequence.finish_reason
         self._log(
             decision,
@@ -474,10 +475,12 @@ class GenerationService:
                 **details,
             )
 
-    def decide(self, policy: Policy, scored: ScoredAnswer, generated: bool = False) -> Decision:
-        """The decision, recorded in the metrics with the answer's scores."""
+    def decide(self, policy: Policy, scored: ScoredAnswer, generated: bool = False, current: bool = True) -> Decision:
+        """The decision, recorded in the metrics with the answer's scores (`current`: scored by the artifact
+        serving now; one a reload replaced meanwhile stays out of the drift windows, which restarted on
+        the new artifact's thresholds)."""
         decision = decide(policy, scored.sequence, generated=generated)
         self.runtime.metrics.observe_decision(
-            decision, scored.sequence, self.runtime.method_thresholds(), generated=generated
+            decision, scored.sequence, self.runtime.method_thresholds(), generated=generated and current
         )
         return decision

@@ -133,10 +133,10 @@ class _SamplingFields(StrictModel):
 
     @field_validator("presence_penalty", "frequency_penalty", mode="before")
     @classmethod
-    def _no_penalty(cls, value: object, info: ValidationInfo) -> object:
+    def _no_penalty(cls, value: object) -> object:
         # A NaN is left to the bounds, which say it should be finite.
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value != 0:
-            raise ValueError(f"{info.field_name} is not supported: send 0 or leave it out")
+            raise ValueError("not supported: send 0 or leave it out")
         return value
 
     # Before its values are validated: refused whole, a large map costs nothing to refuse.
@@ -256,7 +256,7 @@ class CompletionRequest(_SamplingFields):
     @classmethod
     def _one_candidate(cls, value: object) -> object:
         if type(value) is int and value > 1:
-            raise ValueError("best_of is not supported: one answer is generated (best_of = 1)")
+            raise ValueError("not supported: one answer is generated (best_of = 1)")
         return value
 
     @field_validator("echo")

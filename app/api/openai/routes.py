@@ -50,7 +50,6 @@ class OpenAIRoute(APIRoute):
             "reasoning_effort",
             "service_tier",
             "web_search_options",
-            "suffix",
             "stream_options.include_obfuscation",
         }
     )

@@ -59,6 +59,7 @@ def test_metrics_count_what_the_service_did(client: TestClient) -> None:
     assert value(after, "tad_queue_depth") == 0
     assert value(after, "tad_ready") == 1
     assert value(after, "tad_model_info", model="model", artifact="tiny-tad") == 1
+    assert value(after, "tad_decision_method", method="tad") == 1 and len(after["tad_decision_method"]) == 1
 
 
 def test_scored_answers_are_decisions_but_not_the_served_answers_drift(client: TestClient) -> None:

@@ -22,3 +22,20 @@ def test_added_tokens_marked_special_stop_generation_like_named_ones(tiny_loaded
     stops = Engine(replace(tiny_loaded, tokenizer=tokenizer), n_lags=2).context.stop_token_ids
     assert control in stops and plain not in stops
     assert set(tokenizer.all_special_ids) <= stops
+
+
+def test_a_finished_answers_pieces_join_to_its_text_as_its_stream_sends_them(engine: Engine) -> None:
+    from app.engine.sampling import SamplingParams
+    from app.engine.sequence import GenerationRequest
+    from tests.app.engine.eager_reference import prompts
+
+    request = GenerationRequest(tuple(prompts(engine)[0]), SamplingParams(max_new_tokens=8))
+    free = engine.generate([request])[0]
+    pieces = engine.answer_pieces(free)
+    assert len(pieces) == len(free.kept_tokens) and "".join(pieces) == free.text
+    # Cut by a stop string inside a later token: the pieces still join to the cut text.
+    stop = free.text.split(" ")[2][:2] if len(free.text.split(" ")) > 2 else free.text[-2:]
+    cut_request = GenerationRequest(request.prompt_ids, SamplingParams(max_new_tokens=8, stop=(stop,)))
+    cut = engine.generate([cut_request])[0]
+    assert cut.text == free.text[: free.text.index(stop)]
+    assert "".join(engine.answer_pieces(cut)) == cut.text and len(engine.answer_pieces(cut)) == len(cut.kept_tokens)

