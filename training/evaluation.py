@@ -220,6 +220,11 @@ def report_markdown(report: dict[str, Any]) -> str:
     )
     if report.get("default_policy"):
         sections.append(outcome_markdown(report["default_policy"]))
+        if calibrated_on := report.get("calibration_runs_evaluated"):
+            sections.append(
+                f"These answers include the artifact's calibration runs ({', '.join(calibrated_on)}): the default "
+                "policy's figures are partly in sample."
+            )
     if "compared_artifact" in report:
         title = f"Default score minus the compared artifact's ({report['compared_artifact']})"
         sections.append(_difference_section(report, rows, "compared", title, "Mean over the informative datasets"))
@@ -279,6 +284,13 @@ def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
+def calibration_runs_among(artifact: TadArtifact, runs: Sequence[Path]) -> list[str]:
+    """Those of `runs` the artifact's thresholds were calibrated on (as its manifest names them)."""
+    calibration = artifact.manifest.metrics.get("calibration", {})
+    named = {Path(run).resolve() for run in calibration.get("runs", [])} if isinstance(calibration, dict) else set()
+    return [str(run) for run in runs if Path(run).resolve() in named]
+
+
 def run_evaluate(
     artifact_dir: Path, source: RunSource, out: Path, resamples: int = 1000, compare_dir: Path | None = None
 ) -> dict[str, Any]:
@@ -309,6 +321,14 @@ def run_evaluate(
     checked = check_pass_table(methods, runs, texts, options)
     report, arrays = build_report(artifact, texts, resamples=resamples, compared=compared, checked=checked)
     report["runs"] = [str(run) for run in runs]
+    if calibrated_on := calibration_runs_among(artifact, runs):
+        # Its thresholds were certified on these answers: the default policy's figures are partly in sample.
+        logger.warning(
+            "evaluating on the artifact's calibration runs %s: the default policy's figures are partly "
+            "in sample (evaluate without them for out-of-sample ones)",
+            ", ".join(calibrated_on),
+        )
+        report["calibration_runs_evaluated"] = calibrated_on
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
     write_text_atomic(out / "report.md", report_markdown(report))

@@ -28,7 +28,7 @@ class PolicyRequest:
 @dataclass(frozen=True)
 class Policy:
     method: Method
-    threshold: float | None  # None: no threshold could be resolved, nothing is rejected
+    threshold: float | None  # None: no threshold could be resolved; only an answer without a score is rejected
     name: str
     action: RejectAction = RejectAction.FLAG
 

@@ -125,3 +125,17 @@ def test_each_dataset_is_resampled_independently(tiny_runs: dict[str, Path], tin
     report, _ = build_report(load_artifact(tiny_artifact), twins, resamples=200)
     a, b = (report["datasets"][name]["methods"]["msp"] for name in "ab")
     assert a["prr"] == b["prr"] and a["prr_ci95"] != b["prr_ci95"]
+
+
+def test_the_artifacts_calibration_runs_are_flagged_when_evaluated_on(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its thresholds were certified on them: the default policy's figures there are partly in sample."""
+    from app.uncertainty.artifact import load_artifact
+    from training.evaluation import calibration_runs_among
+
+    artifact = load_artifact(tiny_artifact)
+    assert calibration_runs_among(artifact, [tiny_runs["dev"], tmp_path / "elsewhere"]) == [str(tiny_runs["dev"])]
+    report = run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", resamples=0)
+    assert report["calibration_runs_evaluated"] == [str(tiny_runs["dev"])]
+    assert any("partly in sample" in record.getMessage() for record in caplog.records)
