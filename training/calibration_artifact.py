@@ -18,7 +18,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -145,12 +145,14 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
     rule: DecisionRule = choose(reference, samples, "bootstrap")
     decision = Method(rule.chosen)
     certifying = ~selecting
+    targets = CalibrationTargets(options.coverages, options.errors, options.delta, options.seed)
+    default_target, default_rule = _default_target(table, quality, selecting, decision, targets)
     calibration = calibrate_thresholds(
         {m: v[certifying] for m, v in table.items()},
         quality[certifying],
         methods,
         decision,
-        CalibrationTargets(options.coverages, options.errors, options.delta, options.seed, default_target=KEEP_HALF),
+        replace(targets, default_target=default_target),
     )
     spec = FeatureSpec(
         n_lags=int(settings["n_lags"]),
@@ -165,6 +167,7 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
         "seed": options.seed,
         "selection_answers": int(selecting.sum()),
         "certification_answers": int(certifying.sum()),
+        "default_target": default_rule,
     }
     manifest = Manifest(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -191,6 +194,39 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
         ),
     }
     return _write(options.out, manifest, report)
+
+
+def _default_target(
+    table: dict[str, np.ndarray],
+    quality: np.ndarray,
+    selecting: np.ndarray,
+    decision: Method,
+    targets: CalibrationTargets,
+) -> tuple[str, str]:
+    """The default target, chosen by `keep-half` on the selection records, and how it was chosen. Named before
+    the certification labels are seen, its certificate there holds at 1 - delta; `keep-half` on the same labels
+    would hold only at 1 - K delta over the K targets it picks from. A choice the certification records do not
+    certify gives way to `keep-half` on them (said so in the manifest)."""
+    on_selection = calibrate_thresholds(
+        {m: v[selecting] for m, v in table.items()},
+        quality[selecting],
+        [decision],
+        decision,
+        replace(targets, default_target=KEEP_HALF),
+    )
+    chosen = on_selection.default_target
+    certifying = ~selecting
+    certified = calibrate_thresholds(
+        {decision.value: table[decision.value][certifying]}, quality[certifying], [decision], decision, targets
+    ).thresholds[decision]
+    if chosen is not None and chosen in certified:
+        return chosen, f"{KEEP_HALF} on the selection records: {chosen}, certified at 1 - delta"
+    logger.warning(
+        "the selection records' default %s is not certified on the certification records: keep-half there, whose "
+        "confidence is the union bound's",
+        chosen,
+    )
+    return KEEP_HALF, f"{KEEP_HALF} on the certification records (the selection's {chosen} not certified there)"
 
 
 def _checkable(texts: Sequence[TextTrace]) -> bool:

@@ -46,6 +46,31 @@ def test_the_method_is_chosen_on_one_part_and_certified_on_the_other(
         assert all(entry.n == split["certification_answers"] for entry in entries.values())
     report = json.loads((tiny_calibration_artifact / "report" / "report.json").read_text())
     assert sum(row["n"] for row in report["certification"].values()) == split["certification_answers"]
+    # The default target too is chosen on the selection part, so its certificate holds at 1 - delta.
+    assert split["default_target"].startswith("keep-half on the")
+    if split["default_target"].startswith("keep-half on the selection"):
+        assert manifest.default_target in split["default_target"]
+
+
+def test_the_default_target_is_chosen_on_the_selection_records(tiny_runs: dict[str, Path]) -> None:
+    from app.uncertainty.methods import Method
+    from training.calibration import CalibrationTargets
+    from training.calibration_artifact import _default_target
+
+    rng = np.random.default_rng(0)
+    n = 400
+    wrong = rng.uniform(size=n) < 0.5
+    scores = np.where(wrong, rng.uniform(0.3, 1.0, n), rng.uniform(0.0, 0.7, n))  # ranks wrong answers higher
+    quality = (~wrong).astype(float)
+    selecting = np.arange(n) < n // 2
+    targets = CalibrationTargets(coverages=[0.5], errors=[0.2, 0.3, 0.4, 0.5], delta=0.05)
+    chosen, rule = _default_target({"msp": scores}, quality, selecting, Method("msp"), targets)
+    assert rule.startswith("keep-half on the selection records") and chosen.startswith("error@")
+    # Labels swapped on the certification half only: the selection's choice cannot be certified there.
+    flipped = quality.copy()
+    flipped[~selecting] = 1 - flipped[~selecting]
+    chosen, rule = _default_target({"msp": scores}, flipped, selecting, Method("msp"), targets)
+    assert chosen == "keep-half" and "not certified there" in rule
 
 
 def test_the_split_is_by_record_and_does_not_depend_on_order(tiny_runs: dict[str, Path]) -> None:
