@@ -39,13 +39,22 @@ class DecisionRule:
         return {**asdict(self), "chosen": self.chosen, "level": LEVEL}
 
 
+def fold_standard_error(values: np.ndarray) -> float:
+    """Standard error of the mean of per-fold values of a k-fold cross-validation, corrected for the folds'
+    shared training data (Nadeau and Bengio, 2003: variance times 1/k + n_test/n_train = 1/k + 1/(k - 1)); the
+    plain s/sqrt(k) treats the folds as independent and is about 1.5 times too small at k = 5."""
+    k = len(values)
+    return float(values.std(ddof=1) * math.sqrt(1 / k + 1 / (k - 1)))
+
+
 def fold_interval(differences: Sequence[float] | np.ndarray) -> tuple[float, float] | None:
-    """Student-t interval of the mean of per-fold differences (the folds are the paired units)."""
+    """Student-t interval of the mean of per-fold differences (the folds are the paired units), with the
+    corrected standard error (`fold_standard_error`)."""
     values = np.asarray(differences, dtype=np.float64)
     values = values[np.isfinite(values)]
     if len(values) < 2:
         return None
-    half = float(student_t.ppf(0.5 + LEVEL / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    half = float(student_t.ppf(0.5 + LEVEL / 2, len(values) - 1)) * fold_standard_error(values)
     return float(values.mean()) - half, float(values.mean()) + half
 
 

@@ -37,10 +37,13 @@ def test_nothing_to_compare_keeps_the_reference() -> None:
 
 
 def test_the_intervals() -> None:
-    # t with 4 degrees of freedom: 2.776 standard errors either side.
+    # t with 4 degrees of freedom: 2.776 standard errors either side, each the folds' spread times
+    # sqrt(1/5 + 1/4) (Nadeau-Bengio: the folds share training data), not 1/sqrt(5).
     low, high = fold_interval([0.1, 0.2, 0.3, 0.2, 0.2])
     assert (low + high) / 2 == pytest.approx(0.2)
-    assert high - low == pytest.approx(2 * 2.776445 * np.std([0.1, 0.2, 0.3, 0.2, 0.2], ddof=1) / math.sqrt(5))
+    spread = np.std([0.1, 0.2, 0.3, 0.2, 0.2], ddof=1)
+    assert high - low == pytest.approx(2 * 2.776445 * spread * math.sqrt(1 / 5 + 1 / 4))
+    assert high - low == pytest.approx(1.5 * 2 * 2.776445 * spread / math.sqrt(5))
     assert fold_interval([0.1]) is None
     samples = np.linspace(-1, 1, 2001)
     assert bootstrap_interval(samples) == pytest.approx((-0.95, 0.95))

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from training.decision_rule import fold_standard_error
 from training.fit.cross_validation import FOLDS_KEY, ConventionResult
 from training.groups import Selection
 
@@ -25,13 +26,14 @@ Alternative = TypeVar("Alternative", bound=StrEnum)  # a target centring or a ro
 
 def paired_gain(trial: Sequence[float], base: Sequence[float]) -> dict[str, float | bool]:
     """Fold-by-fold PRR gain of a trial over the base (same folds); significant when its mean
-    exceeds twice its standard error (roughly a one-sided 95% test over the folds)."""
+    exceeds twice its standard error, corrected for the folds' shared training data (roughly a one-sided
+    95% test over the folds)."""
     differences = np.array(trial, dtype=np.float64) - np.array(base, dtype=np.float64)
     differences = differences[np.isfinite(differences)]
     if len(differences) < 2:
         return {"mean": math.nan, "standard_error": math.nan, "significant": False}
     mean = float(differences.mean())
-    error = float(differences.std(ddof=1) / math.sqrt(len(differences)))
+    error = fold_standard_error(differences)
     return {"mean": mean, "standard_error": error, "significant": bool(mean > 2 * error)}
 
 
