@@ -47,3 +47,16 @@ def test_the_intervals() -> None:
     assert fold_interval([0.1]) is None
     samples = np.linspace(-1, 1, 2001)
     assert bootstrap_interval(samples) == pytest.approx((-0.95, 0.95))
+
+
+def test_the_best_of_several_challengers_is_tested_at_a_level_corrected_for_the_choice() -> None:
+    """The best of K scores is the one tested: each interval at 1 - 0.05/K keeps the rule's 95% over them."""
+    noise = np.random.default_rng(0).normal(0.0, 0.1, (5, 5))
+    samples = {"tad": [0.5] * 5, **{f"score{i}": list(0.5 + noise[i]) for i in range(5)}}
+    rule = choose("tad", samples, "folds")
+    assert rule.level == pytest.approx(1 - 0.05 / 5) and rule.as_dict()["level"] == rule.level
+    differences = np.array(samples[rule.challenger]) - 0.5
+    assert rule.interval == pytest.approx(fold_interval(differences, 1 - 0.05 / 5))
+    wider = fold_interval(differences, 0.99)
+    narrower = fold_interval(differences)
+    assert wider is not None and narrower is not None and wider[0] < narrower[0]

@@ -16,7 +16,7 @@ from app.uncertainty.artifact import FeatureInfo, Manifest, RegressorInfo
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import Method
 from app.uncertainty.tad import Regressor
-from training.decision_rule import LEVEL, DecisionRule, choose
+from training.decision_rule import DecisionRule, choose
 from training.fit.artifact import check_out, write_artifact
 from training.fit.cross_validation import (
     Choice,
@@ -133,10 +133,10 @@ def decision_of(record: dict[str, Any], kind: str) -> DecisionRule:
     rule = choose("tad", samples, "folds")
     if rule.chosen != "tad":
         logger.warning(
-            "%s beats TAD in cross-validation by %.3f (%.0f%% interval %s): the artifact decides with %s",
+            "%s beats TAD in cross-validation by %.3f (%.1f%% interval %s): the artifact decides with %s",
             rule.chosen,
             rule.gain,
-            100 * LEVEL,
+            100 * rule.level,
             rule.interval,
             rule.chosen,
         )
