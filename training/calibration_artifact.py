@@ -54,7 +54,7 @@ class CalibrationArtifactOptions:
     delta: float = 0.05
     seed: int = 0
     selection_share: float = 0.5  # of the records, for choosing the method; the rest certifies its thresholds
-    resamples: int = 500
+    resamples: int = 2000  # the decision rule reads a tail of 0.05/2K of them for K challengers
     check_pass: CheckPassOptions | None = None  # None: P(True) is not a candidate (no second pass per answer)
 
 

@@ -64,7 +64,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0.5,
         help="share of the records that choose the decision method; the rest certify the thresholds",
     )
-    parser.add_argument("--resamples", type=int_at_least(10), default=500, help="bootstrap resamples")
+    parser.add_argument(
+        "--resamples",
+        type=int_at_least(10),
+        default=2000,
+        help="bootstrap resamples (the decision rule reads a tail of 0.05/2K of them for K challengers)",
+    )
     parser.add_argument(
         "--no-check-pass",
         action="store_true",
