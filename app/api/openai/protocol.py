@@ -90,6 +90,14 @@ TOP_LOGPROBS_NEED_LOGPROBS: dict[str, Any] = {
 }
 
 
+def only_one(value: object, refusal: str) -> object:
+    """`value` unless it asks for more than one (refused with `refusal`: the bound's own "less than or equal
+    to 1" does not say the option is unsupported)."""
+    if type(value) is int and value > 1:
+        raise ValueError(refusal)
+    return value
+
+
 class _SamplingFields(StrictModel):
     model: str = Field(min_length=1, max_length=MAX_MODEL_NAME)
     temperature: float | None = Field(
@@ -123,13 +131,10 @@ class _SamplingFields(StrictModel):
             raise ValueError("stream_options is only allowed with stream: true")
         return value
 
-    # Before the bounds: "Input should be less than or equal to 1" does not say the option is unsupported.
     @field_validator("n", mode="before")
     @classmethod
     def _one_choice(cls, value: object) -> object:
-        if type(value) is int and value > 1:
-            raise ValueError("only one choice per request is supported (n = 1)")
-        return value
+        return only_one(value, "only one choice per request is supported (n = 1)")
 
     @field_validator("presence_penalty", "frequency_penalty", mode="before")
     @classmethod
@@ -255,9 +260,7 @@ class CompletionRequest(_SamplingFields):
     @field_validator("best_of", mode="before")
     @classmethod
     def _one_candidate(cls, value: object) -> object:
-        if type(value) is int and value > 1:
-            raise ValueError("not supported: one answer is generated (best_of = 1)")
-        return value
+        return only_one(value, "not supported: one answer is generated (best_of = 1)")
 
     @field_validator("echo")
     @classmethod

@@ -73,6 +73,20 @@ async def _until_decoding(running: GenerationItem) -> None:
     await _until(lambda: running.sequence is not None and len(running.sequence.tokens) >= 2)
 
 
+async def _long_prompt_joining(
+    scheduler: Scheduler, recorder: ChunkRecorder, chunks: int
+) -> tuple[GenerationItem, GenerationItem]:
+    """An answer decoding, then LONG_PROMPT joining it: returned once the prompt has run `chunks` chunks."""
+    loop = asyncio.get_running_loop()
+    running, joining = generation_item(loop, (5, 6), tokens=80), generation_item(loop, LONG_PROMPT, tokens=6)
+    recorder.running = running
+    scheduler.submit_generation(running)
+    await _until_decoding(running)
+    scheduler.submit_generation(joining)
+    await _until(lambda: len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= chunks)
+    return running, joining
+
+
 def _assert_answered_as_alone(
     engine: Engine, answers: list[object], prompts: tuple[tuple[int, ...], ...], tokens: tuple[int, ...]
 ) -> None:
@@ -117,13 +131,7 @@ def test_a_prompt_cancelled_during_its_chunked_prefill_stops_taking_chunks(
     )
 
     async def body() -> object:
-        loop = asyncio.get_running_loop()
-        running, joining = generation_item(loop, (5, 6), tokens=80), generation_item(loop, LONG_PROMPT, tokens=6)
-        recorder.running = running
-        scheduler.submit_generation(running)
-        await _until_decoding(running)
-        scheduler.submit_generation(joining)
-        await _until(lambda: len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 2)
+        running, joining = await _long_prompt_joining(scheduler, recorder, chunks=2)
         scheduler.cancel(joining)
         return await asyncio.wait_for(running.events.get(), 60)
 
@@ -140,17 +148,8 @@ def test_a_prompt_cancelled_while_queued_behind_a_chunked_prefill_frees_its_slot
     scheduler = _chunked_scheduler(engine, chunk_tokens=1)
 
     async def body() -> None:
-        loop = asyncio.get_running_loop()
-        running, long, queued = (
-            generation_item(loop, (5, 6), tokens=80),
-            generation_item(loop, LONG_PROMPT, tokens=6),
-            generation_item(loop, (7, 8, 9), tokens=6),
-        )
-        recorder.running = running
-        scheduler.submit_generation(running)
-        await _until_decoding(running)
-        scheduler.submit_generation(long)
-        await _until(lambda: len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 1)
+        running, long = await _long_prompt_joining(scheduler, recorder, chunks=1)
+        queued = generation_item(asyncio.get_running_loop(), (7, 8, 9), tokens=6)
         scheduler.submit_generation(queued)
         await _until(lambda: len(recorder.jobs) == 3)  # its prefill is queued behind the long one
         scheduler.cancel(queued)

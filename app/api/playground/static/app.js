@@ -444,15 +444,20 @@ async function generate(event) {
     if (!final) throw new ApiError(502, "the answer's stream ended before its result (the connection or the service broke off)");
     showAnswer(final, false);
   } catch (error) {
-    if (error.name === "AbortError") {
-      renderPending($("verdict"), "Stopped: a cut-off answer gets no verdict");
-      showMessage("Generation stopped.", "info");
-    } else {
-      renderPending($("verdict"), "No verdict");
-      showError(error);
-    }
+    showFailure(error, "Stopped: a cut-off answer gets no verdict", "Generation stopped.");
   } finally {
     setRunning(null);
+  }
+}
+
+/** A request that ended without an answer: stopped by the user (Stop), or failed. */
+function showFailure(error, stoppedVerdict, stoppedMessage) {
+  if (error.name === "AbortError") {
+    renderPending($("verdict"), stoppedVerdict);
+    showMessage(stoppedMessage, "info");
+  } else {
+    renderPending($("verdict"), "No verdict");
+    showError(error);
   }
 }
 
@@ -469,13 +474,7 @@ async function score(event) {
   try {
     showAnswer(await postJson("v1/score", body, { signal: running.signal }), true);
   } catch (error) {
-    if (error.name === "AbortError") {
-      renderPending($("verdict"), "Stopped: no verdict");
-      showMessage("Scoring stopped.", "info");
-    } else {
-      renderPending($("verdict"), "No verdict");
-      showError(error);
-    }
+    showFailure(error, "Stopped: no verdict", "Scoring stopped.");
   } finally {
     setRunning(null);
   }
