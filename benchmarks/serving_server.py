@@ -311,6 +311,8 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate, runner
             "model": engine.identity.name,
             "torch_threads": torch.get_num_threads(),
             "artifact": runtime.serving.name,
+            "prefill_budget": runtime.scheduler.prefill_budget.tokens if runtime.scheduler else None,
+            "prefill_setting": runtime.settings.prefill_chunk_tokens,
         }
 
     async def window(body: dict[str, Any], request: Request) -> dict[str, Any]:
