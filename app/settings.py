@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, FiniteFloat, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.serving.prefill_budget import DEFAULT_PREFILL_PAUSE_S
 from app.uncertainty.methods import Method
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -103,17 +101,11 @@ class Settings(BaseSettings):
         description="model steps failing in a row after which the replica reports itself broken "
         "(/ready and /health 503) until restarted",
     )
-    prefill_chunk_tokens: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
-        "auto",
+    prefill_chunk_tokens: int = Field(
+        512,
+        ge=0,
         description="prompt tokens a prefill or scoring pass runs between two decode steps of running answers "
-        "(0: whole prompt); auto: as many as the passes' measured speed runs in TAD_PREFILL_PAUSE_MS, "
-        "512 to 8192",
-    )
-    prefill_pause_ms: float = Field(
-        1000 * DEFAULT_PREFILL_PAUSE_S,
-        gt=0.0,
-        description="with TAD_PREFILL_CHUNK_TOKENS=auto: how long a prefill or scoring pass may pause running "
-        "answers (a pass never runs fewer than 512 tokens, whatever they take)",
+        "(0: whole prompt)",
     )
     compiled_decode_length: int = Field(
         0,

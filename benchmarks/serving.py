@@ -257,10 +257,8 @@ def report(args: argparse.Namespace, windows: list[Window]) -> None:
         f"\n{info['model']} on {info['device']}, {info['torch_threads']} torch threads, artifact {info['artifact']}; "
         f"{args.clients} clients ({'streaming' if args.stream else 'whole answers'}"
         f"{'' if args.http else ', in the server without HTTP'}), {args.requests} requests a "
-        f"window, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, {len(windows)} repeats; "
-        f"prefill budget {info['prefill_setting']} (per window: "
-        + " ".join(str(w.after["prefill_budget"]) for w in windows)
-        + " tokens)"
+        f"window, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, {len(windows)} repeats, "
+        f"prefill budget {info['prefill_chunk_tokens'] or 'whole prompts'}"
     )
     print(
         f"service: {statistics.median(w.tokens_per_s for w in windows):.1f} tokens/s (median of windows; "

@@ -42,6 +42,7 @@ from app.engine.loading import LoadedModel
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MANIFEST = REPO / "models" / "smollm2-135m-instruct-tad" / "manifest.json"
 TINY = "tiny-llama"
+KEEP_ALIVE_S = 600
 T = TypeVar("T")
 
 
@@ -272,7 +273,11 @@ def serve(args: argparse.Namespace) -> None:
 
     app = create_app(settings, on_fatal=fatal)
     add_bench_routes(app, texts, generate, runner)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    # The clients' connections sit idle while `generate` runs in the server between windows, longer than
+    # uvicorn's 5-second keep-alive on a slow machine: a client then reused a connection being closed.
+    uvicorn.run(
+        app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S
+    )
 
 
 def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate, runner: GenerateThread) -> None:
@@ -311,8 +316,7 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate, runner
             "model": engine.identity.name,
             "torch_threads": torch.get_num_threads(),
             "artifact": runtime.serving.name,
-            "prefill_budget": runtime.scheduler.prefill_budget.tokens if runtime.scheduler else None,
-            "prefill_setting": runtime.settings.prefill_chunk_tokens,
+            "prefill_chunk_tokens": runtime.settings.prefill_chunk_tokens,
         }
 
     async def window(body: dict[str, Any], request: Request) -> dict[str, Any]:

@@ -112,11 +112,6 @@ class ChunkedColumns:
     def width(self) -> int:
         return int(self.ids.shape[1])
 
-    @property
-    def tokens_done(self) -> int:
-        """Tokens already run, padding included: what a pass costs is rows x columns."""
-        return int(self.ids.shape[0]) * self.done
-
     def chunk_end(self, max_tokens: int | None, stop: int) -> int:
         """Where the next chunk of at most `max_tokens` tokens (at least one column; None: no limit) ends,
         going no further than column `stop`."""
@@ -161,10 +156,6 @@ class PromptPrefill:
     @property
     def done_columns(self) -> int:
         return self.columns.done
-
-    @property
-    def tokens_done(self) -> int:
-        return self.columns.tokens_done
 
     def advance(self, max_tokens: int | None = None) -> DecodeBatch | None:
         """Run the next chunk of at most `max_tokens` tokens (at least one column; None: all that

@@ -128,12 +128,6 @@ class Engine:
             return self._compile_failure
         return None if self._slot_refusal is None else f"this model: {self._slot_refusal}"
 
-    def wait_for_device(self) -> None:
-        """Wait until the work queued on the model's device has run (a no-op off CUDA, where a forward
-        returns when it is done): timing a CUDA forward on the host clock needs it."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def running_batch(self, slots: int) -> SlotDecodeBatch | None:
         """The batch a scheduler decodes in, emptied: one slot batch kept for the engine's life (its compiled
         steps stay built) when the decode step is compiled; None when it is not (the scheduler's own

@@ -47,11 +47,6 @@ class ScoringPass:
         self.columns = ChunkedColumns(context, [list(prompt) + list(answer) for prompt, answer in pairs])
         self.tail_start = self.columns.width - self.longest - 1  # >= 0: every prompt has a token
 
-    @property
-    def tokens_done(self) -> int:
-        """Tokens already run, padding included (0 for a pass with nothing to score)."""
-        return 0 if self.longest == 0 else self.columns.tokens_done
-
     def advance(self, max_tokens: int | None = None) -> list[TokenTrace] | None:
         """Run the prompts' next chunk of at most `max_tokens` tokens (at least one column), or, once
         they are in, the last forward (None: everything left in one forward); the traces once that
@@ -72,7 +67,6 @@ class ScoringPass:
         with torch.inference_mode():
             output = context.model(**columns.inputs(columns.width), logits_to_keep=longest + 1, tad_capture=capture)
         self.done = True
-        columns.done = columns.width
         # logits[:, j] predicts the answer token at column tail_start + 1 + j.
         logits = output.logits[:, :-1, :]
         rows = capture.stacked().numpy() if capture is not None else None  # [b, longest, L, H, N + 1]

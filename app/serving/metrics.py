@@ -45,11 +45,6 @@ class ServiceMetrics:
             "tad_queue_time_seconds", "Time requests waited before prefill", buckets=LATENCY_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("tad_queue_depth", "Requests waiting for a batch slot", registry=r)
-        self.prefill_budget = Gauge(
-            "tad_prefill_budget_tokens",
-            "Prompt tokens the next prefill or scoring pass may run between two decode steps (0: whole prompts)",
-            registry=r,
-        )
         self.batch_size = Histogram(
             "tad_batch_size", "Sequences in the running batch, per scheduling event", buckets=BATCH_BUCKETS, registry=r
         )

@@ -147,7 +147,6 @@ class Runtime:
             batch_window_s=settings.batch_window_ms / 1000.0,
             on_batch=self.metrics.batch_size.observe,
             prefill_chunk_tokens=settings.prefill_chunk_tokens,
-            prefill_pause_s=settings.prefill_pause_ms / 1000.0,
             broken_after_failed_steps=settings.broken_after_failed_steps,
         )
         # What loading left (the model's modules, the tokenizer, compiled code: hundreds of thousands of

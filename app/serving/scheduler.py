@@ -3,16 +3,15 @@
 Requests wait in a bounded queue. The worker admits them into the running batch between
 decode steps (an idle worker first waits a short window for more to arrive), prefills them,
 merges them into the batch, and steps the whole batch one token at a time; finished sequences
-leave at once. Admitted prompts are prefilled in groups that fit in the prefill budget together
-(`prefill_groups`; the budget is fixed, or sized from the passes' measured speed: `PrefillBudget`):
-the first at once, the others queued with any longer prompt, which runs that many of its tokens
-per pass (chunked prefill); one queued pass runs per step, oldest first (on an idle server too),
-and each group joins the batch as soon as it is done. So a long prompt delays running answers a
-chunk at a time and a short prompt arriving meanwhile is not held behind it. Teacher-forced
-scoring requests run between steps, their prompts chunked the same way. The scheduler only
-batches: what a request wants after each step (streamed tokens, early stop, the scored result)
-is its observer's business (`app/serving/progress.py`); the events reach the request through an
-asyncio queue fed thread-safely.
+leave at once. Admitted prompts are prefilled in groups that fit in `prefill_chunk_tokens`
+together (`prefill_groups`): the first at once, the others queued with any longer prompt, which
+runs that many of its tokens per pass (chunked prefill); one queued pass runs per step, oldest
+first (on an idle server too), and each group joins the batch as soon as it is done. So a long
+prompt delays running answers a chunk at a time and a short prompt arriving meanwhile is not held
+behind it. Teacher-forced scoring requests run between steps, their prompts chunked the same
+way. The scheduler only batches: what a request wants after each step (streamed tokens, early
+stop, the scored result) is its observer's business (`app/serving/progress.py`); the events
+reach the request through an asyncio queue fed thread-safely.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal, Protocol, TypeVar
+from typing import Literal
 
 from app.engine import phase_timing
 from app.engine.decoding import DecodeBatch, PromptPrefill
@@ -33,7 +32,6 @@ from app.engine.teacher_forcing import ScoringPass
 from app.errors import DeadlineExceeded, ServiceError
 from app.serving.admission import Admission
 from app.serving.events import Event, Failure
-from app.serving.prefill_budget import DEFAULT_PREFILL_PAUSE_S, PrefillBudget
 from app.serving.work_items import (
     GenerationItem,
     Outbox,
@@ -46,18 +44,6 @@ from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import prime_streams
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T", covariant=True)
-
-
-class ChunkedPass(Protocol[T]):
-    """A prefill or a scoring pass: run a chunk at a time, done when `advance` returns its result."""
-
-    @property
-    def tokens_done(self) -> int: ...
-
-    def advance(self, max_tokens: int | None = None) -> T | None: ...
-
-
 FAILED_INSIDE_THE_MODEL = {
     "prefill": "generation failed inside the model; see the server log",
     "scoring": "scoring failed; see the server log",
@@ -75,20 +61,18 @@ class Scheduler(Admission):
         max_queue: int,
         batch_window_s: float,
         on_batch: Callable[[int], None] | None = None,
-        prefill_chunk_tokens: int | Literal["auto"] = 0,
+        prefill_chunk_tokens: int = 0,
         broken_after_failed_steps: int = 5,
-        prefill_pause_s: float = DEFAULT_PREFILL_PAUSE_S,
     ) -> None:
         """`prefill_chunk_tokens`: prompt tokens a prefill or a scoring pass may run between two
-        decode steps of the running batch (0: they run whole), or `auto`: as many as the passes' measured
-        speed runs in `prefill_pause_s` (`PrefillBudget`). `broken_after_failed_steps`: model steps
+        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps
         failing in a row, with no step succeeding between them, after which the worker counts as broken."""
         super().__init__(max_batch_size, max_queue)
         self.engine = engine
         self.scorer = scorer
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch
-        self.prefill_budget = PrefillBudget(prefill_chunk_tokens, prefill_pause_s)
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.broken_after_failed_steps = broken_after_failed_steps
         self.failed_steps_in_a_row = 0
         self._thread: threading.Thread | None = None
@@ -224,17 +208,7 @@ class Scheduler(Admission):
     def _chunk_budget(self) -> int | None:
         """Prompt tokens chunked work may run per step (None: all of it, chunking off). An idle server
         chunks too, so that a request arriving during a long prompt joins between its chunks."""
-        return self.prefill_budget.tokens
-
-    def _timed_pass(self, job: ChunkedPass[T], budget: int | None) -> T | None:
-        """`job.advance(budget)`, its speed measured for an automatic budget."""
-        if not self.prefill_budget.auto:
-            return job.advance(budget)
-        tokens, started = job.tokens_done, time.perf_counter()
-        result = job.advance(budget)
-        self.engine.wait_for_device()
-        self.prefill_budget.observe(job.tokens_done - tokens, time.perf_counter() - started)
-        return result
+        return self.prefill_chunk_tokens if self.prefill_chunk_tokens > 0 else None
 
     def _still_wanted(self, item: WorkItem, now: float, stage: str = "queued") -> bool:
         if item.cancelled:
@@ -278,7 +252,7 @@ class Scheduler(Admission):
     def _run_scoring_job(self, scoring: ScoringPass, items: list[ScoringItem], budget: int | None) -> bool:
         """One step of a scoring pass; answers its items when done (or failed). True once finished."""
         try:
-            traces = self._timed_pass(scoring, budget)
+            traces = scoring.advance(budget)
             self._model_step(succeeded=True)
             if traces is None:
                 return False
@@ -315,7 +289,7 @@ class Scheduler(Admission):
         if at_once:
             try:
                 prefill = self.engine.start_prefill([item.request for item in at_once if item.request is not None])
-                batch = self._timed_pass(prefill, None)
+                batch = prefill.advance()
             except Exception:
                 self._fail_group(at_once, "prefill")
                 return
@@ -342,7 +316,7 @@ class Scheduler(Admission):
                 self._pending.popleft()
             return
         try:
-            batch = self._timed_pass(pending.job, budget)
+            batch = pending.job.advance(budget)
         except Exception:
             self._pending.popleft()
             self._fail_group(pending.items, "prefill")

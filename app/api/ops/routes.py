@@ -57,7 +57,6 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
 async def metrics(runtime: RuntimeDep) -> Response:
     if runtime.scheduler is not None:
         runtime.metrics.queue_depth.set(runtime.scheduler.stats.queue_depth)
-        runtime.metrics.prefill_budget.set(runtime.scheduler.prefill_budget.tokens or 0)
     runtime.refresh_ready_gauge()  # a scrape sees the state now, whether or not anything asked /ready since
     body, content_type = runtime.metrics.exposition()
     return Response(content=body, media_type=content_type)
@@ -136,8 +135,6 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
             "max_batch_size": settings.max_batch_size,
             "max_queue": settings.max_queue,
             "prefill_chunk_tokens": settings.prefill_chunk_tokens,
-            # What the next pass may run: the setting, or what `auto` measured so far (null: whole prompts).
-            "prefill_budget_tokens": runtime.scheduler.prefill_budget.tokens if runtime.scheduler else None,
             "request_timeout_s": settings.request_timeout_s,
         },
         version=__version__,
