@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from app.engine.architectures import ArchitectureSupport, UnsupportedArchitecture, check_architecture
 from app.engine.attention_capture import register_capture_attention
 from app.engine.catalog import known_model, known_names
+from app.engine.cpu_bf16 import MIN_ROWS, bf16_matmul_is_slow, widen_bf16_products
 from app.engine.model_cache import UNVERIFIED, dequantised_copy
 from app.engine.split_gguf import SplitGGUFError
 from app.hashing import file_sha256
@@ -268,9 +269,11 @@ def load_model(
     cache_dir: Path | None = None,
     verify_sha256: bool = True,
     artifact_dtype: str | None = None,
+    widen_slow_bf16: bool = True,
 ) -> LoadedModel:
     """Load tokenizer and model with the capturing attention, in eval mode (`artifact_dtype`: see
-    `resolve_dtype`)."""
+    `resolve_dtype`). In bfloat16 on a CPU whose bfloat16 products are slow, products of many rows run in
+    float32 unless `widen_slow_bf16` is false (`app/engine/cpu_bf16.py`)."""
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device, artifact_dtype)
     if torch_dtype == torch.bfloat16 and resolved_device == "cpu" and not cpu_computes_bf16():
@@ -278,6 +281,7 @@ def load_model(
             "bfloat16 is emulated on this CPU (no avx512_bf16, amx_bf16 or bf16 in /proc/cpuinfo): decoding is "
             "slower than on a CPU that computes it (docs/performance.md, bfloat16 or float32)"
         )
+    widen = widen_slow_bf16 and torch_dtype == torch.bfloat16 and resolved_device == "cpu" and bf16_matmul_is_slow()
     source = resolve_source(spec, cache_dir)
     sha256 = _checked_sha256(spec, source, cache_dir) if verify_sha256 else UNVERIFIED
     attention = register_capture_attention()
@@ -302,6 +306,15 @@ def load_model(
     if not placement:
         model.to(resolved_device)  # type: ignore[arg-type]  # transformers' `to` wrapper is typed for dtypes only
     model.eval()
+    if widen:
+        count = widen_bf16_products(model)
+        logger.info(
+            "this CPU has no fast bfloat16 products (torch's CPU capability %s): %d linear layers compute "
+            "products of %d rows or more in float32, rounded to bfloat16",
+            torch.backends.cpu.get_cpu_capability(),
+            count,
+            MIN_ROWS,
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     config = model.config
