@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from app.engine.cpu_bf16 import MIN_ROWS
 from app.engine.engine import Engine
 from app.engine.loading import load_model
 from app.engine.sampling import SamplingParams
@@ -87,15 +88,21 @@ class Distribution:
 
 
 # Known only once the model is loaded; every other setting can be checked before.
-LOADED_MODEL_SETTINGS = ("model_sha256", "dtype", "identity")
+LOADED_MODEL_SETTINGS = ("model_sha256", "dtype", "identity", "bf16_products")
+WIDE_BF16_PRODUCTS = f"float32 from {MIN_ROWS} rows"  # app/engine/cpu_bf16.py
 
 
-def run_settings(identity: ModelIdentity, dtype: str, model_free: dict[str, Any]) -> dict[str, Any]:
-    """What must be equal for a rerun to continue an existing run (`model_free`: settings_before_loading's)."""
+def run_settings(
+    identity: ModelIdentity, dtype: str, model_free: dict[str, Any], wide_bf16_products: bool = False
+) -> dict[str, Any]:
+    """What must be equal for a rerun to continue an existing run (`model_free`: settings_before_loading's).
+    bfloat16 products computed in float32 (a CPU without fast bfloat16 kernels) are recorded only where they
+    were, so runs made before it still resume; a run is not continued with the other numbers."""
     return {
         "model_sha256": identity.sha256,
         "dtype": dtype,
         "identity": identity.model_dump(),
+        **({"bf16_products": WIDE_BF16_PRODUCTS} if wide_bf16_products else {}),
         **model_free,
     }
 
@@ -333,7 +340,7 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
             f"--model {options.model} has no chat template (a base model): generate with --prompt-style few-shot"
         )
     dtype = str(loaded.model.dtype).removeprefix("torch.")
-    settings = run_settings(loaded.identity, dtype, model_free)
+    settings = run_settings(loaded.identity, dtype, model_free, loaded.wide_bf16_products)
     check_or_write_settings(out, settings, distribution.rank, options.out_option)
     write_plan(out, len(shards), distribution.rank)
     mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]

@@ -1,14 +1,16 @@
 """bfloat16 products of many rows computed in float32, on CPUs whose bfloat16 kernels are slow.
 
 On an x86 CPU without AVX-512, PyTorch has no fast bfloat16 matrix product (oneDNN's needs AVX-512):
-a reference kernel runs it, 3.5x slower than float32's at 128 rows on two cores and slower with every
-row, so a prompt's prefill takes 4-5x float32's time. A linear layer given at least `MIN_ROWS` rows
+a reference kernel runs it, 3.7x slower than float32's at 128 rows on two cores and slower with every
+row, so a 512-token prefill takes 5x float32's time. A linear layer given at least `MIN_ROWS` rows
 (a prefill, a scoring pass) computes here in float32 from the exact float32 values of its bfloat16
 weights, and rounds the result to bfloat16: what a bfloat16 kernel computes too (products summed in
 float32, the sum rounded), so the numbers an artifact fitted on bfloat16 answers reads stay the same
 to float rounding. The weights are widened at each such call (31 ms for a 1536 x 8960 matrix here),
-not kept: no memory beyond the call's. Fewer rows (decoding) stay in bfloat16, which is faster there
-(it reads half the bytes). Measured in docs/performance.md (bfloat16 or float32).
+not kept: a layer's float32 copy lives during its product only, at most the largest layer's (the
+output layer of a tied-embedding model: 0.9 GB for Qwen2.5-1.5B, in a scoring pass). Fewer rows
+(decoding) stay in bfloat16, which is faster there (it reads half the bytes). Measured in
+docs/performance.md (bfloat16 or float32).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def widen_bf16_products(model: torch.nn.Module) -> int:
     """Route the bfloat16 linear layers of `model` through `_wide_in_float32`; how many there were."""
     count = 0
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.bfloat16:
+        # Exactly nn.Linear: subclasses (mixture-of-experts routers) have forwards of their own.
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.bfloat16:
             module.forward = types.MethodType(_wide_in_float32, module)  # type: ignore[method-assign]
             count += 1
     return count

@@ -67,6 +67,7 @@ class LoadedModel:
     identity: ModelIdentity
     device: torch.device
     architecture: ArchitectureSupport
+    wide_bf16_products: bool = False  # bfloat16 products of many rows computed in float32 (cpu_bf16.py)
 
     @property
     def dtype_name(self) -> str:
@@ -332,4 +333,5 @@ def load_model(
         identity=identity,
         device=cast(torch.device, model.get_input_embeddings().weight.device),
         architecture=architecture,
+        wide_bf16_products=widen,
     )

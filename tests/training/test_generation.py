@@ -12,7 +12,14 @@ import pytest
 import torch
 
 import training.generation as generate_module
-from training.generation import GenerateOptions, run_generate
+from app.identity import ModelIdentity
+from training.generation import (
+    LOADED_MODEL_SETTINGS,
+    WIDE_BF16_PRODUCTS,
+    GenerateOptions,
+    run_generate,
+    run_settings,
+)
 from training.runs import completed_shards, iter_texts
 
 
@@ -300,3 +307,10 @@ def test_a_folder_that_is_not_a_run_is_not_written_into(
     empty.mkdir()
     run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], empty, limit=4))
     assert (empty / "run.json").is_file()
+
+
+def test_a_run_records_bfloat16_products_computed_in_float32_only_where_they_were() -> None:
+    identity = ModelIdentity(name="m", source="m", sha256="0" * 64, num_layers=2, num_heads=2, vocab_size=8)
+    assert "bf16_products" not in run_settings(identity, "bfloat16", {})  # runs made before it resume
+    assert run_settings(identity, "bfloat16", {}, wide_bf16_products=True)["bf16_products"] == WIDE_BF16_PRODUCTS
+    assert "bf16_products" in LOADED_MODEL_SETTINGS  # known after the load: not compared before it

@@ -21,33 +21,65 @@ def _layer(bias: bool) -> torch.nn.Linear:
     return torch.nn.Linear(96, 80, bias=bias, dtype=torch.bfloat16).requires_grad_(False)
 
 
+def _dtypes_multiplied(monkeypatch: pytest.MonkeyPatch) -> list[torch.dtype]:
+    """The input dtype of every product the widened forward runs."""
+    seen: list[torch.dtype] = []
+    linear = functional.linear
+
+    def recorded(x: torch.Tensor, *args: object) -> torch.Tensor:
+        seen.append(x.dtype)
+        return linear(x, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_bf16.functional, "linear", recorded)
+    return seen
+
+
 @pytest.mark.parametrize("bias", [False, True])
-def test_many_rows_give_bfloat16s_product_to_its_rounding(bias: bool) -> None:
+@pytest.mark.parametrize("shape", [(MIN_ROWS, 96), (2, MIN_ROWS // 2, 96)])  # rows of every batch entry count
+def test_many_rows_multiply_in_float32_and_give_bfloat16s_product_to_its_rounding(
+    bias: bool, shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
     layer = _layer(bias)
-    x = torch.randn(3, MIN_ROWS, 96).bfloat16()  # batch x rows x features: every row counts
-    expected = functional.linear(x, layer.weight, layer.bias)
+    x = torch.randn(*shape).bfloat16()
+    own = functional.linear(x, layer.weight, layer.bias)
+    wide = functional.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
     widen_bf16_products(layer)
+    multiplied = _dtypes_multiplied(monkeypatch)
     got = layer(x)
-    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
-    # float32 sums in another order: at most one bfloat16 step (2^-8 relative) apart, and nearly all equal
-    np.testing.assert_allclose(got.float().numpy(), expected.float().numpy(), rtol=2**-7, atol=1e-3)
-    assert (got != expected).float().mean().item() < 0.05
+    assert multiplied == [torch.float32]
+    assert got.dtype == torch.bfloat16 and torch.equal(got, wide.bfloat16())
+    # bfloat16's own product sums in another order: at most a bfloat16 step (2^-8 relative) apart, mostly equal
+    np.testing.assert_allclose(got.float().numpy(), own.float().numpy(), rtol=2**-7, atol=1e-3)
+    assert (got != own).float().mean().item() < 0.05
 
 
-def test_few_rows_run_bfloat16s_own_product() -> None:
+@pytest.mark.parametrize("shape", [(MIN_ROWS - 1, 96), (1, MIN_ROWS - 1, 96), (1, 96)])
+def test_few_rows_run_bfloat16s_own_product(shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     layer = _layer(bias=True)
-    x = torch.randn(MIN_ROWS - 1, 96).bfloat16()
+    x = torch.randn(*shape).bfloat16()
     expected = functional.linear(x, layer.weight, layer.bias)
     widen_bf16_products(layer)
+    multiplied = _dtypes_multiplied(monkeypatch)
     assert torch.equal(layer(x), expected)
+    assert multiplied == [torch.bfloat16]
 
 
-def test_only_bfloat16_linear_layers_are_widened() -> None:
+class Router(torch.nn.Linear):
+    """A subclass with a forward of its own (as mixture-of-experts routers are): not a plain product."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).softmax(-1)
+
+
+def test_only_plain_bfloat16_linear_layers_are_widened() -> None:
     model = torch.nn.Sequential(
-        torch.nn.Linear(4, 4, dtype=torch.bfloat16), torch.nn.ReLU(), torch.nn.Linear(4, 4, dtype=torch.float32)
+        torch.nn.Linear(4, 4, dtype=torch.bfloat16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4, 4, dtype=torch.float32),
+        Router(4, 4, dtype=torch.bfloat16),
     )
     assert widen_bf16_products(model) == 1
-    assert "forward" in vars(model[0]) and "forward" not in vars(model[2])
+    assert "forward" in vars(model[0]) and "forward" not in vars(model[2]) and "forward" not in vars(model[3])
 
 
 @pytest.mark.parametrize(
@@ -71,7 +103,8 @@ def test_load_model_widens_bfloat16_only_where_its_products_are_slow(
     tiny_model_dir: Path, slow: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("app.engine.loading.bf16_matmul_is_slow", lambda: slow)
-    assert _widened(load_model(str(tiny_model_dir), dtype="bfloat16").model) is slow
+    loaded = load_model(str(tiny_model_dir), dtype="bfloat16")
+    assert _widened(loaded.model) is slow and loaded.wide_bf16_products is slow
     assert not _widened(load_model(str(tiny_model_dir), dtype="bfloat16", widen_slow_bf16=False).model)
     assert not _widened(load_model(str(tiny_model_dir), dtype="float32").model)
 
