@@ -105,13 +105,8 @@ def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_i
     )
 
     async def body() -> list[object]:
-        loop = asyncio.get_running_loop()
-        running, joining = generation_item(loop, (5, 6), tokens=60), generation_item(loop, LONG_PROMPT, tokens=6)
-        recorder.running = running
-        scheduler.submit_generation(running)
-        await _until_decoding(running)
-        scheduler.submit_generation(joining)
-        return [await asyncio.wait_for(item.events.get(), 60) for item in (running, joining)]
+        items = await _long_prompt_joining(scheduler, recorder, chunks=0)
+        return [await asyncio.wait_for(item.events.get(), 60) for item in items]
 
     answers = run_on(scheduler, body)
     first, second = recorder.jobs
@@ -119,7 +114,7 @@ def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_i
     assert [columns for columns, _ in second] == [8, 16, 24, 32, 40]
     running_tokens = [tokens for _, tokens in second]
     assert all(later > earlier for earlier, later in itertools.pairwise(running_tokens))
-    _assert_answered_as_alone(engine, answers, ((5, 6), LONG_PROMPT), (60, 6))  # type: ignore[arg-type]
+    _assert_answered_as_alone(engine, answers, ((5, 6), LONG_PROMPT), (80, 6))  # type: ignore[arg-type]
     assert scheduler.in_flight == 0
 
 
