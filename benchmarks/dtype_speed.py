@@ -7,7 +7,13 @@ and the bfloat16 / float32 ratio per batch; the last line is `bf16_speedup=<the 
 batch>`. On a CPU without native bfloat16 (see `cpu_computes_bf16`) the ratio is below 1: that is why
 `auto` picks float32 there.
 
+`--products`: one linear layer of the default model's MLP shape (1536 x 8960) at 1 to 512 rows instead,
+in bfloat16 (the kernel torch picks here), float32, and bfloat16 widened as a CPU without fast bfloat16
+kernels runs it (`app/engine/cpu_bf16.py`; where `MIN_ROWS` comes from), ms per product, median of
+`--repeats`.
+
     python -m benchmarks.dtype_speed --model qwen2.5-coder-1.5b
+    python -m benchmarks.dtype_speed --products --repeats 5
     python -m benchmarks.dtype_speed --model smollm2-135m --batches 1 8 --repeats 5
 """
 
@@ -22,6 +28,7 @@ from typing import Any
 
 import torch
 
+from app.engine.cpu_bf16 import widen_bf16_products
 from app.engine.loading import LoadedModel, cpu_computes_bf16, load_model
 from app.settings import DEFAULT_CACHE_DIR, DEFAULT_MODEL
 
@@ -49,6 +56,30 @@ def time_generate(loaded: LoadedModel, batch: int, new_tokens: int) -> float:
     return time.perf_counter() - started
 
 
+def time_products(repeats: int) -> None:
+    """ms per product of a 1536 x 8960 bfloat16 layer, three ways, at 1 to 512 rows."""
+    layer = torch.nn.Linear(1536, 8960, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+    weight, wide_weight = layer.weight, layer.weight.float()
+    widen_bf16_products(layer)
+    print(f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads")
+    print("| rows | bfloat16 ms | float32 ms | widened ms |")
+    print("|---|---|---|---|")
+    for rows in (1, 8, 32, 48, 64, 128, 512):
+        x = torch.randn(rows, 1536).bfloat16()
+        runs = {
+            "bfloat16": lambda x=x: torch.nn.functional.linear(x, weight),
+            "float32": lambda x=x: torch.nn.functional.linear(x.float(), wide_weight),
+            "widened": lambda x=x: layer(x),
+        }
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(repeats + 1):  # the first round warms up
+            for name, run in runs.items():
+                started = time.perf_counter()
+                run()
+                times[name].append(1000 * (time.perf_counter() - started))
+        print(f"| {rows} | " + " | ".join(f"{statistics.median(t[1:]):.1f}" for t in times.values()) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a model spec or catalog name")
@@ -57,9 +88,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    parser.add_argument("--products", action="store_true", help="time one layer's product instead")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.products:
+        time_products(args.repeats)
+        return
     seconds: dict[tuple[str, int], list[float]] = {(d, b): [] for d in DTYPES for b in args.batches}
     name = args.model
     # One model in memory at a time (a 1.5B model is 6 GB in float32): each repeat loads each dtype in turn.

@@ -32,7 +32,7 @@ MIN_ROWS = 48
 def bf16_matmul_is_slow() -> bool:
     """An x86 CPU torch runs without AVX-512 kernels: its bfloat16 matrix products take the reference path."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return x86 and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "NO AVX", "AVX2")
+    return x86 and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2")
 
 
 def _wide_in_float32(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
