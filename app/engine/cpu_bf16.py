@@ -15,14 +15,11 @@ docs/performance.md (bfloat16 or float32).
 
 from __future__ import annotations
 
-import logging
 import platform
 import types
 
 import torch
 from torch.nn import functional
-
-logger = logging.getLogger(__name__)
 
 # Rows from which widening the weights and multiplying in float32 beats the reference bfloat16 kernel
 # (1536 x 8960 weights, two cores: 48 ms against 63 at 32 rows, 102 against 79 at 64).
