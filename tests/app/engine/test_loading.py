@@ -176,7 +176,7 @@ def test_page_in_makes_mapped_weights_resident(tmp_path: Path) -> None:
     model = torch.nn.Module()
     model.weight = torch.nn.Parameter(weights.view(1024, -1), requires_grad=False)
     model.register_buffer("table", weights[: 1 << 10])
-    assert _resident_kb(path) < 1024  # nothing read yet: at most a fault-around window
+    assert _resident_kb(path) < 1024  # nothing touched yet
     loading.page_in(model)
     assert _resident_kb(path) == 8 << 10  # every 4 KB page of the 8 MB
 
@@ -184,5 +184,18 @@ def test_page_in_makes_mapped_weights_resident(tmp_path: Path) -> None:
 def test_load_model_pages_cpu_weights_in(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     paged: list[torch.nn.Module] = []
     monkeypatch.setattr(loading, "page_in", paged.append)
-    loaded = loading.load_model(str(tiny_model_dir), dtype="float32")
+    loaded = loading.load_model(str(tiny_model_dir), device="cpu", dtype="float32")
     assert paged == [loaded.model]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64, torch.bool, torch.float8_e4m3fn])
+def test_page_in_reads_one_byte_of_every_page_whatever_the_dtype(dtype: torch.dtype) -> None:
+    # The residency test cannot tell strides apart (a kernel with large folios maps 2 MB a fault).
+    tensor = torch.zeros(3 * loading.PAGE_BYTES + 8, dtype=torch.uint8).view(dtype)  # 3 pages and 8 bytes
+    read = loading.page_bytes(tensor.untyped_storage())
+    assert read.dtype == torch.uint8 and read.stride() == (loading.PAGE_BYTES,)
+    assert read.numel() == 4 and read.data_ptr() == tensor.data_ptr()  # pages 0-3, the last one partly used
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(tensor, requires_grad=False)
+    model.tied = model.weight
+    loading.page_in(model)  # it reads bytes: float8, which has no sum of its own, included
