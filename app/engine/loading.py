@@ -183,6 +183,8 @@ def resolve_device(device: str) -> str:
         parsed = torch.device(device)
     except RuntimeError:
         raise ModelLoadError(f"device {device!r} is not a device name: use auto, cpu, cuda or cuda:<index>") from None
+    if parsed.type == "cpu":
+        return "cpu"  # `cpu:0` is the same device; the bfloat16 checks that follow compare names
     if parsed.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

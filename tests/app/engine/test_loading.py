@@ -199,3 +199,9 @@ def test_page_in_reads_one_byte_of_every_page_whatever_the_dtype(dtype: torch.dt
     model.weight = torch.nn.Parameter(tensor, requires_grad=False)
     model.tied = model.weight
     loading.page_in(model)  # it reads bytes: float8, which has no sum of its own, included
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0"])
+def test_a_cpu_device_is_named_cpu_whatever_its_spelling(device: str) -> None:
+    # bfloat16's default and its widened products are chosen by comparing the name with "cpu".
+    assert loading.resolve_device(device) == "cpu"
