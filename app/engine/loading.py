@@ -32,7 +32,7 @@ from app.settings import DEFAULT_CACHE_DIR
 
 logger = logging.getLogger(__name__)
 
-PAGE_BYTES = 4096  # the smallest page size in use: one value read per page faults every page in
+PAGE_BYTES = 4096  # the smallest page size in use: one byte read per page faults every page in
 
 PACKAGE_SCHEME = "pkg:"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
