@@ -1,7 +1,7 @@
 """What scoring one answer costs on the host: TAD's recurrent scorer and the baselines.
 
 The server scores every answer on its worker thread, between decode steps, so this time is
-taken from generation (on the GPU the loop is host-bound: docs in the README's GPU section).
+taken from generation (on the GPU the loop is host-bound: docs/performance.md, GPU).
 For the default model's artifact (its real regressor) and for random linear regressors of
 the real shapes of larger models, it times, interleaved and repeated:
 
@@ -17,7 +17,7 @@ the real shapes of larger models, it times, interleaved and repeated:
   answer is scored (each token's confidence the step it is sampled): an MLP's attention
   products then come one row at a time instead of one matrix product per answer.
 
-`--stage2 mlp` gives the larger shapes random MLP stage 2s of the default artifact's size
+`--stage2 mlp` gives the larger shapes random MLP stage 2s of the SmolLM2 artifact's size
 (two hidden layers of 256) in place of linear ones.
 
 Prints microseconds per token (medians) and the speed-up; the last line is

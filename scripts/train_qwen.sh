@@ -18,7 +18,7 @@
 #
 # Every step resumes where it stopped (generation shard by shard), so the script can be run again across
 # sessions. The committed artifact: one chunk of 250 per dataset and style, generated as two single-threaded
-# processes side by side (one per style, each pinned to a core with taskset), about 5 h of the two cores.
+# processes side by side (one per style, each pinned to a core with taskset), about 5.7 hours of one core in all.
 # TRAIN_LIMIT=500 and FIT_ARGS with --mlp were tried and tied with it on dev: docs/experiments/qwen-training-records.md,
 # docs/experiments/qwen-mlp.md.
 set -euo pipefail

@@ -6,10 +6,10 @@
 # calibrate, evaluate, leave-one-dataset-out and the made-up-premise benchmark. The defaults
 # rebuild the committed artifact (450 training records per dataset and style, 6,218 texts;
 # generation about 2 h on 2 cores when it ran in static batches, less now with continuous
-# batching; fit 50 min) with its chosen configuration (CHOSEN below): the authors'
+# batching; fit 48 min) with its chosen configuration (CHOSEN below): the authors'
 # variant, alpha 10 in stage 1 and in stage 2 the mean of a ridge (alpha 1) and the paper's MLP
 # (fit still picks the aggregation by CV: mean-log), every answer weighted equally, a quarter of each group's offset from the
-# overall mean target removed (README, "Partial centring"), CV folds by record. SEARCH=1 FOLD_UNIT=text OUT=<dir> reruns the grid
+# overall mean target removed (docs/experiments/centring.md), CV folds by record. SEARCH=1 FOLD_UNIT=text OUT=<dir> reruns the grid
 # search that chose the rest (25 min with two centrings, longer with the four now tried):
 # conventions x variants x alphas, then centring and row weighting under the trial rule
 # (which, by record, did not keep the quarter centring: it was adopted on the dev split). The
@@ -53,7 +53,7 @@ INFORMATIVE=(squad mmlu truthfulqa)
 CHAT_EXTRA=${CHAT_EXTRA:-200}
 CHAT_MORE=${CHAT_MORE:-300}
 INFORMATIVE_CHAT=(squad mmlu truthfulqa triviaqa)
-# The rest of the dev split where it is larger (README "Dev records nothing was chosen on"): task-style
+# The rest of the dev split where it is larger (docs/experiments/dev-records-unchosen.md): task-style
 # records DEV_LIMIT + DEV_EXTRA .. + TASK_REST of SQuAD and MMLU, chat-style records DEV_LIMIT + CHAT_EXTRA +
 # CHAT_MORE .. + CHAT_REST of SQuAD, MMLU and TriviaQA (755 dev records). No configuration or centring
 # was chosen with these answers in view; the reports include them and say so.
@@ -61,9 +61,9 @@ TASK_REST=${TASK_REST:-500}
 CHAT_REST=${CHAT_REST:-400}
 NARROW_GRID="--conventions generating --variants leak-free authors --alphas 100 10 1 0.1 0.01 --stage1-alphas 10 1 0.1"
 # The ridge configuration, then stage 2 as the paper's MLP (one configuration of its grid, kept by fit on a
-# higher CV PRR: README "A stage-2 MLP") averaged with that ridge (README "Ridge and MLP averaged": the
+# higher CV PRR: docs/experiments/stage2-mlp.md) averaged with that ridge (docs/experiments/ridge-mlp-average.md: the
 # trial rule did not keep the average against the MLP, the dev split did, hence --force-average). The
-# MLP's cross-validation is most of fit's 50 minutes.
+# MLP's cross-validation is most of fit's 48 minutes.
 RIDGE="--conventions generating --variants authors --stage1-alphas 10 --alphas 1 --weightings text --centrings group-0.25"
 # AVERAGE=0 fits the MLP artifact that preceded it (commit 912b41c); MLP=0 the ridge artifact before that
 # (commit c679ab3).

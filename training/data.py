@@ -1,4 +1,4 @@
-"""Reading QA records (the JSONL format of ../shared/data, documented in the README).
+"""Reading QA records (the JSONL format of ../shared/data, documented in docs/training.md, Input).
 
 A line that is not valid JSON, or not a valid record, is reported with its file and line
 and skipped; it never stops a run.

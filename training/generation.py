@@ -269,7 +269,7 @@ def answer_records(
             GenerationRequest(prompt_ids=tuple(ids), params=SamplingParams(max_new_tokens=limit, stop=stops[position]))
         )
     # Continuous batching: a short answer's row is refilled as soon as it ends instead of idling
-    # until the longest answer of a static batch is done (README, "Training your own artifact").
+    # until the longest answer of a static batch is done (docs/training.md, generate).
     results: dict[int, TextTrace] = {}
     for index, sequence in engine.generate_continuously(requests, batch_size):
         position, ids = prompts[index]

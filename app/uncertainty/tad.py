@@ -38,7 +38,7 @@ class Regressor(Protocol):
 class AveragedRegressor:
     """A stage 2 that predicts the mean of its members' predictions, all fitted on the same features.
 
-    The default artifact's: its ridge and its MLP (README, "Ridge and MLP averaged"), whose
+    The SmolLM2 artifact's: its ridge and its MLP (docs/experiments/ridge-mlp-average.md), whose
     cross-validated errors differ enough that their mean ranks answers better than either.
     """
 
@@ -375,7 +375,7 @@ def prime_streams(pending: Sequence[tuple[TadStream, int, Sequence[np.ndarray]]]
 
     Streams whose stage 2 is an MLP get the attention terms of the tokens they are about to score
     from one matrix product per stage 2 instead of one each: a product per token reads the whole
-    first-layer matrix for one row (docs in the README, *An MLP stage 2 at this size*). The
+    first-layer matrix for one row (docs/performance.md, *An MLP stage 2 at this size*). The
     confidences are those `advance` computes alone, up to float rounding.
     """
     groups: dict[int, list[tuple[TadStream, Sequence[np.ndarray], range]]] = {}

@@ -40,7 +40,7 @@ class FitOptions:
     # folds; the average replaces the single model under the trial rule (beyond the paper: an ablation).
     mlp_average: bool = False
     # Install the average even when the trial rule does not keep it (the verdict is still recorded): how the
-    # default artifact's was adopted, on the dev split (README, "Ridge and MLP averaged").
+    # SmolLM2 artifact's was adopted, on the dev split (docs/experiments/ridge-mlp-average.md).
     mlp_average_force: bool = False
     conventions: Sequence[Convention] = (Convention.GENERATING, Convention.CONSUMING)
     variants: Sequence[Variant] = tuple(Variant)

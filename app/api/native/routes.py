@@ -18,8 +18,8 @@ router = APIRouter(prefix="/v1", tags=["generation"], dependencies=[ApiKeyDep])
 
 STREAM_DOC = streamed(
     "The answer with its uncertainty and decision; with `stream: true`, server-sent events: `token` events "
-    "(one per token, once its TAD confidence is known; see the README) and a last `final` event holding this "
-    "object (or an `error` event)."
+    "(one per token, once its TAD confidence is known; see docs/api.md, Streaming) and a last `final` event "
+    "holding this object (or an `error` event)."
 )
 
 
