@@ -71,13 +71,26 @@ def chat_logprob(
     )
 
 
-def _completion_top(
+def completion_token(raw: bytes) -> str:
+    """A token as OpenAI's legacy completions name it: its text, or, where its bytes are only part of a
+    character, `bytes:` and the bytes (`bytes:\\xe2\\x80`). These responses have no `bytes` field, and
+    their `top_logprobs` are keyed by this name: as U+FFFD, every partial token would be one key."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in raw)
+
+
+def completion_top(
     token_bytes: TokenBytes, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
 ) -> dict[str, float]:
     """The most likely tokens and, as OpenAI's legacy completions promise (up to `logprobs` + 1 entries), the
-    sampled one, which a sampled answer may have drawn from outside them (with `logprobs: 0`, it alone)."""
-    top = {token_text(token_bytes(i)): logprob_or_floor(lp) for i, lp in alternatives}
-    top.setdefault(token_text(token_bytes(token_id)), logprob_or_floor(logprob))
+    sampled one, which a sampled answer may have drawn from outside them (with `logprobs: 0`, it alone).
+    Two tokens of one name (the same bytes) keep the likelier's logprob, and the sampled token's name its own."""
+    top: dict[str, float] = {}
+    for i, lp in alternatives:
+        top.setdefault(completion_token(token_bytes(i)), logprob_or_floor(lp))
+    top[completion_token(token_bytes(token_id))] = logprob_or_floor(logprob)
     return top
 
 
@@ -144,12 +157,10 @@ def completion_response(
     kept = sequence.kept_tokens
     choice_logprobs = None
     if logprobs is not None and not outcome.withheld:  # a withheld answer's tokens would spell it
-        raw = [token_bytes(t.token_id) for t in kept]
-        texts = [token_text(piece) for piece in raw]
         choice_logprobs = CompletionLogprobs(
-            tokens=texts,
+            tokens=[completion_token(token_bytes(t.token_id)) for t in kept],
             token_logprobs=[logprob_or_floor(t.logprob) for t in kept],
-            top_logprobs=[_completion_top(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept],
+            top_logprobs=[completion_top(token_bytes, t.token_id, t.logprob, t.top_logprobs) for t in kept],
             text_offset=text_offsets(answer_pieces(sequence)),
         )
     return CompletionResponse(
@@ -224,10 +235,10 @@ class OpenAIStreamEncoder:
         else:
             logprobs = (
                 {
-                    "tokens": [token_text(self.token_bytes(event.token_id))],
+                    "tokens": [completion_token(self.token_bytes(event.token_id))],
                     "token_logprobs": [logprob_or_floor(event.logprob)],
                     "top_logprobs": [
-                        _completion_top(self.token_bytes, event.token_id, event.logprob, event.top_logprobs)
+                        completion_top(self.token_bytes, event.token_id, event.logprob, event.top_logprobs)
                     ],
                     "text_offset": [self.offset],
                 }
