@@ -65,7 +65,9 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
             ErrorShapedCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-ID"],
+            # Any request header, as vLLM allows: the origins are the guard, and clients add their own
+            # (OpenAI's JS SDK its x-stainless-* headers, which a fixed list refused).
+            allow_headers=["*"],
             expose_headers=["X-Request-ID", "Retry-After"],
         )
     routers = [
@@ -79,8 +81,8 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
         Mount(playground_routes.STATIC_PREFIX, app=playground_routes.static_files(), name="playground-static"),
         Mount(swagger_routes.ASSETS_PREFIX, app=swagger_routes.static_files(), name="docs-static"),
     ]
-    # The mounts too: a static file is labelled by its mount, not "unmatched".
-    routes = [*(route for router in routers for route in router.routes), *mounts]
+    # FastAPI's own (/openapi.json) and the mounts too: a static file is labelled by its mount, not "unmatched".
+    routes = [*app.router.routes, *(route for router in routers for route in router.routes), *mounts]
     app.add_middleware(MetricsMiddleware, metrics=metrics, counter=runtime.track_http, routes=routes)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: every response carries the id, a 413 included
     for router in routers:

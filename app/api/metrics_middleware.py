@@ -25,6 +25,18 @@ def route_label(scope: Scope, routes: Sequence[BaseRoute] = (), root_path: str |
     return path if isinstance(path, str) else "unmatched"
 
 
+PREFLIGHT = "preflight"
+"""The route label of CORS preflights: counted under the route they ask about, their 200s would dilute its
+error ratios (the 429 alert's among them)."""
+
+
+def is_preflight(scope: Scope) -> bool:
+    """A browser's CORS preflight: an OPTIONS request naming the method it asks for."""
+    return scope.get("method") == "OPTIONS" and any(
+        name == b"access-control-request-method" for name, _ in scope.get("headers", ())
+    )
+
+
 def route_path(scope: Scope) -> str:
     """The path the app routes on: uvicorn's `--root-path` (a proxy's prefix) is part of `scope["path"]`."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
@@ -52,7 +64,8 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         status = {"code": 500}
-        tracked = route_path(scope).startswith("/v1/")
+        preflight = is_preflight(scope)
+        tracked = not preflight and route_path(scope).startswith("/v1/")
         root_path = scope.get("root_path", "")
 
         responded = False
@@ -88,6 +101,6 @@ class MetricsMiddleware:
             if tracked:
                 self.metrics.in_flight.dec()
                 self.counter(-1)
-            route = route_label(scope, self.routes, root_path)
+            route = PREFLIGHT if preflight else route_label(scope, self.routes, root_path)
             self.metrics.requests.labels(route=route, status=str(status["code"])).inc()
             self.metrics.latency.labels(route=route).observe(time.perf_counter() - started)

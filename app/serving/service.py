@@ -169,7 +169,7 @@ class GenerationService:
                     param=prompt.field,
                 )
             wanted = min(wanted, room)
-        check_context(self.engine, len(prompt_ids), wanted, max_tokens_field)
+        check_context(self.engine, len(prompt_ids), wanted, max_tokens_field, prompt_field=prompt.field)
         serving = self.runtime.serving
         resolved = self.policy(policy, serving)
         question = _question(prompt)
@@ -411,7 +411,7 @@ class GenerationService:
         limit = self.settings.max_new_tokens_limit
         if len(answer_ids) > limit:
             raise InvalidRequest(f"the response has {len(answer_ids)} tokens; the limit is {limit}", param="response")
-        check_context(self.engine, len(prompt_ids), len(answer_ids), "response")
+        check_context(self.engine, len(prompt_ids), len(answer_ids), "response", prompt_field=prompt.field)
         question = _question(prompt)
         if REGISTRY[resolved.method.value].needs_check_pass:
             check_ids, _ = await tokenized(len(question) + len(response), self.engine, check_pass, question, response)

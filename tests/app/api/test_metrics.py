@@ -34,6 +34,7 @@ def test_metrics_count_what_the_service_did(client: TestClient) -> None:
     assert client.post("/v1/generate", json=oversized).status_code == 413
     assert client.post("/v1/no-such-route", json={}).status_code == 404
     assert client.get("/playground/static/app.js").status_code == 200
+    assert client.get("/openapi.json").status_code == 200
     after = samples(client)
 
     def delta(name: str, **labels: str) -> float:
@@ -44,6 +45,7 @@ def test_metrics_count_what_the_service_did(client: TestClient) -> None:
     assert delta("tad_requests_total", route="/v1/generate", status="413") == 1
     assert delta("tad_requests_total", route="unmatched", status="404") == 1
     assert delta("tad_requests_total", route="/playground/static", status="200") == 1  # by its mount
+    assert delta("tad_requests_total", route="/openapi.json", status="200") == 1  # FastAPI's own route
     assert delta("tad_generated_tokens_total") == 12
     assert delta("tad_request_duration_seconds_count", route="/v1/generate") == 5
     assert delta("tad_time_per_output_token_seconds_count") == 3

@@ -43,6 +43,28 @@ def test_cors_is_off_unless_configured(service_settings: Settings) -> None:
         assert error["message"].startswith("Disallowed CORS origin")
         refused = client.options("/v1/generate", headers={**preflight, "Access-Control-Request-Method": "DELETE"})
         assert refused.json()["error"]["param"] == "Access-Control-Request-Method"
+        # OpenAI's JS SDK in a browser sends headers of its own beside the key.
+        sdk_headers = "authorization,content-type,x-stainless-os,x-stainless-retry-count"
+        response = client.options(
+            "/v1/chat/completions", headers={**preflight, "Access-Control-Request-Headers": sdk_headers}
+        )
+        assert response.status_code == 200
+        assert "x-stainless-os" in response.headers["access-control-allow-headers"].lower()
+
+
+def test_cors_preflights_are_counted_apart_from_the_route_they_ask_about(service_settings: Settings) -> None:
+    preflight = {"Origin": "https://example.org", "Access-Control-Request-Method": "POST"}
+    with make_client(service_settings, cors_origins=["https://example.org"]) as client:
+        registry = client.app.state.runtime.metrics.registry
+
+        def count(route: str) -> float:
+            return registry.get_sample_value("tad_requests_total", {"route": route, "status": "200"}) or 0.0
+
+        before = count("/v1/generate"), count("preflight")
+        assert client.options("/v1/generate", headers=preflight).status_code == 200
+        # not a generation: the route's 200s (the 429 alert's denominator) are left alone
+        assert (count("/v1/generate"), count("preflight")) == (before[0], before[1] + 1)
+        assert registry.get_sample_value("tad_requests_in_flight") == 0
 
 
 def _unauthenticated_statuses(client: TestClient) -> dict[tuple[str, str], tuple[bool, int]]:
