@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -20,6 +21,8 @@ from app.engine.slot_decoding import SlotDecodeBatch, slot_decoding_refusal
 from app.engine.teacher_forcing import ScoringPass, score_answers
 from app.engine.token_bytes import TokenBytes
 from app.uncertainty.trace import TokenTrace
+
+logger = logging.getLogger(__name__)
 
 
 def special_token_ids(tokenizer: Any) -> set[int]:
@@ -149,7 +152,11 @@ class Engine:
         try:
             return batch.warm_up()
         except Exception as error:  # any compiler failure: the eager loop still works
-            self._compile_failure = f"compiling the step failed ({type(error).__name__}: {str(error)[:200]})"
+            # The compiler's message (paths, source lines) goes to the log, not to `/info`'s readers.
+            logger.warning("compiling the decode step failed; the decode loop stays eager", exc_info=True)
+            self._compile_failure = (
+                f"compiling the step failed ({type(error).__name__}; the server log has its message)"
+            )
             self._slot_batch = None
             return None
 
