@@ -156,11 +156,11 @@ RESUMES = "finished shards are kept; rerunning the same command resumes"
 STARTS_OVER = "nothing was replaced; rerunning starts over"
 
 
-def check_report_folder(out: Path, option: str = "--out") -> None:
-    """Refuse a report folder that could not be written before the work, not after it; nothing is made yet (a
-    command refused later leaves nothing behind)."""
+def check_report_folder(out: Path, option: str = "--out", holds: str = "the report") -> None:
+    """Refuse an output folder (`holds`: what it is for, in the message) that could not be written before the
+    work, not after it; nothing is made yet (a command refused later leaves nothing behind)."""
     if out.exists() and not out.is_dir():
-        raise UsageError(f"{option} {out} is a file: give a folder for the report")
+        raise UsageError(f"{option} {out} is a file: give a folder for {holds}")
     existing = next(folder for folder in (out, *out.absolute().parents) if folder.exists())
     if not existing.is_dir():
         raise UsageError(f"{option} {out} cannot be made: {existing} is a file")

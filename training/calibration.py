@@ -137,9 +137,9 @@ def calibrate_thresholds(
     default = default_target or (feasible_errors[0] if feasible_errors else None)
     if default is None and coverages:
         default = coverage_name(coverages[0])
-    if default is not None:
+    matched = round(decided[default].coverage, 2) if default is not None else 0.0
+    if matched > 0:  # a default that keeps nothing is refused by `check_default`, not compared
         # Every method at the coverage the default policy achieves: comparisons at equal coverage.
-        matched = round(decided[default].coverage, 2)
         for method in methods:
             thresholds[method].setdefault(
                 coverage_name(matched), coverage_threshold(table[method.value], quality, matched)
@@ -154,6 +154,33 @@ def calibrate_thresholds(
         "coverage_by_order": orders,
     }
     return Calibration(thresholds, default, record)
+
+
+def check_default(calibration: Calibration, decision: Method, errors: Sequence[float]) -> None:
+    """Refuse, before anything is written, a default policy the service could not use: none at all, or one that
+    accepts no calibration answer (too few answers for its coverage); say so when no requested error target was
+    certified and the default is a coverage target, which bounds no error rate."""
+    n = calibration.record["n"]
+    default = calibration.default_target
+    if default is None:
+        raise SystemExit(
+            f"no target is calibrated for {decision.value} on these {n} answers: no --error target is certified "
+            "and no --coverage target was given; nothing written"
+        )
+    chosen = calibration.thresholds[decision][default]
+    if chosen.coverage <= 0:
+        raise SystemExit(
+            f"the default target {default} accepts none of the {n} calibration answers (every answer would be "
+            "rejected): calibrate on more answers; nothing written"
+        )
+    if chosen.kind == "coverage" and errors:
+        logger.warning(
+            "no --error target is certified for %s: the default target is %s, which bounds no error rate (%.3f of "
+            "the calibration answers it accepts are wrong)",
+            decision.value,
+            default,
+            chosen.error,
+        )
 
 
 def warn_on_twins(texts: Sequence[TextTrace]) -> None:
@@ -194,13 +221,15 @@ def run_calibrate(artifact_dir: Path, source: RunSource, targets: CalibrationTar
     methods = [Method(name) for name in [*artifact_methods(artifact), *checked]]
     # The default target is certified for what the service decides with.
     calibration = calibrate_thresholds(table, quality, methods, artifact.decision_method, targets)
+    check_default(calibration, artifact.decision_method, targets.errors)
     manifest = artifact.manifest.model_copy(
         update={
             "thresholds": calibration.thresholds,
             "default_target": calibration.default_target,
             "metrics": {
                 **artifact.manifest.metrics,
-                "calibration": {"runs": [str(run) for run in runs], **calibration.record},
+                # Resolved: `evaluate` recognises its calibration runs from any working directory.
+                "calibration": {"runs": [str(Path(run).resolve()) for run in runs], **calibration.record},
             },
         }
     )

@@ -31,7 +31,7 @@ from app.numeric import finite_tree
 from app.uncertainty.artifact import FeatureInfo, Manifest, write_manifest
 from app.uncertainty.features import Convention, FeatureSpec
 from app.uncertainty.methods import BASELINES, Method
-from training.calibration import KEEP_HALF, CalibrationTargets, calibrate_thresholds
+from training.calibration import KEEP_HALF, CalibrationTargets, calibrate_thresholds, check_default
 from training.check_pass_scores import CHECKED, CheckPassOptions, check_pass_table
 from training.decision_rule import DecisionRule, choose
 from training.method_scores import baseline_table
@@ -154,6 +154,7 @@ def build_calibration_artifact(options: CalibrationArtifactOptions) -> Manifest:
         decision,
         replace(targets, default_target=default_target),
     )
+    check_default(calibration, decision, options.errors)
     spec = FeatureSpec(
         n_lags=int(settings["n_lags"]),
         num_layers=identity.num_layers,

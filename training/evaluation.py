@@ -76,24 +76,25 @@ def _entry(
     entry["default_vs_best_baseline"] = {
         "default": default,
         "best_baseline": best,
-        "difference": finite_or_none(prr[default] - prr[best]),
-        "ci95": interval(boot[default] - boot[best]) if boot else None,
+        "difference": None if best is None else finite_or_none(prr[default] - prr[best]),
+        "ci95": interval(boot[default] - boot[best]) if boot and best is not None else None,
     }
     if COMPARED_SCORE in prr:
         entry["default_vs_compared"] = {
             "difference": finite_or_none(prr[default] - prr[COMPARED_SCORE]),
             "ci95": interval(boot[default] - boot[COMPARED_SCORE]) if boot else None,
         }
-    drawn = {"best": boot[default] - boot[best]} if boot else {}
+    drawn = {"best": boot[default] - boot[best]} if boot and best is not None else {}
     if boot and COMPARED_SCORE in boot:
         drawn["compared"] = boot[default] - boot[COMPARED_SCORE]
     return entry, drawn
 
 
-def best_baseline(prr: dict[str, float]) -> str:
-    """The baseline with the highest PRR among those in `prr` (the comparison every report makes)."""
-    baselines = [m.value for m in BASELINES if m.value in prr]
-    return max(baselines, key=lambda name: prr[name] if np.isfinite(prr[name]) else -np.inf)
+def best_baseline(prr: dict[str, float]) -> str | None:
+    """The baseline with the highest PRR among those in `prr` (the comparison every report makes); None where no
+    baseline's PRR is defined (every answer right, or every one wrong: no ranking to judge)."""
+    defined = [m.value for m in BASELINES if m.value in prr and np.isfinite(prr[m.value])]
+    return max(defined, key=lambda name: prr[name]) if defined else None
 
 
 def _mean_interval(
@@ -162,7 +163,7 @@ def build_report(
         for name in groups:
             prr = report["datasets"][name]["methods"]
             best = report["datasets"][name]["default_vs_best_baseline"]["best_baseline"]
-            tad, other = prr["tad"]["prr"], prr[best]["prr"]
+            tad, other = prr["tad"]["prr"], None if best is None else prr[best]["prr"]
             report["datasets"][name]["tad_vs_best_baseline"] = {
                 "best_baseline": best,
                 "difference": None if tad is None or other is None else tad - other,
@@ -247,7 +248,7 @@ def _difference_section(
         if versus is not None:
             cells = [
                 name,
-                *([versus["best_baseline"]] if named else []),
+                *([versus["best_baseline"] or "none defined"] if named else []),
                 _with_interval(versus["difference"], versus["ci95"]),
             ]
             lines.append("| " + " | ".join(cells) + " |")

@@ -31,7 +31,17 @@ from app.files import write_text_atomic
 from app.hashing import file_sha256
 from app.identity import ModelIdentity
 from training.data import BadRecord, LocatedRecord, QARecord, dataset_name, read_records
-from training.runs import RUN_ENTRIES, RUN_FILE, TextTrace, read_run_settings, shard_done, write_plan, write_shard
+from training.runs import (
+    RUN_ENTRIES,
+    RUN_FILE,
+    TextTrace,
+    read_run_settings,
+    read_shard_metas,
+    shard_done,
+    shard_path,
+    write_plan,
+    write_shard,
+)
 from training.targets import RESCORE_HINT, TARGETS_VERSION
 from training.tasks import PromptStyle, build_prompt, score_answer
 from training.tasks import max_new_tokens as default_length
@@ -372,8 +382,12 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
             write_shard(out, index, texts, shape)
             # With each shard: a shard done is never redone, so its bad records must be on record by then.
             report_bad_records(out, distribution.rank, bad, bad_in_data)
+    report = out / f"bad_records.{distribution.rank}.txt"
     if lines := report_bad_records(out, distribution.rank, bad, bad_in_data):
-        logger.warning("%d bad records skipped; see %s", lines, out / f"bad_records.{distribution.rank}.txt")
+        logger.warning("%d bad records skipped; see %s", lines, report)
+    if mine and not any(read_shard_metas(shard_path(out, i)) for i in mine):
+        # Every record skipped (e.g. each prompt past --max-prompt-tokens): a run fit and calibrate cannot use.
+        raise SystemExit(f"none of the {sum(len(shards[i]) for i in mine)} records gave an answer; see {report}")
     return out
 
 

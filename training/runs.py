@@ -47,6 +47,7 @@ RUN_ENTRIES = frozenset({RUN_FILE, PLAN_FILE, SHARDS, CHECK_PASS_FILE})
 # What every command reads of a text's entry in texts.json.
 REQUIRED_META = ("key", "dataset", "target")
 STAT_PREFIX = "stat-"
+REQUIRED_STATS = ("logprob", "entropy")
 
 T = TypeVar("T")
 
@@ -181,6 +182,9 @@ def _read_shard(path: Path) -> list[TextTrace]:
         file.name.removeprefix(STAT_PREFIX).removesuffix(".npy"): np.load(file)
         for file in sorted(path.glob(f"{STAT_PREFIX}*.npy"))
     }
+    missing = [name for name in REQUIRED_STATS if name not in stats]
+    if metas and missing:  # what every method reads (`.logprobs`, `.entropies`); a shard of no answers has none
+        raise KeyError(f"no {', '.join(f'{STAT_PREFIX}{name}.npy' for name in missing)}")
     attention = np.load(path / "attention.npy", mmap_mode="r")
     texts = []
     for i, meta in enumerate(metas):

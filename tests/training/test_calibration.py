@@ -9,8 +9,17 @@ import numpy as np
 import pytest
 
 from app.uncertainty.artifact import Threshold
+from app.uncertainty.methods import Method
 from tests.training.test_run_source import altered_run
-from training.calibration import CalibrationTargets, default_keeping, kept_share_lower_bound, run_calibrate
+from training.calibration import (
+    Calibration,
+    CalibrationTargets,
+    calibrate_thresholds,
+    check_default,
+    default_keeping,
+    kept_share_lower_bound,
+    run_calibrate,
+)
 from training.cli import main
 from training.run_source import RunSource
 
@@ -115,3 +124,45 @@ def test_a_record_answered_in_two_prompt_styles_is_said_to_make_the_guarantee_op
     twin = replace(second, meta={**first.meta, "prompt_style": other_style})
     warn_on_twins([first, twin])
     assert "1 of the 1 records are answered in more than one prompt style" in caplog.text
+
+
+def _calibrated(values: np.ndarray, quality: np.ndarray, targets: CalibrationTargets) -> Calibration:
+    return calibrate_thresholds({"tad": values}, quality, [Method.TAD], Method.TAD, targets)
+
+
+def test_a_default_that_accepts_no_answer_is_refused_and_no_coverage_0_is_made_up() -> None:
+    # One answer: keeping half of it keeps none, and every answer would be rejected.
+    calibration = _calibrated(np.array([0.3]), np.array([1.0]), CalibrationTargets([0.5], [0.3], delta=0.1))
+    assert "coverage@0" not in calibration.thresholds[Method.TAD]
+    with pytest.raises(SystemExit, match="accepts none of the 1 calibration answers"):
+        check_default(calibration, Method.TAD, [0.3])
+
+
+def test_no_default_at_all_is_refused() -> None:
+    rng = np.random.default_rng(0)
+    # every answer wrong: no error target is certified, and no coverage target was asked for
+    calibration = _calibrated(rng.random(200), np.zeros(200), CalibrationTargets([], [0.1], delta=0.1))
+    assert calibration.default_target is None
+    with pytest.raises(SystemExit, match="no target is calibrated for tad on these 200 answers"):
+        check_default(calibration, Method.TAD, [0.1])
+
+
+def test_a_coverage_default_in_place_of_an_uncertified_error_target_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    rng = np.random.default_rng(0)
+    calibration = _calibrated(rng.random(200), np.zeros(200), CalibrationTargets([0.9], [0.1], delta=0.1))
+    check_default(calibration, Method.TAD, [0.1])
+    assert "the default target is coverage@0.9, which bounds no error rate (1.000" in caplog.text
+    caplog.clear()
+    check_default(calibration, Method.TAD, [])  # only coverage was asked for: nothing to say
+    assert "bounds no error rate" not in caplog.text
+
+
+def test_the_calibration_runs_are_recorded_resolved(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(tiny_artifact, artifact)
+    monkeypatch.chdir(tiny_runs["dev"].parent)
+    source = RunSource(data=[], runs=[Path(tiny_runs["dev"].name)], default_run_dir=tmp_path / "unused")
+    manifest = run_calibrate(artifact, source, CalibrationTargets(coverages=[0.5], errors=[], delta=0.1))
+    assert manifest.metrics["calibration"]["runs"] == [str(tiny_runs["dev"].resolve())]

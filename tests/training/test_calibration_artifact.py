@@ -84,11 +84,18 @@ def test_the_split_is_by_record_and_does_not_depend_on_order(tiny_runs: dict[str
 
 
 def test_dev_records_and_a_missing_source_are_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_data: dict[str, list[Path]]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tiny_data: dict[str, list[Path]],
+    tiny_runs: dict[str, Path],
 ) -> None:
     dev = [path for path in tiny_data["dev"]]
     with pytest.raises(SystemExit) as refused:
         main(["calibration-artifact", "--out", str(tmp_path / "a"), "--data", *map(str, dev)])
+    assert refused.value.code == 2 and "never from dev" in capsys.readouterr().err
+    # a run generated from dev files, as its settings name them
+    with pytest.raises(SystemExit) as refused:
+        main(["calibration-artifact", "--out", str(tmp_path / "a"), "--run", str(tiny_runs["dev"])])
     assert refused.value.code == 2 and "never from dev" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:
         main(["calibration-artifact", "--out", str(tmp_path / "a")])

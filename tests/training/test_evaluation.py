@@ -139,3 +139,19 @@ def test_the_artifacts_calibration_runs_are_flagged_when_evaluated_on(
     report = run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), tmp_path / "report", resamples=0)
     assert report["calibration_runs_evaluated"] == [str(tiny_runs["dev"])]
     assert any("partly in sample" in record.getMessage() for record in caplog.records)
+
+
+def test_no_best_baseline_is_named_where_no_prr_is_defined(tiny_runs: dict[str, Path], tiny_artifact: Path) -> None:
+    """Every answer right: no ranking to judge, so no baseline is best, and the report still renders."""
+    from dataclasses import replace
+
+    from app.uncertainty.artifact import load_artifact
+    from training.evaluation import build_report
+    from training.runs import iter_texts
+
+    right = [replace(t, meta={**t.meta, "target": 1.0}) for t in iter_texts([tiny_runs["dev"]])]
+    report, _ = build_report(load_artifact(tiny_artifact), right, resamples=20)
+    for entry in report["datasets"].values():
+        assert entry["default_vs_best_baseline"]["best_baseline"] is None
+        assert entry["default_vs_best_baseline"]["difference"] is None
+    assert "none defined" in report_markdown(report)

@@ -275,10 +275,15 @@ def test_a_damaged_shard_is_named_not_met_as_a_numpy_or_key_error(
         SystemExit, match=rf"shard {shard} is damaged .*move the folder aside and rerun the same generate"
     ):
         list(iter_texts([out]))
-    metas = json.loads((shard / "texts.json").read_text())
+    original = (shard / "texts.json").read_text()
+    metas = json.loads(original)
     del metas[0]["target"]
     (shard / "texts.json").write_text(json.dumps(metas))
     with pytest.raises(SystemExit, match="has no target"):
+        list(iter_texts([out]))
+    (shard / "texts.json").write_text(original)
+    (shard / "stat-logprob.npy").unlink()  # read before the (damaged) attention: named, not a KeyError later
+    with pytest.raises(SystemExit, match=rf"shard {shard} is damaged \(KeyError: 'no stat-logprob.npy'\)"):
         list(iter_texts([out]))
 
 
@@ -314,3 +319,16 @@ def test_a_run_records_bfloat16_products_computed_in_float32_only_where_they_wer
     assert "bf16_products" not in run_settings(identity, "bfloat16", {})  # runs made before it resume
     assert run_settings(identity, "bfloat16", {}, wide_bf16_products=True)["bf16_products"] == WIDE_BF16_PRODUCTS
     assert "bf16_products" in LOADED_MODEL_SETTINGS  # known after the load: not compared before it
+
+
+def test_a_run_whose_every_record_is_skipped_fails_and_fit_says_why(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
+) -> None:
+    from training.fit.texts import load_runs
+
+    out = tmp_path / "run"
+    # every prompt longer than 5 tokens: each record is skipped as bad, and the shard holds no answer
+    with pytest.raises(SystemExit, match=r"none of the 5 records gave an answer; see .*bad_records\.0\.txt"):
+        run_generate(_options(tiny_model_dir, tiny_data["dev"][:1], out, limit=5, max_prompt_tokens=5))
+    with pytest.raises(SystemExit, match="the runs hold no answers"):
+        load_runs([out], None)

@@ -79,6 +79,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     return parser
 
 
+def _run_data_files(runs: list[Path]) -> list[str]:
+    """The data files the runs were generated from, as their settings name them (a folder that is not a run is
+    refused later, by the command itself)."""
+    from training.runs import RUN_FILE, read_run_settings
+
+    files = []
+    for run_dir in runs:
+        if (Path(run_dir) / RUN_FILE).is_file():
+            files += [str(entry["path"]) for entry in read_run_settings(Path(run_dir)).get("data", [])]
+    return files
+
+
 def run(args: argparse.Namespace) -> None:
     if not args.coverage and not args.error:
         raise UsageError("give at least one --coverage or --error target (the artifact decides with its thresholds)")
@@ -95,7 +107,7 @@ def run(args: argparse.Namespace) -> None:
                 "--prompt-style": None if args.prompt_style is PromptStyle.CHAT else args.prompt_style,
             }
         )
-    dev = [str(path) for path in args.data if Path(path).name.endswith("_dev.jsonl")]
+    dev = [str(path) for path in [*args.data, *_run_data_files(args.run)] if Path(path).name.endswith("_dev.jsonl")]
     if dev:
         # The dev split is what an artifact is judged on: choosing on it would grade the artifact by its own data.
         raise UsageError(f"records come from a train split, never from dev: {', '.join(dev)}")

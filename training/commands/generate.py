@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
     from app.settings import DEFAULT_MODEL
     from training.generation import GenerateOptions, run_generate
 
-    check_report_folder(args.out)  # before the model loads (minutes), not after
+    check_report_folder(args.out, holds="the run")  # before the model loads (minutes), not after
     run_generate(
         GenerateOptions(
             data=args.data,

@@ -7,6 +7,7 @@ under every aggregation and both selection metrics; the final fits use all folds
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from training.two_stage import (
     teacher_forced_stats,
 )
 from training.weighting import RowWeighting, weighted
+
+logger = logging.getLogger(__name__)
 
 SELECTION_WORDS = {
     Selection.POOLED: "pooled",
@@ -181,8 +184,14 @@ def cross_validate(
 
 
 def effective_selection(selection: Selection, data: FoldData) -> Selection:
-    """Within-group selection needs an informative group; without one it is pooled."""
-    return selection if selection is Selection.POOLED or data.informative else Selection.POOLED
+    """Within-group selection needs an informative group; without one it is pooled (and said so)."""
+    if selection is Selection.POOLED or data.informative:
+        return selection
+    logger.warning(
+        "no dataset group is informative (each almost all right or all wrong): configurations are selected by "
+        "pooled PRR instead of within-group PRR"
+    )
+    return Selection.POOLED
 
 
 def mean_finite(values: Sequence[float]) -> float:
@@ -290,6 +299,15 @@ def cross_validate_convention(
             progress.save(name, {"table": table, "baselines": _baselines_json(baselines), "selection": selection.value})
     best = best_per_variant(table)
     chosen = sorted(best.values(), key=prr_order)[-1]
+    undefined = sum(value is None or math.isnan(value) for value in chosen["prr_folds"])
+    if undefined:
+        logger.warning(
+            "%d of the %d folds have no defined PRR (all their answers alike): the CV PRR %.3f is the mean of the "
+            "others",
+            undefined,
+            len(chosen["prr_folds"]),
+            chosen["prr_mean"],
+        )
     return ConventionResult(
         spec=spec,
         folds=lambda: prepare_folds(texts, spec, options),

@@ -32,6 +32,6 @@ def load_runs(runs: Sequence[Path], n_lags: int | None) -> tuple[list[FitText], 
         texts.append(FitText.from_trace(trace, lags))
         keys.append(trace.answer_key)
     if not texts:
-        raise SystemExit("the runs hold no completed shards")
+        raise SystemExit("the runs hold no answers (no completed shard, or only shards of skipped records)")
     check_no_duplicates(keys)
     return texts, first, lags

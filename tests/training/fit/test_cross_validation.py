@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from app.uncertainty.features import FeatureSpec, stage1_features, stage2_features
 from training.fit.options import FitOptions
@@ -80,3 +81,19 @@ def test_authors_stage1_is_teacher_forced_and_stage2_gets_the_servers_recurrent_
     served = TadScorer(model, spec, 1e-4).confidences(texts[index].logprobs, np.asarray(texts[index].attention))
     np.testing.assert_allclose(confidences[index], served, rtol=1e-12)
     assert confidences[index][0] == np.float32(texts[index].probs[0])  # c_1 = p_1, as at inference
+
+
+def test_within_group_selection_without_an_informative_group_falls_back_to_pooled_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from types import SimpleNamespace
+
+    from training.fit.cross_validation import effective_selection
+    from training.groups import Selection
+
+    informative = SimpleNamespace(informative=["squad"])
+    assert effective_selection(Selection.WITHIN_GROUP, informative) is Selection.WITHIN_GROUP  # type: ignore[arg-type]
+    assert not caplog.records
+    none = SimpleNamespace(informative=[])
+    assert effective_selection(Selection.WITHIN_GROUP, none) is Selection.POOLED  # type: ignore[arg-type]
+    assert "selected by pooled PRR instead of within-group PRR" in caplog.text
