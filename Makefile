@@ -15,9 +15,11 @@ FORCE:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The TORCH_SPEC the venv was set up with: another one (make serve TORCH_SPEC=...) installs torch again.
+# The TORCH_SPEC the venv was set up with: another one (make serve TORCH_SPEC=...) installs torch again. The
+# installed build is removed first: pip counts a CPU build 2.13.0+cpu as torch==2.13.0 from any index.
 $(VENV)/.torch-spec: FORCE | $(BIN)/python
-	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
+	@echo '$(TORCH_SPEC)' | cmp -s - $@ || { $(BIN)/python -m pip uninstall -y -q torch 2>/dev/null; \
+		echo '$(TORCH_SPEC)' > $@; }
 
 $(VENV)/.serve-installed: $(BIN)/python $(VENV)/.torch-spec pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install --disable-pip-version-check -q $(TORCH_SPEC)
