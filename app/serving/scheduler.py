@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, get_args
 
 from app.engine import phase_timing
 from app.engine.decoding import DecodeBatch, PromptPrefill
@@ -44,6 +44,7 @@ from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import prime_streams
 
 logger = logging.getLogger(__name__)
+StepKind = Literal["decode", "prefill", "scoring"]
 FAILED_INSIDE_THE_MODEL = {
     "prefill": "generation failed inside the model; see the server log",
     "scoring": "scoring failed; see the server log",
@@ -65,8 +66,9 @@ class Scheduler(Admission):
         broken_after_failed_steps: int = 5,
     ) -> None:
         """`prefill_chunk_tokens`: prompt tokens a prefill or a scoring pass may run between two
-        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps
-        failing in a row, with no step succeeding between them, after which the worker counts as broken."""
+        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps of one
+        kind (decode steps, prefills, scoring passes) failing in a row, with no step of that kind succeeding
+        between them, after which the worker counts as broken."""
         super().__init__(max_batch_size, max_queue)
         self.engine = engine
         self.scorer = scorer
@@ -74,8 +76,10 @@ class Scheduler(Admission):
         self.on_batch = on_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.broken_after_failed_steps = broken_after_failed_steps
-        self.failed_steps_in_a_row = 0
+        # Per kind: prefills that succeed between decode steps that all fail must not hide a broken decode step.
+        self._failed_in_a_row: dict[StepKind, int] = dict.fromkeys(get_args(StepKind), 0)
         self._thread: threading.Thread | None = None
+        self._joining: list[GenerationItem] = []
         self._batch: DecodeBatch | None = None
         self._items: dict[int, GenerationItem] = {}
         self._stepped = 0  # items in `_items` whose observer needs each step (streams, early stop)
@@ -115,6 +119,11 @@ class Scheduler(Admission):
         never returns is a stall no failure count sees."""
         started = self._pass_started
         return 0.0 if started is None else time.monotonic() - started
+
+    @property
+    def failed_steps_in_a_row(self) -> int:
+        """The longest current run of failures among the kinds of model step."""
+        return max(self._failed_in_a_row.values())
 
     @property
     def broken(self) -> bool:
@@ -164,25 +173,27 @@ class Scheduler(Admission):
                 self._work(admitted, scoring)
             except Exception:  # a model failure must not hang the waiting requests
                 logger.exception("scheduler step failed")
-                self._fail_everything(admitted, scoring)
-                self._model_step(succeeded=False)
+                self._fail_running(admitted, scoring)
+                self._model_step("decode", succeeded=False)
             finally:
                 self._pass_started = None
                 self._outbox.flush()
                 phase_timing.lap(phase_timing.HANDOFF)
 
-    def _model_step(self, succeeded: bool) -> None:
+    def _model_step(self, kind: StepKind, succeeded: bool) -> None:
         """Count a forward (a decode step, a prefill or scoring chunk) that succeeded or failed: only a
-        success ends a run of failures (a pass that ran no model, all its requests gone, proves nothing)."""
+        success of its kind ends a run of failures (a pass that ran no model, all its requests gone, proves
+        nothing)."""
         if succeeded:
-            self.failed_steps_in_a_row = 0
+            self._failed_in_a_row[kind] = 0
             return
-        self.failed_steps_in_a_row += 1
-        if self.failed_steps_in_a_row == self.broken_after_failed_steps:
+        self._failed_in_a_row[kind] += 1
+        if self._failed_in_a_row[kind] == self.broken_after_failed_steps:
             logger.error(
-                "%d model steps failed in a row: this replica reports itself broken (/ready and /health 503) "
+                "%d %s steps failed in a row: this replica reports itself broken (/ready and /health 503) "
                 "until it is restarted",
-                self.failed_steps_in_a_row,
+                self._failed_in_a_row[kind],
+                kind,
             )
 
     def _work(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
@@ -197,7 +208,7 @@ class Scheduler(Admission):
         if self._batch is not None and self._batch.sequences:
             self._check_abandoned()
             self._batch.step()
-            self._model_step(succeeded=True)
+            self._model_step("decode", succeeded=True)
             self._after_step(computed=len(self._batch.sequences))
         self.stats.running = len(self._items) + self._prefilling()
 
@@ -253,15 +264,23 @@ class Scheduler(Admission):
         """One step of a scoring pass; answers its items when done (or failed). True once finished."""
         try:
             traces = scoring.advance(budget)
-            self._model_step(succeeded=True)
-            if traces is None:
-                return False
-            now = time.monotonic()
-            for item, trace in zip(items, traces, strict=True):
-                if self._still_wanted(item, now, stage="being scored"):
-                    self._answer(item, (item.scorer or self.scorer).score(trace))
         except Exception:
             self._fail_group(items, "scoring")
+            return True
+        self._model_step("scoring", succeeded=True)
+        if traces is None:
+            return False
+        now = time.monotonic()
+        for item, trace in zip(items, traces, strict=True):
+            if not self._still_wanted(item, now, stage="being scored"):
+                continue
+            try:  # each with its own scorer (the artifact its request started with): a failure is its own
+                scored = (item.scorer or self.scorer).score(trace)
+            except Exception:
+                logger.exception("scoring an answer failed")
+                self._answer(item, Failure(ServiceError(FAILED_INSIDE_THE_MODEL["scoring"])))
+                continue
+            self._answer(item, scored)
         return True
 
     def _fail_group(self, items: list[GenerationItem] | list[ScoringItem], work: Literal["prefill", "scoring"]) -> None:
@@ -271,7 +290,7 @@ class Scheduler(Admission):
         failure = Failure(ServiceError(FAILED_INSIDE_THE_MODEL[work]))
         for item in items:
             self._answer(item, failure)
-        self._model_step(succeeded=False)
+        self._model_step(work, succeeded=False)
 
     def _start_prefills(self, items: list[GenerationItem], now: float) -> None:
         """Prefill the first group that fits in a chunk (`prefill_groups`) at once; queue the others."""
@@ -294,7 +313,7 @@ class Scheduler(Admission):
                 self._fail_group(at_once, "prefill")
                 return
             assert batch is not None
-            self._model_step(succeeded=True)
+            self._model_step("prefill", succeeded=True)
             self._join(at_once, batch)
 
     def _advance_pending(self) -> None:
@@ -321,7 +340,7 @@ class Scheduler(Admission):
             self._pending.popleft()
             self._fail_group(pending.items, "prefill")
             return
-        self._model_step(succeeded=True)
+        self._model_step("prefill", succeeded=True)
         if batch is None:
             return
         self._pending.popleft()
@@ -329,6 +348,7 @@ class Scheduler(Admission):
 
     def _join(self, items: list[GenerationItem], batch: DecodeBatch) -> None:
         """Prefilled sequences join the running batch; their first tokens go out."""
+        self._joining = items  # out of the pending work and maybe not all in `_items`: failed with the batch
         now = time.monotonic()
         for item, sequence in zip(items, batch.sequences, strict=True):
             item.sequence = sequence
@@ -338,8 +358,10 @@ class Scheduler(Admission):
             item.stepped = item.observer is not None and getattr(item.observer, "needs_steps", True)
             self._stepped += item.stepped
             self._earliest_deadline = min(self._earliest_deadline, item.deadline)
-            # Cancelled while its prefill ran (a `cancel` seen by a step before it joined): look again.
-            self._cancel_seen = self._cancel_seen or item.cancelled
+            # Cancelled while its prefill ran (a `cancel` seen by a step before it joined): look again. Only ever
+            # set here: a read-and-write of the flag would lose a `cancel` setting it between the two.
+            if item.cancelled:
+                self._cancel_seen = True
         joined = len(batch.sequences)  # the rows the prefill computed; the running ones got nothing new
         phase_timing.lap(phase_timing.SCHEDULER)
         if self._batch is None or not self._batch.sequences:
@@ -353,6 +375,7 @@ class Scheduler(Admission):
             self._batch.merge(batch)
         phase_timing.lap(phase_timing.BATCH)
         self._after_step(computed=joined)
+        self._joining = []
 
     def _check_abandoned(self) -> None:
         """Abandon rows whose client went away or whose deadline passed. Looked for only after a `cancel`
@@ -445,10 +468,23 @@ class Scheduler(Admission):
             self._outbox.put(item, event)
         self._answer(item, last)
 
-    def _fail_everything(
-        self, admitted: list[GenerationItem], scoring: list[ScoringItem], failure: Failure | None = None
-    ) -> None:
-        failure = failure or Failure(ServiceError(FAILED_INSIDE_THE_MODEL["prefill"]))
+    def _fail_running(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
+        """A decode step (or the bookkeeping around it) failed: the running batch's requests fail, and those this
+        pass took up that are in no queued work; queued prefills and scoring passes, each with its own cache,
+        go on."""
+        queued = {id(item) for work in self._pending for item in work.items}
+        failure = Failure(ServiceError(FAILED_INSIDE_THE_MODEL["prefill"]))
+        for item in [*admitted, *scoring, *self._joining, *self._items.values()]:
+            if id(item) not in queued:
+                self._answer(item, failure)
+        self._items.clear()
+        self._joining = []
+        self._stepped = 0
+        self._batch = None
+        self.stats.running = 0
+
+    def _fail_everything(self, admitted: list[GenerationItem], scoring: list[ScoringItem], failure: Failure) -> None:
+        """Shutdown abandons the work: every request, queued or running, gets `failure`."""
         pending = [item for work in self._pending for item in work.items]
         unique = {id(item): item for item in [*admitted, *scoring, *pending, *self._items.values()]}
         for item in unique.values():

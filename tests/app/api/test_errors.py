@@ -270,6 +270,24 @@ def test_one_success_between_failures_keeps_the_replica_in(
         assert client.get("/ready").status_code == 200 and client.get("/health").status_code == 200
 
 
+def test_a_decode_step_failing_every_time_takes_the_replica_out_though_its_prefills_succeed(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine.decoding import DecodeBatch
+
+    def failing_step(self: DecodeBatch) -> None:
+        raise RuntimeError("out of memory")  # e.g. once the batch has grown: every prefill alone still fits
+
+    with make_client(service_settings, broken_after_failed_steps=2) as client:
+        monkeypatch.setattr(DecodeBatch, "step", failing_step)
+        body = {"prompt": "a", "max_new_tokens": 3}
+        assert_error(client.post("/v1/generate", json=body), 500)
+        assert client.get("/ready").status_code == 200
+        assert_error(client.post("/v1/generate", json=body), 500)
+        error = assert_error(client.get("/ready"), 503, error_type="not_ready")
+        assert "model steps all failed" in error["message"]
+
+
 def test_failing_scoring_passes_count_too_and_tad_ready_follows_the_state(
     service_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,7 +303,7 @@ def test_failing_scoring_passes_count_too_and_tad_ready_follows_the_state(
         assert_error(client.post("/v1/score", json=body), 500)
         assert_error(client.get("/health"), 503)  # score-only traffic on a broken device is noticed
         assert "tad_ready 0.0" in client.get("/metrics").text
-        runtime.scheduler.failed_steps_in_a_row = 0  # as after a step that succeeded
+        runtime.scheduler._model_step("scoring", succeeded=True)  # as after a pass that succeeded
         assert client.get("/health").status_code == 200
         assert "tad_ready 1.0" in client.get("/metrics").text  # back in rotation, not stuck at 0
 

@@ -374,3 +374,58 @@ def test_short_scoring_requests_sent_with_a_long_one_are_answered_first_and_corr
         whole = engine.score([(prompt, response)])[0]
         np.testing.assert_allclose(event.trace.logprobs, whole.logprobs, atol=1e-5)
     wait_until_idle(scheduler)
+
+
+def test_a_failed_decode_step_fails_the_running_batch_only_not_a_queued_prefill(
+    engine: Engine, recorder: ChunkRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.engine.decoding import DecodeBatch
+
+    scheduler = _chunked_scheduler(engine, chunk_tokens=1)
+    original = DecodeBatch.step
+    failed: list[bool] = []
+
+    def failing_once_while_a_prompt_is_queued(self: DecodeBatch) -> None:
+        if not failed and len(recorder.jobs) == 2 and len(recorder.jobs[1]) >= 2:  # the joining prompt is queued
+            failed.append(True)
+            raise RuntimeError("out of memory")
+        original(self)
+
+    monkeypatch.setattr(DecodeBatch, "step", failing_once_while_a_prompt_is_queued)
+
+    async def body() -> list[object]:
+        loop = asyncio.get_running_loop()
+        running, joining = generation_item(loop, (5, 6), tokens=80), generation_item(loop, LONG_PROMPT, tokens=6)
+        recorder.running = running
+        scheduler.submit_generation(running)
+        await _until_decoding(running)
+        scheduler.submit_generation(joining)
+        return [await asyncio.wait_for(item.events.get(), 60) for item in (running, joining)]
+
+    running_event, joining_event = run_on(scheduler, body)  # type: ignore[misc]
+    assert failed and isinstance(running_event, Failure)
+    # Its prefill has a cache of its own: it goes on, and the answer comes.
+    assert joining_event[0] == "done"  # type: ignore[index]
+    wait_until_idle(scheduler)
+
+
+def test_one_answers_scorer_failing_fails_that_request_only(engine: Engine) -> None:
+    class FailingScorer(AnswerScorer):
+        def score(self, trace):  # type: ignore[no-untyped-def]
+            raise RuntimeError("a scorer's bug")
+
+    scheduler = _chunked_scheduler(engine, chunk_tokens=0)
+
+    async def body() -> list[object]:
+        loop = asyncio.get_running_loop()
+        bad, good = scoring_item(loop, (5, 6, 7), (8, 9)), scoring_item(loop, (5, 6, 7), (8, 10))
+        bad.scorer = FailingScorer(None)  # the artifact its request started with, say, before a reload
+        with scheduler._condition:  # both queued before the worker looks: one scoring pass, the failing one first
+            for item in (bad, good):
+                scheduler.submit_scoring(item)
+        return [await asyncio.wait_for(item.events.get(), 30) for item in (bad, good)]
+
+    bad_event, good_event = run_on(scheduler, body)  # type: ignore[misc]
+    assert isinstance(bad_event, Failure) and not isinstance(good_event, Failure)
+    assert scheduler.failed_steps_in_a_row == 0  # the model's pass succeeded: not a model failure
+    wait_until_idle(scheduler)
