@@ -295,10 +295,18 @@ class GenerationService:
                     if REGISTRY[submitted.policy.method.value].needs_check_pass:
                         if keep_alive:  # the check is a scoring pass: what the consumer holds goes out first
                             yield KeepAlive()
-                        scored = await self._with_p_true(
-                            submitted.question, event.sequence.text, event.scored, request, item.deadline
+                        check = asyncio.ensure_future(
+                            self._with_p_true(
+                                submitted.question, event.sequence.text, event.scored, request, item.deadline
+                            )
                         )
-                        event = replace(event, scored=scored)
+                        try:
+                            # Queued behind long chunked work, the pass may take a while: the stream stays alive.
+                            while not (await asyncio.wait({check}, timeout=min(keep_alive_s, 3600.0)))[0]:
+                                yield KeepAlive()
+                        finally:
+                            check.cancel()  # only if it is still running: the consumer went away
+                        event = replace(event, scored=check.result())
                     finished = True
                     outcome = self.conclude(submitted, event)
                     for token in held if held is not None and not outcome.withheld else ():

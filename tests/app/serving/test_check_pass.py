@@ -185,3 +185,27 @@ def test_early_stop_with_p_true_is_refused_as_it_could_never_stop(
 ) -> None:
     response = client.post(route, json={**body, "max_tokens" if "tad" in body else "max_new_tokens": 4})
     assert response.status_code == invalid_status(route) and response.json()["error"]["param"] == param
+
+
+def test_a_stream_waiting_for_its_check_pass_keeps_its_connection_alive(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from app.engine.teacher_forcing import ScoringPass
+
+    advance = ScoringPass.advance
+
+    def slow_advance(self: ScoringPass, max_tokens: int | None = None) -> object:
+        time.sleep(0.4)  # the check pass queued behind long work
+        return advance(self, max_tokens)
+
+    monkeypatch.setattr(ScoringPass, "advance", slow_advance)
+    with make_client(service_settings, stream_keepalive_s=0.05) as client:
+        request = {"messages": CHAT, "max_new_tokens": 4, "stream": True, "policy": P_TRUE_POLICY}
+        with client.stream("POST", "/v1/generate", json=request) as response:
+            lines = [line for line in response.iter_lines() if line]
+    last_token = max(i for i, line in enumerate(lines) if line == "event: token")
+    final = lines.index("event: final")
+    # one as the pass starts (what the consumer holds goes out), then more while it runs
+    assert lines[last_token:final].count(": keep-alive") >= 3
