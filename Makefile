@@ -15,10 +15,14 @@ FORCE:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The TORCH_SPEC the venv was set up with: another one (make serve TORCH_SPEC=...) installs torch again. The
-# installed build is removed first: pip counts a CPU build 2.13.0+cpu as torch==2.13.0 from any index.
+# The TORCH_SPEC the venv was set up with: another one (make serve TORCH_SPEC=...) installs torch again, in place
+# of the build there (pip counts a CPU build 2.13.0+cpu as torch==2.13.0 from any index); its dependencies follow
+# in .serve-installed. A download that fails leaves the old build and the old spec.
 $(VENV)/.torch-spec: FORCE | $(BIN)/python
-	@echo '$(TORCH_SPEC)' | cmp -s - $@ || { $(BIN)/python -m pip uninstall -y -q torch 2>/dev/null; \
+	@echo '$(TORCH_SPEC)' | cmp -s - $@ || { \
+		if $(BIN)/python -m pip show -q torch >/dev/null 2>&1; then \
+			$(BIN)/python -m pip install --disable-pip-version-check -q --force-reinstall --no-deps $(TORCH_SPEC) || exit 1; \
+		fi; \
 		echo '$(TORCH_SPEC)' > $@; }
 
 $(VENV)/.serve-installed: $(BIN)/python $(VENV)/.torch-spec pyproject.toml constraints.txt Makefile

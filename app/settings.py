@@ -98,8 +98,8 @@ class Settings(BaseSettings):
     broken_after_failed_steps: int = Field(
         5,
         ge=1,
-        description="model steps failing in a row after which the replica reports itself broken "
-        "(/ready and /health 503) until restarted",
+        description="model steps failing in a row (or decode steps, prefills succeeding between them) after "
+        "which the replica reports itself broken (/ready and /health 503) until restarted",
     )
     prefill_chunk_tokens: int = Field(
         512,

@@ -173,7 +173,8 @@ def check_default(calibration: Calibration, decision: Method, errors: Sequence[f
             f"the default target {default} accepts none of the {n} calibration answers (every answer would be "
             "rejected): calibrate on more answers; nothing written"
         )
-    if chosen.kind == "coverage" and errors:
+    certified = any(entry.kind == "error" for entry in calibration.thresholds[decision].values())
+    if chosen.kind == "coverage" and errors and not certified:
         logger.warning(
             "no --error target is certified for %s: the default target is %s, which bounds no error rate (%.3f of "
             "the calibration answers it accepts are wrong)",

@@ -337,8 +337,8 @@ class Runtime:
         """Why the worker cannot answer any more (only a restart mends it), or None."""
         if not scheduler.alive:
             return "the generation worker has stopped"
-        if scheduler.broken:
-            return f"the last {scheduler.failed_steps_in_a_row} model steps all failed"
+        if (broken := scheduler.failures.broken) is not None:
+            return f"the last {broken} steps all failed"
         # One pass longer than a request may last: a forward that never returns (a hung device, a deadlock).
         if (running_s := scheduler.pass_running_s) > self.settings.request_timeout_s:
             return f"the generation worker has been in one pass of model steps for {running_s:.0f} s"

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal, get_args
+from typing import Literal
 
 from app.engine import phase_timing
 from app.engine.decoding import DecodeBatch, PromptPrefill
@@ -32,6 +32,7 @@ from app.engine.teacher_forcing import ScoringPass
 from app.errors import DeadlineExceeded, ServiceError
 from app.serving.admission import Admission
 from app.serving.events import Event, Failure
+from app.serving.step_failures import StepFailures
 from app.serving.work_items import (
     GenerationItem,
     Outbox,
@@ -44,7 +45,6 @@ from app.uncertainty.answer import AnswerScorer
 from app.uncertainty.tad import prime_streams
 
 logger = logging.getLogger(__name__)
-StepKind = Literal["decode", "prefill", "scoring"]
 FAILED_INSIDE_THE_MODEL = {
     "prefill": "generation failed inside the model; see the server log",
     "scoring": "scoring failed; see the server log",
@@ -66,18 +66,16 @@ class Scheduler(Admission):
         broken_after_failed_steps: int = 5,
     ) -> None:
         """`prefill_chunk_tokens`: prompt tokens a prefill or a scoring pass may run between two
-        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps of one
-        kind (decode steps, prefills, scoring passes) failing in a row, with no step of that kind succeeding
-        between them, after which the worker counts as broken."""
+        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps
+        failing in a row, with no step succeeding between them, or decode steps failing in a row with no decode
+        step succeeding between them, after which the worker counts as broken."""
         super().__init__(max_batch_size, max_queue)
         self.engine = engine
         self.scorer = scorer
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.broken_after_failed_steps = broken_after_failed_steps
-        # Per kind: prefills that succeed between decode steps that all fail must not hide a broken decode step.
-        self._failed_in_a_row: dict[StepKind, int] = dict.fromkeys(get_args(StepKind), 0)
+        self.failures = StepFailures(broken_after_failed_steps)
         self._thread: threading.Thread | None = None
         self._joining: list[GenerationItem] = []
         self._batch: DecodeBatch | None = None
@@ -119,17 +117,6 @@ class Scheduler(Admission):
         never returns is a stall no failure count sees."""
         started = self._pass_started
         return 0.0 if started is None else time.monotonic() - started
-
-    @property
-    def failed_steps_in_a_row(self) -> int:
-        """The longest current run of failures among the kinds of model step."""
-        return max(self._failed_in_a_row.values())
-
-    @property
-    def broken(self) -> bool:
-        """Every recent step failed: the device or the model is in a state (a CUDA error poisons the process's
-        context) that only a restart mends, so the replica should leave rotation and be restarted."""
-        return self.failed_steps_in_a_row >= self.broken_after_failed_steps
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
@@ -174,27 +161,11 @@ class Scheduler(Admission):
             except Exception:  # a model failure must not hang the waiting requests
                 logger.exception("scheduler step failed")
                 self._fail_running(admitted, scoring)
-                self._model_step("decode", succeeded=False)
+                self.failures.record("decode", succeeded=False)
             finally:
                 self._pass_started = None
                 self._outbox.flush()
                 phase_timing.lap(phase_timing.HANDOFF)
-
-    def _model_step(self, kind: StepKind, succeeded: bool) -> None:
-        """Count a forward (a decode step, a prefill or scoring chunk) that succeeded or failed: only a
-        success of its kind ends a run of failures (a pass that ran no model, all its requests gone, proves
-        nothing)."""
-        if succeeded:
-            self._failed_in_a_row[kind] = 0
-            return
-        self._failed_in_a_row[kind] += 1
-        if self._failed_in_a_row[kind] == self.broken_after_failed_steps:
-            logger.error(
-                "%d %s steps failed in a row: this replica reports itself broken (/ready and /health 503) "
-                "until it is restarted",
-                self._failed_in_a_row[kind],
-                kind,
-            )
 
     def _work(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:
         if scoring:
@@ -208,7 +179,7 @@ class Scheduler(Admission):
         if self._batch is not None and self._batch.sequences:
             self._check_abandoned()
             self._batch.step()
-            self._model_step("decode", succeeded=True)
+            self.failures.record("decode", succeeded=True)
             self._after_step(computed=len(self._batch.sequences))
         self.stats.running = len(self._items) + self._prefilling()
 
@@ -267,20 +238,24 @@ class Scheduler(Admission):
         except Exception:
             self._fail_group(items, "scoring")
             return True
-        self._model_step("scoring", succeeded=True)
+        self.failures.record("scoring", succeeded=True)
         if traces is None:
             return False
+        failure = Failure(ServiceError(FAILED_INSIDE_THE_MODEL["scoring"]))
         now = time.monotonic()
-        for item, trace in zip(items, traces, strict=True):
-            if not self._still_wanted(item, now, stage="being scored"):
-                continue
-            try:  # each with its own scorer (the artifact its request started with): a failure is its own
-                scored = (item.scorer or self.scorer).score(trace)
-            except Exception:
-                logger.exception("scoring an answer failed")
-                self._answer(item, Failure(ServiceError(FAILED_INSIDE_THE_MODEL["scoring"])))
-                continue
-            self._answer(item, scored)
+        try:
+            for item, trace in zip(items, traces, strict=True):
+                if self._still_wanted(item, now, stage="being scored"):
+                    # Each with its own scorer (the artifact its request started with): its failure is its own.
+                    try:
+                        self._answer(item, (item.scorer or self.scorer).score(trace))
+                    except Exception:
+                        logger.exception("scoring an answer failed")
+                        self._answer(item, failure)
+        except Exception:  # a defect in the bookkeeping: the pass is over, and no item is left waiting
+            logger.exception("answering a scoring pass failed")
+            for item in items:
+                self._answer(item, failure)
         return True
 
     def _fail_group(self, items: list[GenerationItem] | list[ScoringItem], work: Literal["prefill", "scoring"]) -> None:
@@ -290,7 +265,7 @@ class Scheduler(Admission):
         failure = Failure(ServiceError(FAILED_INSIDE_THE_MODEL[work]))
         for item in items:
             self._answer(item, failure)
-        self._model_step(work, succeeded=False)
+        self.failures.record(work, succeeded=False)
 
     def _start_prefills(self, items: list[GenerationItem], now: float) -> None:
         """Prefill the first group that fits in a chunk (`prefill_groups`) at once; queue the others."""
@@ -313,7 +288,7 @@ class Scheduler(Admission):
                 self._fail_group(at_once, "prefill")
                 return
             assert batch is not None
-            self._model_step("prefill", succeeded=True)
+            self.failures.record("prefill", succeeded=True)
             self._join(at_once, batch)
 
     def _advance_pending(self) -> None:
@@ -340,7 +315,7 @@ class Scheduler(Admission):
             self._pending.popleft()
             self._fail_group(pending.items, "prefill")
             return
-        self._model_step("prefill", succeeded=True)
+        self.failures.record("prefill", succeeded=True)
         if batch is None:
             return
         self._pending.popleft()

@@ -155,6 +155,14 @@ def test_a_coverage_default_in_place_of_an_uncertified_error_target_is_said(capl
     caplog.clear()
     check_default(calibration, Method.TAD, [])  # only coverage was asked for: nothing to say
     assert "bounds no error rate" not in caplog.text
+    # a coverage default named while an error target is certified: nothing stood in for anything
+    values = np.arange(200) / 200
+    quality = (values < 0.8).astype(float)
+    named = CalibrationTargets([0.5], [0.3], delta=0.1, default_target="coverage@0.5")
+    calibration = _calibrated(values, quality, named)
+    assert "error@0.3" in calibration.thresholds[Method.TAD]
+    check_default(calibration, Method.TAD, [0.3])
+    assert "bounds no error rate" not in caplog.text
 
 
 def test_the_calibration_runs_are_recorded_resolved(

@@ -285,7 +285,7 @@ def test_a_decode_step_failing_every_time_takes_the_replica_out_though_its_prefi
         assert client.get("/ready").status_code == 200
         assert_error(client.post("/v1/generate", json=body), 500)
         error = assert_error(client.get("/ready"), 503, error_type="not_ready")
-        assert "model steps all failed" in error["message"]
+        assert "the last 2 decode steps all failed" in error["message"]
 
 
 def test_failing_scoring_passes_count_too_and_tad_ready_follows_the_state(
@@ -303,7 +303,7 @@ def test_failing_scoring_passes_count_too_and_tad_ready_follows_the_state(
         assert_error(client.post("/v1/score", json=body), 500)
         assert_error(client.get("/health"), 503)  # score-only traffic on a broken device is noticed
         assert "tad_ready 0.0" in client.get("/metrics").text
-        runtime.scheduler._model_step("scoring", succeeded=True)  # as after a pass that succeeded
+        runtime.scheduler.failures.record("scoring", succeeded=True)  # as after a pass that succeeded
         assert client.get("/health").status_code == 200
         assert "tad_ready 1.0" in client.get("/metrics").text  # back in rotation, not stuck at 0
 

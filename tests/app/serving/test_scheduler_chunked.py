@@ -257,7 +257,7 @@ def test_a_model_failure_in_a_later_chunk_fails_its_own_request_only_and_the_sch
     # The joining prompt's prefill failed; the answer decoding meanwhile (its cache apart) is not its victim.
     assert isinstance(joining_event, Failure) and running_event[0] == "done"  # type: ignore[index]
     assert later_event[0] == "done"  # type: ignore[index]
-    assert scheduler.failed_steps_in_a_row == 0  # the steps after the failure succeeded
+    assert scheduler.failures.in_a_row == 0  # the steps after the failure succeeded
     wait_until_idle(scheduler)
 
 
@@ -427,5 +427,5 @@ def test_one_answers_scorer_failing_fails_that_request_only(engine: Engine) -> N
 
     bad_event, good_event = run_on(scheduler, body)  # type: ignore[misc]
     assert isinstance(bad_event, Failure) and not isinstance(good_event, Failure)
-    assert scheduler.failed_steps_in_a_row == 0  # the model's pass succeeded: not a model failure
+    assert scheduler.failures.in_a_row == 0  # the model's pass succeeded: not a model failure
     wait_until_idle(scheduler)
