@@ -9,6 +9,7 @@ turns results into decisions and metrics. It returns domain objects (`Generation
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import secrets
 import time
@@ -48,6 +49,7 @@ from app.uncertainty.methods import REGISTRY
 DISCONNECT_POLL_S = 0.25
 DEADLINE_GRACE_S = 30.0
 TRACE_ONLY = AnswerScorer(None)  # a check pass's scorer: the baselines of its one token, no artifact
+logger = logging.getLogger(__name__)
 
 
 def _question(prompt: PromptInput) -> str:
@@ -362,8 +364,11 @@ class GenerationService:
         (`app/serving/check_pass.py`) within the request's own `deadline`; the pass is cancelled if the
         client goes away meanwhile."""
         prompt_ids, yes = await tokenized(len(question) + len(answer), self.engine, check_pass, question, answer)
-        # Re-tokenized in its prompt (with the one token the pass scores), an answer can come out longer.
-        check_context(self.engine, len(prompt_ids) + 1, 0, "policy.method", CHECK_PROMPT_NAME)
+        context = context_length(self.engine)
+        if context is not None and len(prompt_ids) + 1 > context:
+            # Re-tokenized, the answer outgrew the room `fit_check_pass` left: kept without P(True) (rejected).
+            logger.warning("the check prompt (%d tokens) does not fit the context: no P(True)", len(prompt_ids) + 1)
+            return scored
         item = ScoringItem(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),

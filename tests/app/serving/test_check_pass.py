@@ -209,3 +209,26 @@ def test_a_stream_waiting_for_its_check_pass_keeps_its_connection_alive(
     final = lines.index("event: final")
     # one as the pass starts (what the consumer holds goes out), then more while it runs
     assert lines[last_token:final].count(": keep-alive") >= 3
+
+
+def test_an_answer_whose_check_prompt_outgrows_the_context_is_kept_unscored_and_rejected(
+    service_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room for the check prompt is reserved before generating; an answer that re-tokenizes longer in it must
+    not be thrown away with an error after it was computed."""
+    from app.serving import service as service_module
+
+    real_check_pass = service_module.check_pass
+
+    def longer(engine, question, answer):  # type: ignore[no-untyped-def]
+        ids, yes = real_check_pass(engine, question, answer)
+        return ids + (ids[-1],) * 2048, yes  # past the tiny model's context of 2,048
+
+    monkeypatch.setattr(service_module, "check_pass", longer)
+    with make_client(service_settings) as client:
+        response = client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 6, "policy": P_TRUE_POLICY})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["text"] and body["uncertainty"]["p_true"] is None
+    assert body["decision"]["method"] == "p_true" and body["decision"]["score"] is None
+    assert body["decision"]["accept"] is False
