@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
-from types import ModuleType
+import threading
+from types import FrameType, ModuleType
 
 from training.arguments import UsageError
 from training.commands import calibrate, calibration_artifact, evaluate, fit, generate, lodo, summary
@@ -28,13 +30,21 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     return parser, {name: module.register(subparsers) for name, module in COMMANDS.items()}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a batch scheduler, `kill`), ended as Ctrl-C is: the same message, exit status 143."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
 def build_parser() -> argparse.ArgumentParser:
     return _build()[0]
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run a command; a user's mistake (a missing file, a bad model or artifact, a corrupt run) ends it with
-    one line on stderr and exit status 1, Ctrl-C with 130, instead of a traceback. Without the training
+    one line on stderr and exit status 1, Ctrl-C with 130 (SIGTERM 143), instead of a traceback. Without the training
     extra a command ends at once (exit status 2) with one line saying how to install it; --help works."""
     parser, commands = _build()
     args = parser.parse_args(argv)
@@ -46,18 +56,24 @@ def main(argv: list[str] | None = None) -> None:
     from app.engine.loading import ModelLoadError
     from app.uncertainty.artifact import ArtifactError
 
+    # Signal handlers can only be set from the main thread (a caller running main() elsewhere keeps its own).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         COMMANDS[args.command].run(args)
     except UsageError as error:
         commands[args.command].error(str(error))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interruption:
         print(f"\ninterrupted: {INTERRUPTED[args.command]}", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(143 if isinstance(interruption, Terminated) else 130) from None
     except (OSError, ModelLoadError, ArtifactError, json.JSONDecodeError) as error:
         if args.verbose:  # the traceback is what a bug report needs
             raise
         print(f"error: {_describe(error)}", file=sys.stderr)
         raise SystemExit(1) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _describe(error: BaseException) -> str:

@@ -81,6 +81,25 @@ def test_ctrl_c_says_what_a_rerun_does(
     assert "rerunning starts over" in err and "resumes" not in err  # summary keeps nothing to resume from
 
 
+def test_sigterm_ends_a_command_as_ctrl_c_does_and_the_handler_is_put_back(
+    tiny_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import signal
+
+    import training.run_summary as summary
+
+    def terminated(*args: object) -> str:
+        os.kill(os.getpid(), signal.SIGTERM)  # what `timeout` or a batch scheduler sends
+        return ""
+
+    monkeypatch.setattr(summary, "summarise", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    err = _fails(["summary", str(tiny_runs["dev"])], capsys, code=143)
+    assert "interrupted: " in err and "rerunning starts over" in err
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_every_command_says_what_an_interruption_leaves() -> None:
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(INTERRUPTED) == set(commands.choices)
