@@ -6,9 +6,10 @@ uvicorn starts, the runtime's own loading is handed that object, and plain trans
 two timed windows (`POST /bench/generate`). The client also resets and reads the worker's phase
 clock (`app/engine/phase_timing.py`) and the threads' CPU times around each window.
 
-Stop tokens are off on both sides (the engine's stop ids cleared, `generate` without an eos id),
-so every answer has exactly `--new-tokens` tokens: the two sides generate the same number of
-tokens from prompts of the same length (`generate` takes the first `--clients`, the warm-up round's).
+Stop tokens are off on both sides (the engine's stop ids cleared, `generate` held to its length by
+`min_new_tokens`), so every answer has exactly `--new-tokens` tokens: the two sides generate the same
+number of tokens from prompts of the same length (`generate` takes the first `--clients`, the warm-up
+round's).
 """
 
 from __future__ import annotations
@@ -132,21 +133,27 @@ class PlainGenerate:
         self.ids = torch.tensor(prompts, device=self.device)
         self.new_tokens = new_tokens
         config = copy.deepcopy(self.model.generation_config)
-        config.eos_token_id = None  # exactly `new_tokens` tokens, as the service generates
+        # Exactly `new_tokens` tokens, as the service generates: transformers refills an eos_token_id set to None
+        # from the model's own config (a real model's end of turn), so the end is held off instead.
         config.pad_token_id = 0 if config.pad_token_id is None else config.pad_token_id
         config.do_sample = False
-        config.max_new_tokens = new_tokens
+        config.max_new_tokens = config.min_new_tokens = new_tokens
         self.config = config
 
-    def run(self, new_tokens: int | None = None) -> None:
+    def run(self, new_tokens: int | None = None) -> int:
+        """One batch; the tokens each row made (checked: all that were asked for)."""
         config = self.config
         if new_tokens is not None:
             config = copy.deepcopy(config)
-            config.max_new_tokens = new_tokens
+            config.max_new_tokens = config.min_new_tokens = new_tokens
         with torch.inference_mode():
-            self.model.generate(  # type: ignore[operator]  # torch types module attributes as tensors
+            out = self.model.generate(  # type: ignore[operator]  # torch types module attributes as tensors
                 self.ids, attention_mask=torch.ones_like(self.ids), generation_config=config
             )
+        made = out.shape[1] - self.ids.shape[1]
+        if made != config.max_new_tokens:  # the rate counts that many: a shorter run would overstate it
+            raise RuntimeError(f"generate made {made} tokens, not {config.max_new_tokens}")
+        return int(made)
 
     def timed(self, batches: int, split: bool) -> dict[str, float]:
         """`batches` runs back to back, timed together (as much work as a window of the service's); with

@@ -42,3 +42,22 @@ def test_without_http_the_requests_are_sent_inside_the_server() -> None:
     assert "in the server without HTTP" in out
     assert "decided by {'tad': 2}, every answer scored: True" in out
     assert out.strip().splitlines()[-1].startswith("scheduler_vs_generate=")
+
+
+def test_plain_generate_makes_every_token_it_is_credited_with_though_the_model_has_an_end_token(
+    tiny_model_dir: Path,
+) -> None:
+    """transformers refills an eos id set to None from the model's own config: the benchmark must hold the end
+    off, or a batch ending early would be counted at full length and `generate`'s rate overstated."""
+    import torch
+
+    from app.engine.loading import load_model
+    from benchmarks.serving_server import PlainGenerate
+
+    loaded = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    prompt = [5, 6, 7]
+    with torch.inference_mode():
+        first = int(loaded.model(torch.tensor([prompt])).logits[0, -1].argmax())
+    loaded.model.generation_config.eos_token_id = first  # the greedy answer would end at once
+    plain = PlainGenerate(loaded, [prompt], new_tokens=6)
+    assert plain.run() == 6
