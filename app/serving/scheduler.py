@@ -66,9 +66,8 @@ class Scheduler(Admission):
         broken_after_failed_steps: int = 5,
     ) -> None:
         """`prefill_chunk_tokens`: prompt tokens a prefill or a scoring pass may run between two
-        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: model steps
-        failing in a row, with no step succeeding between them, or decode steps failing in a row with no decode
-        step succeeding between them, after which the worker counts as broken."""
+        decode steps of the running batch (0: they run whole). `broken_after_failed_steps`: failed model steps
+        in a row after which the worker counts as broken (`StepFailures` says which runs count)."""
         super().__init__(max_batch_size, max_queue)
         self.engine = engine
         self.scorer = scorer

@@ -394,12 +394,7 @@ def test_a_failed_decode_step_fails_the_running_batch_only_not_a_queued_prefill(
     monkeypatch.setattr(DecodeBatch, "step", failing_once_while_a_prompt_is_queued)
 
     async def body() -> list[object]:
-        loop = asyncio.get_running_loop()
-        running, joining = generation_item(loop, (5, 6), tokens=80), generation_item(loop, LONG_PROMPT, tokens=6)
-        recorder.running = running
-        scheduler.submit_generation(running)
-        await _until_decoding(running)
-        scheduler.submit_generation(joining)
+        running, joining = await _long_prompt_joining(scheduler, recorder, chunks=0)
         return [await asyncio.wait_for(item.events.get(), 60) for item in (running, joining)]
 
     running_event, joining_event = run_on(scheduler, body)  # type: ignore[misc]
