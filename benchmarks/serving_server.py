@@ -118,6 +118,19 @@ class GenerateThread:
             return in_own_thread(function, *args)
         return self.executor.submit(function, *args).result()
 
+    def run_beside(self, scheduler: Any, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` between the service's windows. On a CPU the scheduler's worker is stopped
+        meanwhile (two OpenMP teams on two cores would each slow the other) and started again after, on a
+        new thread. On CUDA it stays up, idle: a new worker thread would rebuild the attention plans of every
+        key length in the next window's timed steps, as a new `generate` thread did."""
+        if self.executor is not None:
+            return self.run(function, *args)
+        scheduler.stop()
+        try:
+            return self.run(function, *args)
+        finally:
+            scheduler.start()
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -297,14 +310,8 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate, runner
         return {"prompts": texts}
 
     def time_generate(batches: int = 1, split: bool = False) -> dict[str, float]:
-        """A sync route: it runs on a pool thread, `generate` on its own (`GenerateThread`) while the worker is
-        stopped (on a CPU the two would otherwise each keep a team of torch's CPU threads)."""
-        scheduler = runtime.scheduler
-        scheduler.stop()
-        try:
-            return runner.run(generate.timed, batches, split)
-        finally:
-            scheduler.start()
+        """A sync route: it runs on a pool thread, `generate` on its own (`GenerateThread.run_beside`)."""
+        return runner.run_beside(runtime.scheduler, generate.timed, batches, split)
 
     def reset() -> dict[str, Any]:
         if phase_timing.CLOCK is not None:

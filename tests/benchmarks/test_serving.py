@@ -61,3 +61,36 @@ def test_plain_generate_makes_every_token_it_is_credited_with_though_the_model_h
     loaded.model.generation_config.eos_token_id = first  # the greedy answer would end at once
     plain = PlainGenerate(loaded, [prompt], new_tokens=6)
     assert plain.run() == 6
+
+
+class _Worker:
+    """The scheduler's start and stop, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+
+def test_plain_generate_pauses_the_worker_on_a_cpu_and_leaves_it_up_on_cuda() -> None:
+    """On CUDA a restarted worker is a new thread, which rebuilds every attention plan in the next timed window."""
+    import threading
+
+    import torch
+
+    from benchmarks.serving_server import GenerateThread
+
+    def thread_name() -> str:
+        return threading.current_thread().name
+
+    cpu, worker = GenerateThread(torch.device("cpu")), _Worker()
+    assert cpu.run_beside(worker, thread_name) == "bench-torch"
+    assert worker.calls == ["stop", "start"]
+
+    cuda, worker = GenerateThread(torch.device("cuda")), _Worker()
+    names = {cuda.run_beside(worker, thread_name) for _ in range(2)}
+    assert worker.calls == [] and len(names) == 1 and names.pop().startswith("bench-generate")
