@@ -16,12 +16,15 @@ import contextlib
 import errno
 import json
 import logging
+import os
+import re
 import signal
 import socket
 import sys
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
@@ -31,7 +34,7 @@ from app.errors import NotReady
 from app.main import create_app
 from app.serving.runtime import ArtifactReloadError, Runtime
 from app.serving.scheduler import STOP_TIMEOUT_S
-from app.settings import Settings
+from app.settings import Settings, unknown_variables
 
 logger = logging.getLogger("app")
 
@@ -113,27 +116,36 @@ def reload_on_sighup(runtime: Runtime) -> None:
     signal.signal(signal.SIGHUP, handler)
 
 
-def _variable(prefix: str, location: tuple[int | str, ...]) -> str:
-    """The environment variable a settings error is about: a field with an alias is located by the alias,
-    which already is the whole name."""
-    name = str(location[0]).upper() if location else "?"
-    return name if name.startswith(prefix) else prefix + name
+def _problem(prefix: str, item: Any) -> str:
+    """One line of a settings error: the variable it is about, and why. A field with an alias is located by the
+    alias, which already is the whole name; a contradiction between settings (no location) names its own."""
+    message = str(item["msg"]).removeprefix("Value error, ")
+    location = item["loc"]
+    if not location:
+        return message
+    name = str(location[0]).upper()
+    return f"{name if name.startswith(prefix) else prefix + name}: {message}"
 
 
 def load_settings() -> Settings:
-    """The settings, or exit 1 with one line naming each bad variable (a traceback says less)."""
+    """The settings, or exit 1 with one line naming each bad variable (a traceback says less); a `TAD_*`
+    variable that sets nothing is one of them."""
+    prefix = Settings.model_config.get("env_prefix", "")
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        print(f"tad-serve: cannot start: {'; '.join(unknown)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     try:
         return Settings()
     except ValidationError as error:
-        prefix = Settings.model_config.get("env_prefix", "")
-        problems = "; ".join(
-            f"{_variable(prefix, item['loc'])}: {str(item['msg']).removeprefix('Value error, ')}"
-            for item in error.errors()  # never the value itself: it may be the API key
-        )
+        # Never the value itself: it may be the API key.
+        problems = "; ".join(_problem(prefix, item) for item in error.errors())
         print(f"tad-serve: cannot start: {problems}", file=sys.stderr, flush=True)
         sys.exit(1)
     except SettingsError as error:  # a value the source cannot parse at all (a list setting not in JSON)
-        print(f'tad-serve: cannot start: {error} (list settings are JSON, e.g. ["a", "b"])', file=sys.stderr)
+        # pydantic-settings names the field; the user set the variable.
+        named = re.sub(r'field "(\w+)"', lambda match: prefix + match.group(1).upper(), str(error))
+        print(f'tad-serve: cannot start: {named} (list settings are JSON, e.g. ["a", "b"])', file=sys.stderr)
         sys.exit(1)
 
 

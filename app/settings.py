@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field, FiniteFloat, SecretStr, field_validator, model_validator
+from pydantic import Field, FiniteFloat, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.uncertainty.methods import Method
+from app.uncertainty.methods import REGISTRY, Method
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
@@ -31,6 +34,14 @@ DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tad-serve"
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# The shortest slot a compiled decode step reads (app/engine/slot_decoding.py's SMALLEST_WIDTH): a shorter
+# length would leave prompts hardly any room, or none.
+MIN_COMPILED_DECODE_LENGTH = 128
+# Variables with the settings' prefix read by others: the phase clock (app/engine/phase_timing.py) and the
+# HAProxy balancer's container (deploy/).
+OTHER_VARIABLES = frozenset({"TAD_PHASE_TIMING", "TAD_BALANCER_BIND"})
+OTHER_PREFIXES = ("TAD_REPLICA_",)
+RENAMED = {"TAD_CUDA_GRAPHS_LENGTH": "TAD_COMPILED_DECODE_LENGTH"}
 
 
 class RejectAction(StrEnum):
@@ -46,17 +57,15 @@ DEFAULT_WITHHELD_MESSAGE = "I'm not confident enough in an answer to give one."
 class Settings(BaseSettings):
     """Every knob of the service; `TAD_<NAME>` sets `<name>` (e.g. TAD_PORT=9000)."""
 
-    # By name as well: `Settings(compiled_decode_length=...)` in code, while the environment has only `TAD_*`.
-    model_config = SettingsConfigDict(
-        env_prefix="TAD_", extra="ignore", protected_namespaces=(), validate_by_name=True, validate_by_alias=True
-    )
+    # A misspelt variable is refused by `unknown_variables`, which `python -m app` checks first.
+    model_config = SettingsConfigDict(env_prefix="TAD_", extra="ignore", protected_namespaces=())
 
     # The LLM: a catalog name (`qwen2.5-coder-1.5b`, `smollm2-135m`, `gemma3-270m`), `pkg:<package>/<file>`
     # (a file shipped in an installed package), a GGUF file, a local model folder, or a hub id `<org>/<name>`
     # (hub ids need network or a local HF cache).
-    model: str = DEFAULT_MODEL
+    model: str = Field(DEFAULT_MODEL, min_length=1)
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    dtype: str = Field(
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="auto (the artifact's dtype; without one bfloat16 on GPU and on CPUs with native bf16, else "
         "float32), float32, bfloat16, float16",
@@ -71,10 +80,12 @@ class Settings(BaseSettings):
         DEFAULT_ARTIFACT,
         description="the TAD artifact; empty for none; unset: the catalog model's committed artifact, none for others",
     )
-    artifact_manifest_sha256: str | None = Field(None, description="pin the exact manifest.json")
+    artifact_manifest_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="pin the exact manifest.json (its sha256, 64 hex digits)"
+    )
     require_artifact: bool = False
 
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = Field("info", description="critical, error, warning, info or debug")
     decision_log: bool = Field(
@@ -94,7 +105,9 @@ class Settings(BaseSettings):
     # Scheduling.
     max_batch_size: int = Field(8, ge=1)
     max_queue: int = Field(64, ge=0, description="waiting requests beyond the running batch; more get 429")
-    batch_window_ms: float = Field(10.0, ge=0.0, description="how long an idle scheduler waits to fill a batch")
+    batch_window_ms: float = Field(
+        10.0, ge=0.0, le=60_000.0, description="how long an idle scheduler waits to fill a batch"
+    )
     broken_after_failed_steps: int = Field(
         5,
         ge=1,
@@ -110,27 +123,36 @@ class Settings(BaseSettings):
     compiled_decode_length: int = Field(
         0,
         ge=0,
-        # TAD_CUDA_GRAPHS_LENGTH: its name before the CPU could compile the step too (deprecated).
-        validation_alias=AliasChoices("TAD_COMPILED_DECODE_LENGTH", "TAD_CUDA_GRAPHS_LENGTH"),
-        description="decode in a slot cache of this many tokens per sequence (prompt + answer, which then caps "
+        description=f"0, or at least {MIN_COMPILED_DECODE_LENGTH}: decode in a slot cache of this many tokens per "
+        "sequence (prompt + answer, which then caps "
         "the context), each decode step compiled before the server is ready: replayed from a CUDA graph on CUDA, "
         "compiled by torch.compile on a CPU (seconds per read width; needs a C++ compiler); 0: the eager decode "
         "loop. Full-attention models on one device (Llama, Qwen2/3, Phi-3, Granite); others keep the eager loop",
     )
-    request_timeout_s: float = Field(300.0, gt=0.0, description="per-request deadline")
+    # Bounded: the worker waits with these as timeouts, and the threading module refuses infinite ones.
+    request_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0, description="per-request deadline")
     stream_keepalive_s: float = Field(
-        15.0, ge=0.0, description="a stream silent this long sends an SSE comment, so proxies keep it open (0: never)"
+        15.0,
+        ge=0.0,
+        le=3_600.0,
+        description="a stream silent this long sends an SSE comment, so proxies keep it open (0: never)",
     )
-    graceful_shutdown_s: float = Field(30.0, ge=0.0, description="on SIGTERM, time in-flight requests get")
+    graceful_shutdown_s: float = Field(30.0, ge=0.0, le=3_600.0, description="on SIGTERM, time in-flight requests get")
 
     # Reject policy (overridable per request): a fixed threshold on a method's sequence
     # uncertainty, or a threshold the artifact calibrated for a named target.
     reject_method: Method | None = Field(
         None, description="default: the artifact's decision method (tad for artifacts that do not name one)"
     )
-    reject_threshold: FiniteFloat | None = None
-    reject_target: str | None = Field("default", description="'default' = the artifact's default target")
-    fallback_method: Method = Field(Method("perplexity"), description="used when TAD is unavailable")
+    reject_threshold: FiniteFloat | None = Field(
+        None, description="a fixed threshold on TAD_REJECT_METHOD's score (that setting is then required)"
+    )
+    reject_target: str | None = Field(
+        "default", description="'default' = the artifact's default target; empty: none (ungated without a threshold)"
+    )
+    fallback_method: Method = Field(
+        Method("perplexity"), description="used when TAD is unavailable: a method that needs no artifact"
+    )
     fallback_threshold: FiniteFloat | None = None
     reject_action: RejectAction = Field(
         RejectAction.FLAG,
@@ -145,13 +167,79 @@ class Settings(BaseSettings):
         description="let requests override the policy (method, threshold, target, action); false makes the "
         "service's policy binding, e.g. so that no client can turn withholding off",
     )
-    rejection_rate_window: int = Field(200, ge=1, description="responses in the rolling rejection-rate gauges")
+    rejection_rate_window: int = Field(
+        200, ge=1, description="answers in the rolling would-reject gauges (tad_rolling_rejection_rate)"
+    )
 
     @model_validator(mode="after")
     def _artifact_follows_the_model(self) -> Settings:
         if "artifact_dir" not in self.model_fields_set:
             self.artifact_dir = committed_artifact(self.model)
         return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        """Settings each valid alone that contradict each other: refused before anything loads."""
+        if self.artifact_manifest_sha256 is not None and self.artifact_dir is None:
+            raise ValueError("TAD_ARTIFACT_MANIFEST_SHA256 pins an artifact, but TAD_ARTIFACT_DIR names none")
+        if not self.verify_model_sha256 and self.artifact_dir is not None:
+            raise ValueError(
+                "TAD_VERIFY_MODEL_SHA256=false leaves the model unidentified, and an artifact serves only the "
+                "model it was trained for: set TAD_ARTIFACT_DIR= (no artifact) as well, or verify"
+            )
+        if self.default_max_new_tokens > self.max_new_tokens_limit:
+            raise ValueError(
+                f"TAD_DEFAULT_MAX_NEW_TOKENS ({self.default_max_new_tokens}) is above TAD_MAX_NEW_TOKENS_LIMIT "
+                f"({self.max_new_tokens_limit})"
+            )
+        if 0 < self.compiled_decode_length < MIN_COMPILED_DECODE_LENGTH:
+            raise ValueError(f"TAD_COMPILED_DECODE_LENGTH must be 0 or at least {MIN_COMPILED_DECODE_LENGTH}")
+        if self.reject_threshold is not None and self.reject_method is None:
+            # The default method is the artifact's, which a reload may change: a threshold is on one method's scale.
+            raise ValueError("TAD_REJECT_THRESHOLD needs TAD_REJECT_METHOD: the method whose score it is compared with")
+        return self
+
+    @field_validator("fallback_method")
+    @classmethod
+    def _needs_no_artifact(cls, value: Method) -> Method:
+        if REGISTRY[value.value].needs_artifact:  # it decides exactly when there is no artifact to compute that method
+            raise ValueError(f"{value.value} needs an artifact; the fallback decides when there is none")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _a_device_name(cls, value: str) -> str:
+        # Whether the device is there is checked at load; its name can be checked now.
+        import torch
+
+        if value != "auto":
+            try:
+                torch.device(value)
+            except RuntimeError:
+                raise ValueError("not a device name: use auto, cpu, cuda or cuda:<index>") from None
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _a_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty key would refuse every client (an empty header is no key): unset it for none.
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("empty: unset it to serve without a key")
+        return value
+
+    @field_validator("withheld_message")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("blank: a withheld answer needs a message")
+        return value
+
+    @field_validator("cache_dir", mode="before")
+    @classmethod
+    def _a_cache_dir(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():  # not the current directory
+            raise ValueError("empty: unset it for ~/.cache/tad-serve")
+        return value
 
     @field_validator("log_level")
     @classmethod
@@ -161,8 +249,31 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
         return value.lower()
 
-    @field_validator("artifact_dir", mode="before")
+    @field_validator("artifact_dir", "reject_target", mode="before")
     @classmethod
     def _empty_means_none(cls, value: object) -> object:
-        # `TAD_ARTIFACT_DIR=` is how a shell says "no artifact": not the current directory.
+        # `TAD_ARTIFACT_DIR=` is how a shell says "no artifact" (not the current directory); `TAD_REJECT_TARGET=`,
+        # "no target".
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("artifact_manifest_sha256")
+    @classmethod
+    def _lower_case(cls, value: str | None) -> str | None:
+        return None if value is None else value.lower()  # as hashlib's hexdigest writes it
+
+
+def unknown_variables(environment: Mapping[str, str]) -> list[str]:
+    """A problem line for each `TAD_*` variable that sets nothing, with the name meant where one is close:
+    pydantic-settings ignores them, and a misspelt limit would go unnoticed."""
+    prefix = Settings.model_config.get("env_prefix", "")
+    known = {prefix + name.upper() for name in Settings.model_fields}
+    problems = []
+    for name in sorted(environment):
+        if not name.startswith(prefix) or name in known or name in OTHER_VARIABLES or name.startswith(OTHER_PREFIXES):
+            continue
+        if name in RENAMED:
+            problems.append(f"{name}: renamed {RENAMED[name]}")
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        problems.append(f"{name}: no such setting" + (f" (did you mean {close[0]}?)" if close else ""))
+    return problems

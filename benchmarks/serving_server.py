@@ -274,7 +274,7 @@ def serve(args: argparse.Namespace) -> None:
         loaded, artifact = in_own_thread(random_model, args, configs[args.model]())
         # The runtime's own loading, with the artifact built above in place of files on disk.
         runtime_module.Runtime._load_artifact = lambda self: artifact  # type: ignore[method-assign]
-        settings = Settings(**overrides, reject_target=None, reject_threshold=0.5)
+        settings = Settings(**overrides, reject_target=None, reject_method="tad", reject_threshold=0.5)
     else:
         artifact_dir = None if args.artifact == "none" else Path(args.artifact)
         settings = Settings(**overrides, model=args.model, dtype=args.dtype, artifact_dir=artifact_dir)

@@ -182,6 +182,8 @@ class Runtime:
             return artifact
         if self.settings.require_artifact:
             raise StartupError(f"TAD_REQUIRE_ARTIFACT is set but {self.tad_unavailable_reason}")
+        if self.settings.artifact_manifest_sha256 is not None:  # a pinned artifact is required by the pin
+            raise StartupError(f"TAD_ARTIFACT_MANIFEST_SHA256 pins an artifact but {self.tad_unavailable_reason}")
         logger.warning("TAD unavailable: %s; answering with baselines only", self.tad_unavailable_reason)
         return None
 

@@ -142,7 +142,13 @@ def test_a_bad_setting_exits_non_zero_naming_the_variable() -> None:
     assert "eighty" not in output  # a value is never echoed: it could be a secret
     process = start_server({"TAD_CORS_ORIGINS": "https://a.example"})  # a list setting that is not JSON
     output, _ = process.communicate(timeout=60)
-    assert process.returncode == 1 and "Traceback" not in output and "cors_origins" in output
+    assert process.returncode == 1 and "Traceback" not in output and "TAD_CORS_ORIGINS" in output
+    process = start_server({"TAD_MAX_BATCH": "4"})  # misspelt: pydantic-settings alone would ignore it
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1 and "TAD_MAX_BATCH: no such setting (did you mean TAD_MAX_BATCH_SIZE?)" in output
+    process = start_server({"TAD_REJECT_THRESHOLD": "0.5"})  # valid alone; a contradiction names its settings
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1 and "cannot start: TAD_REJECT_THRESHOLD needs TAD_REJECT_METHOD" in output
 
 
 def test_a_tampered_artifact_stops_the_start(tiny_model_dir: Path, tiny_artifact: Path, tmp_path: Path) -> None:

@@ -20,9 +20,12 @@ def test_info_says_the_step_is_eager_and_why(client: TestClient) -> None:
 def test_a_compiled_step_answers_as_the_eager_loop_and_caps_the_context(
     client: TestClient, service_settings: Settings
 ) -> None:
-    body = {"messages": CHAT, "max_new_tokens": 8, "return_tokens": True}
+    # A prompt long enough for the shortest slot the settings allow (128) to be just room for its answer.
+    long_chat = [{"role": "user", "content": CHAT[-1]["content"] + " and" * 120}]
+    body = {"messages": long_chat, "max_new_tokens": 8, "return_tokens": True}
     eager = client.post("/v1/generate", json=body).json()
     slot = eager["usage"]["prompt_tokens"] + 8 + 1  # just room for this answer (its last token is fed once more)
+    assert slot >= 128
     with make_client(service_settings, ready=False, compiled_decode_length=slot) as compiled_client:
         wait_ready(compiled_client, timeout=300.0)  # compiling the step (seconds; more on a cold cache)
         assert compiled_client.get("/info").json()["decode_step"] == {

@@ -101,7 +101,7 @@ def test_without_an_artifact_naming_the_fallback_method_gets_the_fallback_policy
 
 
 def test_a_fixed_service_threshold_is_not_offered_to_another_method() -> None:
-    settings = Settings(reject_target=None, reject_threshold=0.8)
+    settings = Settings(reject_target=None, reject_method=Method.TAD, reject_threshold=0.8)
     with pytest.raises(InvalidRequest) as refused:
         resolve_policy(settings, ARTIFACT, PolicyRequest(method=Method.MSP))  # type: ignore[arg-type]
     assert "belongs to its method tad" in str(refused.value) and "None" not in str(refused.value)

@@ -155,7 +155,7 @@ def test_score_refuses_overlong_answers_and_reads_special_tokens_as_text(client:
 
 
 def test_policy_method_override_uses_that_methods_threshold(service_settings: Settings) -> None:
-    with make_client(service_settings, reject_threshold=0.5) as client:
+    with make_client(service_settings, reject_method="tad", reject_threshold=0.5) as client:
         base = {"messages": CHAT, "max_new_tokens": 4}
         tad = client.post("/v1/generate", json=base).json()["decision"]
         assert tad["method"] == "tad" and tad["threshold"] == 0.5 and tad["policy"] == "fixed"
