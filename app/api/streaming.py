@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -71,8 +72,10 @@ class GenerationStream(StreamingResponse):
 
 def stream_response(service: GenerationService, submitted: Submitted, encoder: StreamEncoder) -> StreamingResponse:
     """Server-sent events for a submitted generation; a consumer that goes away cancels it."""
+    streaming = False  # `service.stream` has begun, and counts a consumer gone from then on
 
     async def chunks() -> AsyncIterator[str]:
+        nonlocal streaming
         # The events already waiting go out in one write: a stream that fell behind its steps catches up
         # with one pass through the ASGI stack and one socket write instead of one per token. A keep-alive
         # (nothing else is coming for a while) sends everything at once.
@@ -80,6 +83,7 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
         if opening := "".join(encoder.opening()):
             yield opening  # at once: the client sees the answer begin before its first token is computed
         written: list[str] = []
+        streaming = True
         try:
             async for event in service.stream(submitted, keep_alive=True):
                 if isinstance(event, KeepAlive):
@@ -99,4 +103,9 @@ def stream_response(service: GenerationService, submitted: Submitted, encoder: S
         if last := "".join([*written, *encoder.done()]):
             yield last
 
-    return GenerationStream(chunks(), cancel=lambda: service.scheduler.cancel(submitted.item))
+    def cancel() -> None:
+        if not streaming:  # gone before the stream began (while its opening was written): counted here
+            service.runtime.metrics.observe_client_gone(submitted.item.timing(time.monotonic()))
+        service.scheduler.cancel(submitted.item)
+
+    return GenerationStream(chunks(), cancel=cancel)

@@ -358,6 +358,7 @@ class DecodeBatch:
         for position, index in enumerate(kept):
             seq, token = sequences[index], chosen[position]
             if token in stop_ids:
+                seq.ended_on_stop_token = True
                 seq.finish(FinishReason.STOP)
                 continue
             params = seq.request.params

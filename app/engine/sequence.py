@@ -123,6 +123,7 @@ class SequenceState:
     stop_text_end: int | None = None
     text_final: bool = False  # `text` is the final answer (set when the sequence leaves its batch)
     abandoned: bool = False
+    ended_on_stop_token: bool = False  # the model chose a stop token, which is not among `tokens`
     # The text of its tokens so far for the stop-string search (`DecodeBatch`), kept across steps.
     stop_search_text: PrefixText | None = field(default=None, repr=False, compare=False)
 
@@ -165,6 +166,12 @@ class SequenceState:
         else:
             self.n_kept = len(self.tokens)
         self.abandoned = True
+
+    @property
+    def tokens_chosen(self) -> int:
+        """Tokens the model chose for it, a stop token that ended it included (as vLLM counts them for the
+        time per output token): each after the first took a decode step, trimmed ones (a stop string) too."""
+        return len(self.tokens) + self.ended_on_stop_token
 
     @property
     def kept_tokens(self) -> list[TokenRecord]:

@@ -67,6 +67,13 @@ class ServiceMetrics:
             ["method"],
             registry=r,
         )
+        # How many answers that share is of: a window barely begun (after a start or a reload) is mostly noise.
+        self.rejection_window_answers = Gauge(
+            "tad_rolling_rejection_answers",
+            "Answers in each method's rolling rejection-rate window (at most TAD_REJECTION_RATE_WINDOW)",
+            ["method"],
+            registry=r,
+        )
         self.finish_reasons = Counter("tad_finish_reasons", "Why answered generations ended", ["reason"], registry=r)
         self.failed_generations = Counter(
             "tad_failed_generations",
@@ -103,9 +110,11 @@ class ServiceMetrics:
         if timing.first_token_s is not None:
             self.time_to_first_token.observe(timing.first_token_s)
         # The first token's time is the prompt's prefill (time to first token): counted in, a short answer to a
-        # long prompt would look like slow decoding.
-        if count > 1 and timing.first_token_s is not None:
-            self.time_per_token.observe((timing.total_s - timing.first_token_s) / (count - 1))
+        # long prompt would look like slow decoding. After it, one decode step per token chosen, the stop token
+        # and the tokens a stop string trimmed included.
+        chosen = result.sequence.tokens_chosen
+        if chosen > 1 and timing.first_token_s is not None:
+            self.time_per_token.observe((timing.total_s - timing.first_token_s) / (chosen - 1))
 
     def observe_unanswered(self, timing: Timing) -> None:
         """A generation that failed (its deadline passed, the model failed): its wait counts too, or under
@@ -113,6 +122,12 @@ class ServiceMetrics:
         self.queue_time.observe(timing.queued_s)
         if timing.first_token_s is not None:
             self.time_to_first_token.observe(timing.first_token_s)
+
+    def observe_client_gone(self, timing: Timing) -> None:
+        """A client that left before its answer: a failed generation, and its wait so far counts as
+        `observe_unanswered`'s do (under overload the clients that give up in the queue waited longest)."""
+        self.failed_generations.labels(error_type="client_disconnected").inc()
+        self.observe_unanswered(timing)
 
     def observe_decision(
         self, decision: Decision, scores: SequenceUncertainty, thresholds: dict[str, float | None], generated: bool
@@ -141,6 +156,7 @@ class ServiceMetrics:
                 judged = list(window)  # a reload's reset (on its own thread) may empty it meanwhile
                 if judged:
                     self.rejection_rate.labels(method=method).set(sum(judged) / len(judged))
+                    self.rejection_window_answers.labels(method=method).set(len(judged))
 
     def reset_rejection_windows(self) -> None:
         """A new artifact's thresholds: the answers judged against the old ones leave the rolling rates (a method
@@ -148,6 +164,7 @@ class ServiceMetrics:
         for window in self._windows.values():
             window.clear()
         self.rejection_rate.clear()
+        self.rejection_window_answers.clear()
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -333,12 +333,12 @@ class GenerationService:
                 self.runtime.metrics.observe_unanswered(item.timing(time.monotonic()))
             raise
         except ClientDisconnected:
-            self.runtime.metrics.failed_generations.labels(error_type="client_disconnected").inc()
+            self.runtime.metrics.observe_client_gone(item.timing(time.monotonic()))
             raise
         except (asyncio.CancelledError, GeneratorExit):
             # A stream's consumer went away: the response cancels or closes this generator mid-answer.
             if not finished:
-                self.runtime.metrics.failed_generations.labels(error_type="client_disconnected").inc()
+                self.runtime.metrics.observe_client_gone(item.timing(time.monotonic()))
             raise
         except Exception:  # a defect: a whole answer's becomes a 500, a stream's an error event after its 200
             self.runtime.metrics.failed_generations.labels(error_type="internal_error").inc()

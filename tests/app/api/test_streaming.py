@@ -51,11 +51,15 @@ def test_a_stream_sending_tokens_needs_no_keep_alive(service_settings: Settings,
 def test_a_response_that_ends_before_its_stream_is_read_cancels_the_generation() -> None:
     """A client gone before the first read: the stream never runs, and the generation must still stop."""
     cancelled: list[object] = []
-    item = object()
-    service = SimpleNamespace(scheduler=SimpleNamespace(cancel=cancelled.append))
+    gone: list[object] = []
+    item = SimpleNamespace(timing=lambda now: ("timing at", now))
+    service = SimpleNamespace(
+        scheduler=SimpleNamespace(cancel=cancelled.append),
+        runtime=SimpleNamespace(metrics=SimpleNamespace(observe_client_gone=gone.append)),
+    )
     response = stream_response(service, SimpleNamespace(item=item), encoder=None)  # type: ignore[arg-type]
 
-    async def gone(message: dict) -> None:
+    async def closed(message: dict) -> None:
         raise OSError("the client closed the connection")
 
     async def receive() -> dict:
@@ -63,8 +67,9 @@ def test_a_response_that_ends_before_its_stream_is_read_cancels_the_generation()
 
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "method": "POST", "headers": []}
     with contextlib.suppress(Exception):
-        asyncio.run(response(scope, receive, gone))
+        asyncio.run(response(scope, receive, closed))
     assert cancelled == [item]
+    assert len(gone) == 1 and gone[0][0] == "timing at"  # counted, its wait with it: no `service.stream` ran to
 
 
 def test_events_already_waiting_go_out_in_one_write_and_the_opening_at_once() -> None:

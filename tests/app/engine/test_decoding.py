@@ -135,6 +135,9 @@ def test_stop_tokens_end_generation_unscored(engine: Engine) -> None:
     assert ended.finish_reason is FinishReason.STOP
     assert [t.token_id for t in ended.kept_tokens] == [t.token_id for t in free.tokens[:2]]
     assert len(ended.attention_rows) == 2
+    # Three tokens chosen, the stop token with them (the time per output token's count); a length cut, as many
+    # as it kept.
+    assert ended.tokens_chosen == 3 and free.tokens_chosen == len(free.tokens) == 12
 
 
 def test_without_capture_no_rows_and_same_tokens(engine: Engine) -> None:

@@ -10,8 +10,11 @@ from app.serving.events import Timing
 from app.serving.metrics import ServiceMetrics
 
 
-def _answer(tokens: int, timing: Timing) -> SimpleNamespace:
-    sequence = SimpleNamespace(kept_tokens=[object()] * tokens, finish_reason=None)
+def _answer(tokens: int, timing: Timing, chosen: int | None = None) -> SimpleNamespace:
+    """`chosen`: tokens the model chose, the stop token and trimmed ones included (default: `tokens`)."""
+    sequence = SimpleNamespace(
+        kept_tokens=[object()] * tokens, tokens_chosen=tokens if chosen is None else chosen, finish_reason=None
+    )
     return SimpleNamespace(sequence=sequence, timing=timing)
 
 
@@ -25,6 +28,32 @@ def test_time_per_output_token_counts_the_decode_steps_not_the_prefill() -> None
     assert sample("tad_time_per_output_token_seconds_count") == 1  # one token: no time between tokens
     assert sample("tad_time_per_output_token_seconds_sum") == pytest.approx(0.5)
     assert sample("tad_time_to_first_token_seconds_sum") == pytest.approx(3.2)
+
+
+def test_time_per_output_token_counts_the_stop_token_among_the_steps() -> None:
+    """4 tokens then the end token, first token at 1 s, done at 3 s: 4 decode steps after the first token (the
+    end token's included), 0.5 s each, as vLLM counts it; the 3 kept tokens after the first would make it 0.67."""
+    metrics = ServiceMetrics()
+    metrics.observe_generation(_answer(4, Timing(queued_s=0.0, first_token_s=1.0, total_s=3.0), chosen=5))  # type: ignore[arg-type]
+    assert metrics.registry.get_sample_value("tad_time_per_output_token_seconds_sum") == pytest.approx(0.5)
+
+
+def test_a_client_gone_counts_as_a_failed_generation_and_its_wait_as_a_wait() -> None:
+    metrics = ServiceMetrics()
+    metrics.observe_client_gone(Timing(queued_s=30.0, first_token_s=None, total_s=30.0))  # gave up in the queue
+    sample = metrics.registry.get_sample_value
+    assert sample("tad_failed_generations_total", {"error_type": "client_disconnected"}) == 1
+    assert sample("tad_queue_time_seconds_sum") == 30.0 and sample("tad_time_to_first_token_seconds_count") == 0
+
+
+def test_the_rolling_window_says_how_many_answers_its_rate_is_of() -> None:
+    metrics = ServiceMetrics(rejection_window=3)
+    for value in (0.9, 0.1, 0.1, 0.1):
+        metrics.observe_answer({"msp": value}, {"msp": 0.5})
+    sample = metrics.registry.get_sample_value
+    assert sample("tad_rolling_rejection_answers", {"method": "msp"}) == 3  # the window's, not all answers
+    metrics.reset_rejection_windows()
+    assert sample("tad_rolling_rejection_answers", {"method": "msp"}) is None
 
 
 def test_an_empty_answer_counts_as_rejected_in_the_rolling_rate_as_it_is_decided() -> None:
