@@ -266,6 +266,7 @@ def serve(args: argparse.Namespace) -> None:
         "max_queue": 4 * (args.requests + args.clients),
         "max_prompt_tokens": args.prompt_tokens + 16,
         "max_new_tokens_limit": args.new_tokens,
+        "default_max_new_tokens": args.new_tokens,  # at most the limit; every request sets its own
         "torch_threads": args.torch_threads or None,
     }
     configs = random_configs()
