@@ -42,9 +42,21 @@ class Unauthorized(ServiceError):
     error_type = "authentication_error"
 
 
+class Forbidden(ServiceError):
+    status_code = 403
+    error_type = "forbidden"
+
+
 class PayloadTooLarge(ServiceError):
     status_code = 413
     error_type = "payload_too_large"
+
+
+class BodyTimeout(ServiceError):
+    """The request's body did not arrive in time (a client sending it byte by byte holds a connection)."""
+
+    status_code = 408
+    error_type = "request_timeout"
 
 
 class Conflict(ServiceError):

@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, on_fatal: Callable[[str], None]
     app.openapi = deployment_openapi(app, runtime)  # type: ignore[method-assign]
     install_error_handlers(app, unauthenticated)
     app.add_middleware(HeadAsGetMiddleware)  # innermost: routing sees a GET, the outer middlewares a HEAD
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     if settings.cors_origins:
         app.add_middleware(
             ErrorShapedCORSMiddleware,

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     default_max_new_tokens: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(4096, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=1)
+    body_timeout_s: float = Field(
+        30.0, gt=0.0, le=3_600.0, description="a request body not all arrived in this time gets 408"
+    )
     max_stop_strings: int = Field(8, ge=0, le=256, description="at most the schema's cap (256)")
     max_top_logprobs: int = Field(20, ge=0, le=20, description="at most the schema's cap (20, OpenAI's)")
 

@@ -10,12 +10,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import joblib
 import numpy as np
 from tqdm import tqdm
 
 from app.uncertainty.aggregation import Aggregation, aggregate
-from app.uncertainty.artifact import TadArtifact
+from app.uncertainty.artifact import TadArtifact, load_listed
 from app.uncertainty.methods import BASELINES, METHODS, REGISTRY, MethodInput
 from app.uncertainty.tad import TadScorer
 from app.uncertainty.trace import TokenTrace
@@ -33,7 +32,7 @@ def ranked(value: float | None) -> float:
 def alternative_scorers(artifact: TadArtifact) -> dict[str, tuple[TadScorer, Aggregation]]:
     """The artifact's own regressor and the alternative variant's, keyed `tad_<variant>`.
 
-    `load_artifact` has already checked the sha256 of every listed file, alternatives included.
+    Each alternative is unpickled from the bytes its listed sha256 is checked on (`load_listed`).
     """
     manifest = artifact.manifest
     if not artifact.has_regressor:
@@ -43,7 +42,8 @@ def alternative_scorers(artifact: TadArtifact) -> dict[str, tuple[TadScorer, Agg
     for variant, info in manifest.metrics.get("alternatives", {}).items():
         path = Path(artifact.path) / info["file"]
         if info["file"] in manifest.files and path.is_file():
-            scorer = TadScorer(regressor=joblib.load(path), spec=tad.spec, epsilon=tad.epsilon)
+            regressor = load_listed(Path(artifact.path), manifest, info["file"])
+            scorer = TadScorer(regressor=regressor, spec=tad.spec, epsilon=tad.epsilon)
             scorers[f"tad_{variant}"] = (scorer, Aggregation(info["aggregation"]))
     return scorers
 

@@ -1,17 +1,20 @@
-"""413 for request bodies over the limit, checked before the app reads (or parses) them."""
+"""413 for request bodies over the limit, and 408 for one that does not arrive in time, checked before the
+app reads (or parses) them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
-from app.errors import PayloadTooLarge, error_body
+from app.errors import BodyTimeout, PayloadTooLarge, ServiceError, error_body
 
 
 class BodySizeLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -19,24 +22,17 @@ class BodySizeLimitMiddleware:
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+            await self._reject(send, PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes"))
             return
-        # Read the whole body here (it is bounded), then hand it to the app unchanged.
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._reject(send)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        # Read the whole body here (it is bounded in size and in time), then hand it to the app unchanged.
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._read(receive, send)
+        except TimeoutError:
+            await self._reject(send, BodyTimeout(f"the request body did not arrive within {self.timeout_s:g} s"))
+            return
+        if body is None:
+            return
         delivered = False
 
         async def replay() -> Message:
@@ -48,9 +44,26 @@ class BodySizeLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, send: Send) -> None:
+    async def _read(self, receive: Receive, send: Send) -> bytes | None:
+        """The whole body; None when the client left or the body was too large (answered)."""
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(send, PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes"))
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
+    async def _reject(self, send: Send, error: ServiceError) -> None:
         # Answered here, before FastAPI and its exception handlers ever see the request.
-        error = PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
         payload = json.dumps(error_body(error.status_code, error.error_type, error.message)).encode()
         await send(
             {

@@ -31,8 +31,10 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's code; the client is gone, so nobody recei
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         401: "Missing or invalid API key (only when TAD_API_KEY is set)",
+        403: "A browser page from an origin TAD_CORS_ORIGINS does not list may not do this",
         404: "The requested model is not served here",
         413: "Request body over the payload limit",
+        408: "The request body did not all arrive within the body timeout",
         409: "The service refused the action in its current state (e.g. an artifact that does not fit)",
         400: "Invalid request; `error.param` names the field (OpenAI's status for it; the native routes: 422)",
         422: "Invalid request; `error.param` names the field",
@@ -44,7 +46,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": descriptions[code]} for code in codes}
 
 
-V1_ERRORS = errors(401, 413, 422, 429, 500, 503, 504)
+V1_ERRORS = errors(401, 408, 413, 422, 429, 500, 503, 504)
 
 
 def client_gone() -> Response:

@@ -22,7 +22,6 @@ import torch
 from app.engine.engine import Engine
 from app.engine.loading import ModelLoadError, load_model
 from app.errors import NotReady
-from app.hashing import file_sha256
 from app.serving.metrics import ServiceMetrics
 from app.serving.policy import Policy, default_method, resolve_policy
 from app.serving.scheduler import Scheduler
@@ -221,7 +220,8 @@ class Runtime:
 
     @staticmethod
     def _serving(artifact: TadArtifact | None) -> ServingArtifact:
-        digest = file_sha256(artifact.path / MANIFEST_NAME) if artifact else None
+        # The hash of the bytes it was read from: a manifest replaced since is not what serves.
+        digest = artifact.manifest_sha256 if artifact else None
         return ServingArtifact(
             artifact=artifact, scorer=AnswerScorer(artifact), manifest_sha256=digest, loaded_at=time.time()
         )

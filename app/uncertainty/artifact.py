@@ -9,15 +9,25 @@ feature spec against the regressor, then the LLM against the loaded model.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Literal
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Final, Literal
 
 import joblib
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app.errors import validation_message
 from app.files import write_text_atomic
@@ -84,10 +94,19 @@ class FeatureInfo(BaseModel):
         return FeatureSpec(**{name: getattr(self, name) for name in _SPEC_FIELDS})
 
 
+def inside_folder(name: str) -> str:
+    """A file name a manifest may list: a relative path that stays in the artifact's folder (a manifest naming
+    `/tmp/x.joblib` or `../x.joblib` would have the service unpickle a file from elsewhere)."""
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
+        raise ValueError(f"{name!r} is not a file inside the artifact's folder")
+    return name
+
+
 class RegressorInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    file: str
+    file: Annotated[str, AfterValidator(inside_folder)]
     kind: Literal["ridge", "mlp", "mlp+ridge"]  # mlp+ridge: `AveragedRegressor` of the two
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -139,7 +158,7 @@ class Manifest(BaseModel):
     decision_method: Method | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
-    files: dict[str, str] = Field(default_factory=dict)
+    files: dict[Annotated[str, AfterValidator(inside_folder)], str] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -193,6 +212,7 @@ class TadArtifact:
     path: Path
     manifest: Manifest
     scorer: TadScorer | None  # None: a calibration-only artifact
+    manifest_sha256: str = ""  # of the bytes this manifest was read from
 
     @property
     def has_regressor(self) -> bool:
@@ -243,12 +263,15 @@ class TadArtifact:
             )
 
 
-def read_manifest(path: Path) -> Manifest:
+def read_manifest(path: Path, raw: bytes | None = None) -> Manifest:
+    """`raw`: the manifest's bytes, already read (and hashed) by the caller."""
     manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise ArtifactError(f"no {MANIFEST_NAME} in artifact folder {path}")
+    if raw is None:
+        if not manifest_path.is_file():
+            raise ArtifactError(f"no {MANIFEST_NAME} in artifact folder {path}")
+        raw = manifest_path.read_bytes()
     try:
-        data = json.loads(manifest_path.read_text())
+        data = json.loads(raw)
     except json.JSONDecodeError as error:
         raise ArtifactError(f"{manifest_path} is not valid JSON (line {error.lineno}, column {error.colno})") from error
     try:
@@ -259,42 +282,54 @@ def read_manifest(path: Path) -> Manifest:
         raise ArtifactError(f"invalid {manifest_path}: {problems}") from error
 
 
-def verify_files(path: Path, manifest: Manifest) -> None:
-    """Every file the manifest lists must exist with its recorded sha256."""
-    if manifest.regressor is not None and manifest.regressor.file not in manifest.files:
-        raise ArtifactError(f"{path}: the manifest records no sha256 for {manifest.regressor.file}")
-    for name, expected in manifest.files.items():
+def verify_files(path: Path, files: dict[str, str]) -> dict[str, bytes]:
+    """Every file listed (name: sha256) must exist with its recorded sha256: their bytes, read once, so that
+    what is loaded is what was hashed (a file swapped between a hash and a second read would be unpickled
+    unchecked)."""
+    contents = {}
+    for name, expected in files.items():
         target = path / name
         if not target.is_file():
             raise ArtifactError(f"{path}: file {name} listed in the manifest is missing")
-        actual = file_sha256(target)
+        contents[name] = target.read_bytes()
+        actual = hashlib.sha256(contents[name]).hexdigest()
         if actual != expected:
             raise ArtifactError(
                 f"{path}: sha256 of {name} is {actual[:16]}..., the manifest says {expected[:16]}...; "
                 "refusing to load it"
             )
+    return contents
+
+
+def load_listed(path: Path, manifest: Manifest, name: str) -> Any:
+    """One more file the manifest lists (an alternative regressor), unpickled from the bytes whose hash was
+    checked."""
+    return joblib.load(io.BytesIO(verify_files(path, {name: manifest.files[name]})[name]))
 
 
 def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact:
     """Read, verify and load an artifact folder (hashes first, then `joblib.load`)."""
     path = Path(path)
-    if manifest_sha256 is not None:
-        actual = file_sha256(path / MANIFEST_NAME) if (path / MANIFEST_NAME).is_file() else "missing"
-        if actual != manifest_sha256:
-            raise ArtifactError(f"{path}: manifest sha256 {actual[:16]}... is not the pinned {manifest_sha256[:16]}...")
-    manifest = read_manifest(path)
+    manifest_path = path / MANIFEST_NAME
+    raw = manifest_path.read_bytes() if manifest_path.is_file() else None  # read once: hashed, then parsed
+    digest = hashlib.sha256(raw).hexdigest() if raw is not None else "missing"
+    if manifest_sha256 is not None and digest != manifest_sha256:
+        raise ArtifactError(f"{path}: manifest sha256 {digest[:16]}... is not the pinned {manifest_sha256[:16]}...")
+    manifest = read_manifest(path, raw)
     features = manifest.features
     if features.order != FEATURE_ORDER:
         raise ArtifactError(f"{path}: feature order {features.order!r} is not supported (expected {FEATURE_ORDER!r})")
     spec = features.spec()
     if (features.stage1_size, features.stage2_size) != (spec.stage1_size, spec.stage2_size):
         raise ArtifactError(f"{path}: feature sizes in the manifest do not match its n_lags/layers/heads")
-    verify_files(path, manifest)
+    if manifest.regressor is not None and manifest.regressor.file not in manifest.files:
+        raise ArtifactError(f"{path}: the manifest records no sha256 for {manifest.regressor.file}")
+    contents = verify_files(path, manifest.files)
     if manifest.regressor is None:
-        return TadArtifact(path=path, manifest=manifest, scorer=None)
+        return TadArtifact(path=path, manifest=manifest, scorer=None, manifest_sha256=digest)
     assert manifest.epsilon is not None  # the manifest's validator: a regressor comes with its epsilon
     try:
-        regressor = joblib.load(path / manifest.regressor.file)
+        regressor = joblib.load(io.BytesIO(contents[manifest.regressor.file]))
     except Exception as error:  # unpickling runs whatever the file says: any failure means "unusable"
         raise ArtifactError(
             f"{path / manifest.regressor.file} cannot be loaded ({type(error).__name__}): not a joblib file, or "
@@ -307,7 +342,7 @@ def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact
         )
     check_regressor(regressor, spec.stage2_size, path / manifest.regressor.file)
     scorer = TadScorer(regressor=regressor, spec=spec, epsilon=manifest.epsilon)
-    return TadArtifact(path=path, manifest=manifest, scorer=scorer)
+    return TadArtifact(path=path, manifest=manifest, scorer=scorer, manifest_sha256=digest)
 
 
 def check_regressor(regressor: object, n_features: int, source: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from app import __version__
@@ -12,7 +12,7 @@ from app.api.deps import ApiKeyDep, RuntimeDep
 from app.api.openapi import errors
 from app.api.ops.protocol import ArtifactReloadResponse, HealthResponse, InfoResponse, ReadyResponse
 from app.engine.engine import Engine
-from app.errors import Conflict, NotReady
+from app.errors import Conflict, Forbidden, NotReady
 from app.serving.policy import configured_target
 from app.serving.runtime import ArtifactReloadError, State
 
@@ -144,19 +144,27 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
 @router.post(
     "/admin/reload-artifact",
     response_model=ArtifactReloadResponse,
-    responses=errors(401, 409, 413, 503),
+    responses=errors(401, 403, 408, 409, 413, 503),
     dependencies=[ApiKeyDep],
     summary="Load the artifact at TAD_ARTIFACT_DIR again and serve it from the next request on (same as SIGHUP); "
     "requests in flight finish with the one they started with; a refused artifact (409) leaves the old one serving",
 )
-async def reload_artifact(runtime: RuntimeDep) -> ArtifactReloadResponse:
+async def reload_artifact(runtime: RuntimeDep, request: Request) -> ArtifactReloadResponse:
+    # A page on any site can POST here from a browser (no preflight for a body-less POST); only a browser sends
+    # Origin, and then only origins the deployment lists may.
+    origin = request.headers.get("origin")
+    if origin is not None and origin not in runtime.settings.cors_origins:
+        raise Forbidden(f"origin {origin[:100]!r} may not reload the artifact (TAD_CORS_ORIGINS)", param="Origin")
     runtime.require_ready()
     try:
         # Hashing and unpickling take a moment: off the event loop.
         serving = await run_in_threadpool(runtime.reload_artifact)
     except ArtifactReloadError as error:
         kept = "the previous one keeps serving" if runtime.artifact is not None else "none is served, as before"
-        raise Conflict(f"artifact refused, {kept}: {error}") from error
+        reason = str(error)
+        if (folder := runtime.settings.artifact_dir) is not None:  # the folder's name; its full path is logged
+            reason = reason.replace(str(folder), folder.name)
+        raise Conflict(f"artifact refused, {kept}: {reason}") from error
     return ArtifactReloadResponse(
         artifact=serving.name, manifest_sha256=serving.manifest_sha256, loaded_at=serving.loaded_at
     )

@@ -32,6 +32,14 @@ CONTENT_SECURITY_POLICY = (
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 )
 
+# The page's and its assets': `index.html` is reachable under STATIC_PREFIX too, and must not be framed there.
+PAGE_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
 router = APIRouter(include_in_schema=False)
 
 
@@ -46,7 +54,7 @@ class RevalidatedStaticFiles(RangeShapedStaticFiles):
 
     def file_response(self, *args: Any, **kwargs: Any) -> Response:
         response = super().file_response(*args, **kwargs)
-        response.headers["Cache-Control"] = "no-cache"
+        response.headers.update(PAGE_HEADERS)
         return response
 
 
@@ -62,15 +70,7 @@ def _index_html() -> str:
 
 @router.get("/", response_class=HTMLResponse)
 async def page() -> HTMLResponse:
-    return HTMLResponse(
-        _index_html(),
-        headers={
-            "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-            "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "no-referrer",
-            "Cache-Control": "no-cache",
-        },
-    )
+    return HTMLResponse(_index_html(), headers=PAGE_HEADERS)
 
 
 def _serving_artifact(runtime: Runtime) -> TadArtifact | None:

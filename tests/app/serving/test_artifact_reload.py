@@ -80,6 +80,7 @@ def test_a_tampered_artifact_is_refused_and_the_old_one_keeps_serving(
     response = client.post(RELOAD)
     assert response.status_code == 409 and response.json()["error"]["type"] == "conflict"
     assert "previous one keeps serving" in response.json()["error"]["message"]
+    assert str(served) not in response.text and "serving: sha256 of regressor.joblib" in response.text  # no path
     assert client.get("/info").json()["artifact"]["manifest_sha256"] == before
     assert _confidences(client, payload) == serving_before
     assert 'tad_artifact_reloads_total{outcome="refused"} 1.0' in client.get("/metrics").text
@@ -274,4 +275,18 @@ def test_an_artifact_without_the_configured_reject_target_is_refused(
         _replace(served, other_artifact)
         response = client.post(RELOAD)
         assert response.status_code == 409
-        assert f"TAD_REJECT_TARGET={target} is not calibrated in {served}" in response.json()["error"]["message"]
+        assert f"TAD_REJECT_TARGET={target} is not calibrated in {served.name} " in response.json()["error"]["message"]
+
+
+def test_a_page_from_another_origin_may_not_reload_the_artifact(
+    service_settings: Settings, served: Path, client: TestClient
+) -> None:
+    """A body-less POST needs no CORS preflight: any page a user of the service opens could make the browser
+    send it. A browser says where the page is from; origins TAD_CORS_ORIGINS lists may, as clients without one."""
+    refused = client.post(RELOAD, headers={"Origin": "https://elsewhere.example"})
+    assert refused.status_code == 403 and refused.json()["error"]["param"] == "Origin"
+    assert client.post(RELOAD, headers={"Origin": "null"}).status_code == 403  # a sandboxed page, a file
+    assert "tad_artifact_reloads_total{" not in client.get("/metrics").text  # refused before any reload began
+    assert client.post(RELOAD).status_code == 200  # curl, a script: no Origin
+    with make_client(service_settings, artifact_dir=served, cors_origins=["https://ops.example"]) as listed:
+        assert listed.post(RELOAD, headers={"Origin": "https://ops.example"}).status_code == 200

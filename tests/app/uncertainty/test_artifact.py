@@ -258,3 +258,44 @@ def test_the_committed_calibration_only_artifact_loads_and_decides_with_a_free_s
     assert not REGISTRY[method.value].needs_artifact
     assert artifact.manifest.default_target in artifact.manifest.thresholds[method]
     assert artifact.manifest.dtype == "bfloat16"
+
+
+def test_a_file_replaced_after_its_hash_is_not_what_is_loaded(
+    artifact_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hashed, then read again to unpickle, a file swapped in between would be loaded unchecked (the manifest
+    pin and the file hashes exist against exactly that): each file is read once, and its hashed bytes loaded."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from app.uncertainty import artifact as artifact_module
+
+    regressor = artifact_copy / "regressor.joblib"
+    original = regressor.read_bytes()
+
+    def sha256_then_swap(data: bytes) -> object:
+        digest = hashlib.sha256(data)
+        if data == original:  # the attacker's moment: just after the hash
+            joblib.dump(_FailsToPredict(), regressor)
+        return digest
+
+    monkeypatch.setattr(artifact_module, "hashlib", SimpleNamespace(sha256=sha256_then_swap))
+    loaded = load_artifact(artifact_copy)  # the swapped file would fail on its feature row
+    assert loaded.scorer is not None and not isinstance(loaded.scorer.regressor, _FailsToPredict)
+    assert regressor.read_bytes() != original  # the swap did happen
+    assert loaded.manifest_sha256 == file_sha256(artifact_copy / "manifest.json")
+
+
+@pytest.mark.parametrize("name", ["../elsewhere.joblib", "/tmp/elsewhere.joblib", "sub/../../x.joblib", ""])
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(artifact_copy: Path, name: str) -> None:
+    manifest = _manifest(artifact_copy)
+    manifest["files"][name] = "0" * 64
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError, match="is not a file inside the artifact's folder"):
+        load_artifact(artifact_copy)
+    manifest = _manifest(artifact_copy)
+    del manifest["files"][name]
+    manifest["regressor"]["file"] = name
+    _write_manifest(artifact_copy, manifest)
+    with pytest.raises(ArtifactError, match="is not a file inside the artifact's folder"):
+        load_artifact(artifact_copy)

@@ -66,6 +66,9 @@ def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(page_clien
         response = page_client.get(f"/playground/static/{name}")
         assert response.status_code == 200, name
         assert response.headers["cache-control"] == "no-cache", name  # no stale module after an upgrade
+        # index.html is reachable here too: as at "/", it may not be framed, and no file is sniffed as another type.
+        assert "frame-ancestors 'none'" in response.headers["content-security-policy"], name
+        assert response.headers["x-content-type-options"] == "nosniff", name
         unchanged = page_client.get(f"/playground/static/{name}", headers={"If-None-Match": response.headers["etag"]})
         assert unchanged.status_code == 304, name
         # No CDN: the only absolute URL any asset holds is the SVG namespace (an identifier, never fetched).
