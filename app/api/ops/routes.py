@@ -13,6 +13,7 @@ from app.api.openapi import errors
 from app.api.ops.protocol import ArtifactReloadResponse, HealthResponse, InfoResponse, ReadyResponse
 from app.engine.engine import Engine
 from app.errors import Conflict, Forbidden, NotReady
+from app.serving.context_room import context_length
 from app.serving.policy import configured_target
 from app.serving.runtime import ArtifactReloadError, State
 
@@ -130,6 +131,8 @@ async def info(runtime: RuntimeDep) -> InfoResponse:
             "max_new_tokens": settings.max_new_tokens_limit,
             "default_max_new_tokens": settings.default_max_new_tokens,
             "max_prompt_tokens": settings.max_prompt_tokens,
+            # Prompt plus answer: the model's context, or a compiled step's slot (which the limits above may exceed).
+            "context_tokens": context_length(engine),
             "max_top_logprobs": settings.max_top_logprobs,
             "max_body_bytes": settings.max_body_bytes,
             "max_batch_size": settings.max_batch_size,

@@ -33,6 +33,7 @@ def test_a_compiled_step_answers_as_the_eager_loop_and_caps_the_context(
             "slot_length": slot,
             "why_eager": None,
         }
+        assert compiled_client.get("/info").json()["limits"]["context_tokens"] == slot - 1  # what the slot caps
         compiled = compiled_client.post("/v1/generate", json=body).json()
         too_long = compiled_client.post("/v1/generate", json={**body, "max_new_tokens": 9})
     assert eager["tokens"] and [t["id"] for t in compiled["tokens"]] == [t["id"] for t in eager["tokens"]]

@@ -130,6 +130,8 @@ def test_info_describes_model_artifact_and_policy(client: TestClient) -> None:
     assert info["policy"]["reject_target"] == info["artifact"]["default_target"] is not None
     assert info["limits"]["max_new_tokens"] == 32
     assert info["limits"]["prefill_chunk_tokens"] == Settings().prefill_chunk_tokens
+    model_context = client.app.state.runtime.engine.loaded.model.config.max_position_embeddings
+    assert info["limits"]["context_tokens"] == model_context  # the model's own: no compiled step's slot
 
 
 def test_info_names_no_reject_target_when_none_is_configured(service_settings: Settings) -> None:
