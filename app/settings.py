@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -41,6 +42,10 @@ MIN_COMPILED_DECODE_LENGTH = 128
 # HAProxy balancer's container (deploy/).
 OTHER_VARIABLES = frozenset({"TAD_PHASE_TIMING", "TAD_BALANCER_BIND"})
 OTHER_PREFIXES = ("TAD_REPLICA_",)
+# What Kubernetes (service links) and Docker's legacy links put in a container's environment for a service or
+# container named `tad-...`: TAD_SERVE_SERVICE_HOST, TAD_SERVE_PORT, TAD_SERVE_PORT_80_TCP_ADDR, ...
+LINK_VARIABLE = re.compile(r"_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)$")
+DEFAULT_ANSWER_TOKENS = 64
 RENAMED = {"TAD_CUDA_GRAPHS_LENGTH": "TAD_COMPILED_DECODE_LENGTH"}
 
 
@@ -96,7 +101,9 @@ class Settings(BaseSettings):
 
     # Limits.
     max_new_tokens_limit: int = Field(512, ge=1)
-    default_max_new_tokens: int = Field(64, ge=1)
+    default_max_new_tokens: int = Field(
+        DEFAULT_ANSWER_TOKENS, ge=1, description=f"unset: {DEFAULT_ANSWER_TOKENS}, or the limit when that is lower"
+    )
     max_prompt_tokens: int = Field(4096, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=1)
     body_timeout_s: float = Field(
@@ -181,6 +188,13 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _default_length_follows_the_limit(self) -> Settings:
+        # Lowering the limit alone lowers the default with it; a default set above the limit is refused below.
+        if "default_max_new_tokens" not in self.model_fields_set:
+            self.default_max_new_tokens = min(DEFAULT_ANSWER_TOKENS, self.max_new_tokens_limit)
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> Settings:
         """Settings each valid alone that contradict each other: refused before anything loads."""
         if self.artifact_manifest_sha256 is not None and self.artifact_dir is None:
@@ -252,11 +266,11 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
         return value.lower()
 
-    @field_validator("artifact_dir", "reject_target", mode="before")
+    @field_validator("artifact_dir", "reject_target", "artifact_manifest_sha256", mode="before")
     @classmethod
     def _empty_means_none(cls, value: object) -> object:
         # `TAD_ARTIFACT_DIR=` is how a shell says "no artifact" (not the current directory); `TAD_REJECT_TARGET=`,
-        # "no target".
+        # "no target"; `TAD_ARTIFACT_MANIFEST_SHA256=`, "no pin".
         return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("artifact_manifest_sha256")
@@ -268,15 +282,18 @@ class Settings(BaseSettings):
 def unknown_variables(environment: Mapping[str, str]) -> list[str]:
     """A problem line for each `TAD_*` variable that sets nothing, with the name meant where one is close:
     pydantic-settings ignores them, and a misspelt limit would go unnoticed."""
-    prefix = Settings.model_config.get("env_prefix", "")
+    prefix = Settings.model_config.get("env_prefix", "").upper()
     known = {prefix + name.upper() for name in Settings.model_fields}
     problems = []
     for name in sorted(environment):
-        if not name.startswith(prefix) or name in known or name in OTHER_VARIABLES or name.startswith(OTHER_PREFIXES):
+        upper = name.upper()  # pydantic-settings reads `tad_port` as TAD_PORT
+        if not upper.startswith(prefix) or upper in known | OTHER_VARIABLES or upper.startswith(OTHER_PREFIXES):
             continue
-        if name in RENAMED:
-            problems.append(f"{name}: renamed {RENAMED[name]}")
+        if LINK_VARIABLE.search(upper):
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1)
+        if upper in RENAMED:
+            problems.append(f"{name}: renamed {RENAMED[upper]}")
+            continue
+        close = difflib.get_close_matches(upper, sorted(known), n=1)
         problems.append(f"{name}: no such setting" + (f" (did you mean {close[0]}?)" if close else ""))
     return problems

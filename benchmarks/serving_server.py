@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -266,7 +267,6 @@ def serve(args: argparse.Namespace) -> None:
         "max_queue": 4 * (args.requests + args.clients),
         "max_prompt_tokens": args.prompt_tokens + 16,
         "max_new_tokens_limit": args.new_tokens,
-        "default_max_new_tokens": args.new_tokens,  # at most the limit; every request sets its own
         "torch_threads": args.torch_threads or None,
     }
     configs = random_configs()
@@ -443,5 +443,8 @@ def random_model(args: argparse.Namespace, config: PretrainedConfig) -> tuple[Lo
     )
     folder = Path(tempfile.mkdtemp()) / f"random-{args.model}-tad"
     folder.mkdir()
-    (folder / MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2))  # /info and the metrics hash it
-    return loaded, TadArtifact(path=folder, manifest=manifest, scorer=tad)
+    written = manifest.model_dump_json(indent=2).encode()
+    (folder / MANIFEST_NAME).write_bytes(written)  # /info names it and the metrics label it by its hash
+    return loaded, TadArtifact(
+        path=folder, manifest=manifest, scorer=tad, manifest_sha256=hashlib.sha256(written).hexdigest()
+    )

@@ -27,11 +27,14 @@ class BodySizeLimitMiddleware:
         # Read the whole body here (it is bounded in size and in time), then hand it to the app unchanged.
         try:
             async with asyncio.timeout(self.timeout_s):
-                body = await self._read(receive, send)
+                body = await self._read(receive)
         except TimeoutError:
             await self._reject(send, BodyTimeout(f"the request body did not arrive within {self.timeout_s:g} s"))
             return
-        if body is None:
+        if body is None:  # the client left
+            return
+        if isinstance(body, PayloadTooLarge):
+            await self._reject(send, body)
             return
         delivered = False
 
@@ -44,8 +47,8 @@ class BodySizeLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _read(self, receive: Receive, send: Send) -> bytes | None:
-        """The whole body; None when the client left or the body was too large (answered)."""
+    async def _read(self, receive: Receive) -> bytes | PayloadTooLarge | None:
+        """The whole body; None when the client left. Answering is left to the caller, outside the time limit."""
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -56,8 +59,7 @@ class BodySizeLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._reject(send, PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes"))
-                return None
+                return PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
             chunks.append(chunk)
             more = message.get("more_body", False)
         return b"".join(chunks)
@@ -69,7 +71,13 @@ class BodySizeLimitMiddleware:
             {
                 "type": "http.response.start",
                 "status": error.status_code,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+                # The rest of the body is not read: the connection goes with it, or a client still sending
+                # (byte by byte) would keep it open.
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": payload})

@@ -124,3 +124,25 @@ def test_what_the_checks_refuse_has_a_valid_form() -> None:
     assert settings.artifact_manifest_sha256 == "a" * 64  # as hashlib writes it, so that it compares equal
     assert Settings(verify_model_sha256=False, artifact_dir="").artifact_dir is None  # type: ignore[arg-type]
     assert Settings(reject_target="").reject_target is None  # no target, as `TAD_REJECT_TARGET=` says it
+    assert Settings(artifact_manifest_sha256="").artifact_manifest_sha256 is None  # no pin
+
+
+def test_lowering_the_answer_limit_alone_lowers_the_default_with_it() -> None:
+    assert Settings(max_new_tokens_limit=32).default_max_new_tokens == 32
+    assert Settings(max_new_tokens_limit=1000).default_max_new_tokens == 64
+
+
+def test_the_shortest_compiled_length_allowed_is_the_shortest_slot_read() -> None:
+    from app.engine.slot_decoding import SMALLEST_WIDTH
+    from app.settings import MIN_COMPILED_DECODE_LENGTH
+
+    assert MIN_COMPILED_DECODE_LENGTH == SMALLEST_WIDTH
+
+
+def test_variables_that_links_put_in_a_containers_environment_are_passed_over() -> None:
+    """Kubernetes' service links and Docker's legacy links, for a service or container named tad-serve."""
+    links = {"TAD_SERVE_SERVICE_HOST": "", "TAD_SERVE_PORT": "", "TAD_SERVE_PORT_80_TCP_PROTO": ""}
+    assert unknown_variables(links) == []
+    assert unknown_variables({"tad_max_batch": "4"}) == [  # pydantic-settings reads names in any case
+        "tad_max_batch: no such setting (did you mean TAD_MAX_BATCH_SIZE?)"
+    ]

@@ -105,3 +105,23 @@ def test_the_image_is_tagged_with_the_package_version_everywhere() -> None:
     compose = yaml.safe_load((repo / "docker-compose.yml").read_text())
     assert compose["x-tad"]["image"] == f"tad-serve:{version}"
     assert "localhost/tad-serve:$VERSION" in (repo / "scripts" / "build_image.sh").read_text()
+
+
+def test_the_pods_environment_holds_no_tad_variable_the_service_refuses() -> None:
+    """The service refuses a TAD_* variable that sets nothing; Kubernetes adds TAD_SERVE_* ones for the Service
+    named tad-serve (service links). They are off here, and passed over where a cluster adds them anyway."""
+    from app.settings import unknown_variables
+
+    assert DOCUMENTS["Deployment"]["spec"]["template"]["spec"]["enableServiceLinks"] is False
+    environment = {entry["name"]: "set" for entry in _container()["env"]}
+    service = DOCUMENTS["Service"]
+    prefix = service["metadata"]["name"].upper().replace("-", "_")
+    links = {f"{prefix}_SERVICE_HOST": "10.0.0.1", f"{prefix}_PORT": "tcp://10.0.0.1:80"}
+    for port in service["spec"]["ports"]:
+        number, protocol = port["port"], port.get("protocol", "TCP")
+        links[f"{prefix}_SERVICE_PORT"] = links[f"{prefix}_SERVICE_PORT_{port['name'].upper()}"] = str(number)
+        for suffix in ("", "_ADDR", "_PORT", "_PROTO"):
+            links[f"{prefix}_PORT_{number}_{protocol}{suffix}"] = "set"
+    assert prefix.startswith("TAD_")  # else this test checks nothing
+    assert unknown_variables(environment) == []
+    assert unknown_variables({**environment, **links}) == []
