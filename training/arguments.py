@@ -98,8 +98,8 @@ def add_artifact_and_run_options(parser: argparse.ArgumentParser) -> None:
         type=prompt_style,
         choices=tuple(PromptStyle),
         default=None,
-        help="how --data's records are asked (as `generate --prompt-style`; default: task): calibrate on answers "
-        "asked as the service will be asked (chat, for users' questions; few-shot for a base model)",
+        help="how --data's records are asked (as `generate --prompt-style`; default: task): ask them as the "
+        "service will be asked (chat, for users' questions; few-shot for a base model)",
     )
     add_generation_options(parser)
 
@@ -110,7 +110,8 @@ def refuse_generation_options(given: dict[str, object]) -> None:
     the user asked for."""
     ignored = [option for option, value in given.items() if value not in (None, [])]
     if ignored:
-        raise UsageError(f"{', '.join(ignored)} only apply when generating: with --run, leave them out")
+        verb, pronoun = ("apply", "them") if len(ignored) > 1 else ("applies", "it")
+        raise UsageError(f"{', '.join(ignored)} only {verb} when generating: with --run, leave {pronoun} out")
 
 
 def run_source_of(args: argparse.Namespace, default_run_dir: Path, run_dir_option: str) -> RunSource:

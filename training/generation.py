@@ -325,7 +325,11 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
         shown = f"{len(bad)} lines refused, the first {bad[0]}" if bad else "the files hold no records"
         raise SystemExit(f"no valid records in {', '.join(map(str, options.data))}: {shown}")
     if not records:  # a --skip past the end: a finished extension, but more often a wrong --skip
-        logger.warning("0 valid records in %s: the run will hold no answers", ", ".join(map(str, options.data)))
+        logger.warning(
+            "no valid record left in %s after --skip %d: the run will hold no answers",
+            ", ".join(map(str, options.data)),
+            options.skip,
+        )
     shards = plan_shards(records, options.shard_size)
     out = options.out
     model_free = settings_before_loading(options)  # hashes the data files: once

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="two-stage cross-validated TAD fit; writes an artifact folder",
         description="5-fold CV split by record (both prompt styles of a question in one fold) over "
         "ridge alpha x aggregation x variant "
-        "(leak-free, algorithm1-literal, authors) x convention, selected by mean PRR@50%%; writes ARTIFACT_DIR.",
+        "(leak-free, algorithm1-literal, authors) x convention, selected by mean PRR@50%; writes ARTIFACT_DIR.",
     )
     parser.add_argument("runs", type=Path, nargs="+", help="run folders from `generate` (shards are merged)")
     parser.add_argument("--out", type=Path, required=True, help="artifact folder to write")
