@@ -117,14 +117,10 @@ def reload_on_sighup(runtime: Runtime) -> None:
 
 
 def _problem(prefix: str, item: Any) -> str:
-    """One line of a settings error: the variable it is about, and why. A field with an alias is located by the
-    alias, which already is the whole name; a contradiction between settings (no location) names its own."""
+    """One line of a settings error: the variable it is about, and why (a contradiction between settings has
+    no location: its message names them)."""
     message = str(item["msg"]).removeprefix("Value error, ")
-    location = item["loc"]
-    if not location:
-        return message
-    name = str(location[0]).upper()
-    return f"{name if name.startswith(prefix) else prefix + name}: {message}"
+    return f"{prefix}{str(item['loc'][0]).upper()}: {message}" if item["loc"] else message
 
 
 def load_settings() -> Settings:

@@ -169,9 +169,7 @@ class Settings(BaseSettings):
         description="flag: return a rejected answer with its decision; withhold: send the withheld message instead "
         "(streams then hold every token until the decision)",
     )
-    withheld_message: str = Field(
-        DEFAULT_WITHHELD_MESSAGE, min_length=1, description="the text a withheld answer is replaced with"
-    )
+    withheld_message: str = Field(DEFAULT_WITHHELD_MESSAGE, description="the text a withheld answer is replaced with")
     policy_overrides: bool = Field(
         True,
         description="let requests override the policy (method, threshold, target, action); false makes the "
