@@ -157,8 +157,13 @@ def validation_message(
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         if item.get("type") in OBJECT_EXPECTED:  # pydantic names its model class ("... instance of Manifest")
             message = "Input should be an object"
-        if item.get("type") == "extra_forbidden" and _error_field(item, root) in unsupported:
+        # Unknown to this service's schema, or declared as null only (a default it accepts): either way unsupported.
+        if item.get("type") in ("extra_forbidden", "none_required") and _error_field(item, root) in unsupported:
             message = "not supported by this service"
+        if item.get("type") == "too_long" and isinstance(item.get("input"), str):
+            # A bound on a text-or-list field (a message's content) counts a text's characters, not "items".
+            context = item.get("ctx", {})
+            message = f"Text should have at most {context.get('max_length')} characters, not {len(item['input'])}"
         if item.get("type") == "json_invalid" and len(item.get("loc", ())) > 1:
             message = f"{message} at character {item['loc'][-1]}"
         described.append(f"{_error_field(item, root)}: {message}")

@@ -48,17 +48,19 @@ async def require_api_key(
     header_key: Annotated[str | None, Depends(_header_key)],
 ) -> None:
     """When TAD_API_KEY is set, every /v1 route needs it (Bearer token or X-API-Key), compared in constant time."""
-    refusal = key_refusal(runtime.settings.api_key, bearer.credentials if bearer is not None else header_key)
+    refusal = key_refusal(runtime.settings.api_key, bearer.credentials if bearer is not None else None, header_key)
     if refusal is not None:
         raise refusal
 
 
-def key_refusal(expected: SecretStr | None, presented: str | None) -> Unauthorized | None:
+def key_refusal(expected: SecretStr | None, *presented: str | None) -> Unauthorized | None:
+    """Either header may carry the key, and one that does is enough: the `openai` client always sends a
+    Bearer token (its own `api_key`), so a key in `X-API-Key` beside it must still be accepted."""
     if expected is None:
         return None
-    if presented is None or not secrets.compare_digest(
-        presented.encode("utf-8", "surrogateescape"), expected.get_secret_value().encode("utf-8", "surrogateescape")
-    ):
+    key = expected.get_secret_value().encode("utf-8", "surrogateescape")
+    matches = [secrets.compare_digest(p.encode("utf-8", "surrogateescape"), key) for p in presented if p is not None]
+    if not any(matches):
         return Unauthorized("missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
     return None
 
@@ -71,7 +73,7 @@ def unauthenticated(request: Request) -> Unauthorized | None:
         return None
     scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
     presented = credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
-    return key_refusal(request.app.state.runtime.settings.api_key, presented or request.headers.get("x-api-key"))
+    return key_refusal(request.app.state.runtime.settings.api_key, presented, request.headers.get("x-api-key"))
 
 
 def _needs_key(route: object) -> bool:

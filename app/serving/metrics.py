@@ -101,9 +101,8 @@ class ServiceMetrics:
         self._windows: dict[str, deque[bool]] = {m.value: deque(maxlen=rejection_window) for m in Method}
 
     def observe_generation(self, result: GenerationResult) -> None:
-        count = len(result.sequence.kept_tokens)
         timing = result.timing
-        self.generated_tokens.inc(count)
+        self.generated_tokens.inc(result.sequence.tokens_chosen)  # as usage's completion_tokens counts them
         reason = result.sequence.finish_reason
         self.finish_reasons.labels(reason=reason.reported if reason else "stop").inc()
         self.queue_time.observe(timing.queued_s)

@@ -87,6 +87,12 @@ class GenerationOutcome:
     def prompt_tokens(self) -> int:
         return len(self.result.sequence.request.prompt_ids)
 
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens the model generated, as vLLM's usage counts them: the stop token that ended the answer and
+        those a stop string trimmed included, though neither is among the answer's tokens."""
+        return self.result.sequence.tokens_chosen
+
 
 @dataclass(frozen=True)
 class ScoreOutcome:

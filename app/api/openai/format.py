@@ -114,7 +114,7 @@ def extension(outcome: GenerationOutcome) -> UncertaintyExtension:
 
 
 def usage(outcome: GenerationOutcome) -> UsageInfo:
-    prompt, completion = outcome.prompt_tokens, len(outcome.scored.trace)
+    prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 

@@ -19,9 +19,9 @@ from app.api.common import (
     DecisionInfo,
     LogprobCount,
     OnlyOne,
+    OpenAISeed,
     PolicyOverride,
     PositiveInt,
-    Seed,
     SequenceScores,
     StopStrings,
     StrictModel,
@@ -109,7 +109,7 @@ class _SamplingFields(StrictModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: StopStrings = None
-    seed: Seed | None = None
+    seed: OpenAISeed | None = None
     presence_penalty: float | None = Field(
         0.0, ge=0.0, le=0.0, allow_inf_nan=False, description="not supported (must be 0)"
     )
@@ -197,6 +197,14 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
     store: Literal[False] | None = Field(None, description="nothing is stored (must be false)")
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    # Hints and identifiers a framework may send, and the defaults of features this service lacks: null, or the
+    # one value that asks for nothing (a text answer, no function).
+    prompt_cache_key: str | None = Field(None, max_length=1024, description="accepted and unused")
+    safety_identifier: str | None = Field(None, max_length=1024, description="accepted and unused")
+    modalities: list[Literal["text"]] | None = Field(None, max_length=1, description="only ['text']")
+    function_call: Literal["none"] | None = Field(None, description="only 'none' (no functions are offered)")
+    audio: None = Field(None, description="not supported (must be null)")
+    prediction: None = Field(None, description="not supported (must be null)")
 
     @field_validator("store", mode="before")
     @classmethod

@@ -43,14 +43,14 @@ class OpenAIRoute(APIRoute):
         {
             "tools",
             "functions",
-            "function_call",
             "audio",
-            "modalities",
             "prediction",
             "reasoning_effort",
+            "verbosity",
             "service_tier",
             "web_search_options",
             "stream_options.include_obfuscation",
+            "suffix",
         }
     )
 

@@ -36,6 +36,7 @@ def test_time_per_output_token_counts_the_stop_token_among_the_steps() -> None:
     metrics = ServiceMetrics()
     metrics.observe_generation(_answer(4, Timing(queued_s=0.0, first_token_s=1.0, total_s=3.0), chosen=5))  # type: ignore[arg-type]
     assert metrics.registry.get_sample_value("tad_time_per_output_token_seconds_sum") == pytest.approx(0.5)
+    assert metrics.registry.get_sample_value("tad_generated_tokens_total") == 5  # as usage counts them
 
 
 def test_a_client_gone_counts_as_a_failed_generation_and_its_wait_as_a_wait() -> None:

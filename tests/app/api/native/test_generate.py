@@ -19,7 +19,8 @@ def test_generate_returns_every_field(client: TestClient) -> None:
     assert response.status_code == 200
     body = response.json()
     assert body["finish_reason"] in ("stop", "length")
-    assert body["usage"]["completion_tokens"] == len(body["tokens"]) > 0
+    # Usage counts the stop token too (no stop strings here); the tokens are the answer's.
+    assert body["usage"]["completion_tokens"] == len(body["tokens"]) + (body["finish_reason"] == "stop") > 0
     assert body["usage"]["prompt_tokens"] > 0
     assert body["model"] == "model" and body["artifact"] == "tiny-tad" and body["tad_available"]
     assert body["seed"] is None  # greedy
@@ -70,6 +71,16 @@ def test_policy_override(client: TestClient) -> None:
     assert calibrated["policy"] == "calibrated:coverage@0.8"
     unknown = client.post("/v1/generate", json={**base, "policy": {"target": "error@0.01"}})
     assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "policy.target"
+
+
+def test_usage_counts_the_stop_token_that_ended_the_answer(client: TestClient) -> None:
+    """As vLLM counts generated tokens: the stop token is not among the answer's tokens, but it was generated.
+    The tiny model's stop tokens are rare, not impossible: some seed's hot sampling chooses one."""
+    request = {"prompt": "the", "max_new_tokens": 24, "temperature": 1.5}
+    answers = (client.post("/v1/generate", json={**request, "seed": seed}).json() for seed in range(64))
+    ended = next((body for body in answers if body["finish_reason"] == "stop"), None)
+    assert ended is not None, "no seed ended on a stop token: raise the temperature"
+    assert ended["usage"]["completion_tokens"] == len(ended["tokens"]) + 1
 
 
 def test_return_tokens_false(client: TestClient) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from app.api.common import MAX_TEXT_CHARS
 from app.api.openai.protocol import OpenAIMessage
 from app.api.openai.routes import chat_message
 from app.settings import Settings
@@ -54,7 +55,8 @@ def test_chat_completion_with_logprobs_and_uncertainty(client: openai.OpenAI) ->
     choice = completion.choices[0]
     assert choice.finish_reason in ("stop", "length") and choice.message.role == "assistant"
     content = choice.logprobs.content
-    assert len(content) == completion.usage.completion_tokens > 0
+    # The stop token that ended an answer is generated, counted in usage, and not among its tokens.
+    assert len(content) + (choice.finish_reason == "stop") == completion.usage.completion_tokens > 0
     for item in content:
         assert len(item.top_logprobs) == 3 and item.top_logprobs[0].logprob >= item.logprob - 1e-6
     assert "".join(t.token for t in content).replace(" ", "") == choice.message.content.replace(" ", "")
@@ -82,7 +84,7 @@ def test_chat_completion_stream(client: openai.OpenAI) -> None:
     confidences = [
         c.model_extra["uncertainty"]["token"]["confidence"] for c in chunks if c.choices and c.choices[0].delta.content
     ]
-    assert len(confidences) == chunks[-1].usage.completion_tokens
+    assert len(confidences) + (finals[0].choices[0].finish_reason == "stop") == chunks[-1].usage.completion_tokens
     # With include_usage every other chunk has the field too, null, as OpenAI sends them.
     assert all("usage" in c.model_fields_set and c.usage is None for c in chunks[:-1])
     whole = client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=7, temperature=0)
@@ -116,6 +118,25 @@ def test_text_completion(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].text for c in streamed) == choice.text
 
 
+def test_usage_counts_the_tokens_a_stop_string_ended_on(client: openai.OpenAI) -> None:
+    """Generated and billed, as vLLM counts them, though the stop string trims them from the answer: the text
+    up to and through a three-word stop took nine tokens (this tokenizer's tokens are words)."""
+    free = client.completions.create(model="model", prompt="the capital of", max_tokens=12, temperature=0)
+    words = free.choices[0].text.split()
+    assert len(words) == free.usage.completion_tokens == 12
+    request = {
+        "model": "model",
+        "prompt": "the capital of",
+        "max_tokens": 12,
+        "temperature": 0,
+        "stop": [" ".join(words[6:9])],
+    }
+    stopped = client.completions.create(**request)
+    assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].text.split() == words[:6]
+    streamed = list(client.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    assert stopped.usage.completion_tokens == streamed[-1].usage.completion_tokens == 9
+
+
 def test_a_sampled_completion_token_is_always_among_its_top_logprobs(client: openai.OpenAI) -> None:
     """OpenAI's legacy completions return the sampled token's logprob with the `logprobs` most likely ones
     (up to `logprobs` + 1 entries); at a high temperature it is often not among them."""
@@ -147,6 +168,24 @@ def test_completion_logprobs_0_gives_each_sampled_token_alone(client: openai.Ope
         assert top == {token: pytest.approx(logprob)}
 
 
+def test_early_stop_cuts_the_answer_and_says_so_in_the_extension(client: openai.OpenAI) -> None:
+    """`tad.early_stop` on the OpenAI routes: cut at the threshold (MSP only grows), `finish_reason` `stop` (OpenAI
+    has no value for it), and the extension's own `uncertainty`, rejected; streamed, the same."""
+    tad = {"early_stop": True, "policy": {"method": "msp", "threshold": 0.0}}
+    request = {"model": "model", "messages": MESSAGES, "max_tokens": 30, "temperature": 0, "extra_body": {"tad": tad}}
+    cut = client.chat.completions.create(**request)
+    extension = cut.model_extra["uncertainty"]
+    assert cut.choices[0].finish_reason == "stop" and extension["finish_reason"] == "uncertainty"
+    assert not extension["decision"]["accept"] and 4 <= len(extension["tokens"]) < 30
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    closing = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert (
+        closing.choices[0].finish_reason == "stop"
+        and closing.model_extra["uncertainty"]["finish_reason"] == "uncertainty"
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut.choices[0].message.content
+
+
 def test_text_parts_of_a_message_are_joined_by_newlines_as_in_vllm(client: openai.OpenAI) -> None:
     parts = [{"type": "text", "text": "what is the capital"}, {"type": "text", "text": "of france ?"}]
     joined = [{"role": "user", "content": "what is the capital\nof france ?"}]
@@ -168,6 +207,13 @@ def test_seeded_sampling_reproduces(client: openai.OpenAI) -> None:
     kwargs = {"model": "model", "messages": MESSAGES, "max_tokens": 8, "temperature": 1.0, "seed": 3}
     first = client.chat.completions.create(**kwargs).choices[0].message.content
     assert client.chat.completions.create(**kwargs).choices[0].message.content == first
+    # Any 64-bit seed, as OpenAI and vLLM take them (code drawing random seeds sends such); one past is refused.
+    for seed in (-1, 2**62, 2**63 - 1, -(2**63)):
+        again = [client.chat.completions.create(**{**kwargs, "seed": seed}).choices[0].message.content for _ in "ab"]
+        assert again[0] == again[1]
+    with pytest.raises(openai.BadRequestError) as too_big:
+        client.chat.completions.create(**{**kwargs, "seed": 2**63})
+    assert too_big.value.body["param"] == "seed"
 
 
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
@@ -231,8 +277,43 @@ def test_a_previous_answer_sent_back_as_dumped_and_harmless_options_are_served(c
         parallel_tool_calls=False,
         store=False,
         metadata={"team": "search"},
+        # What frameworks fill in: hints, identifiers, and the defaults of features this service lacks.
+        prompt_cache_key="team-search",
+        safety_identifier="user-1",
+        modalities=["text"],
+        extra_body={"function_call": "none", "audio": None, "prediction": None},
     )
     assert follow_up.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize(
+    ("route", "options", "param"),
+    [
+        ("chat", {"verbosity": "low"}, "verbosity"),
+        ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ("chat", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ("text", {"suffix": "the end"}, "suffix"),
+    ],
+)
+def test_openai_options_this_service_lacks_are_refused_as_unsupported_not_unknown(
+    client: openai.OpenAI, route: str, options: dict, param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        if route == "chat":
+            client.chat.completions.create(model="model", messages=MESSAGES, max_tokens=3, extra_body=options)
+        else:
+            client.completions.create(model="model", prompt="the", max_tokens=3, extra_body=options)
+    assert refused.value.body["param"] == param
+    assert refused.value.body["message"] == f"{param}: not supported by this service"
+
+
+def test_a_message_too_long_is_counted_in_characters(client: openai.OpenAI) -> None:
+    long = "a" * (MAX_TEXT_CHARS + 1)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="model", messages=[{"role": "user", "content": long}], max_tokens=3)
+    assert refused.value.body["message"] == (
+        f"messages.0.content: Text should have at most {MAX_TEXT_CHARS} characters, not {MAX_TEXT_CHARS + 1}"
+    )
 
 
 @pytest.mark.parametrize(
