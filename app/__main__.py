@@ -53,14 +53,19 @@ class DrainingServer(uvicorn.Server):
         self.runtime = runtime
         self.grace_s = grace_s
         self._draining = False
+        self._stopping = False
         self.exit_code = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler runs on the event loop's thread between two bytecodes, possibly while that thread
         # holds a plain lock (the runtime's, a metric's) that draining takes too: taken here, it would never
         # be released. So the handler only flags and starts a thread, which can wait for such a lock.
+        if self._stopping:
+            self.force_exit = True  # a third: uvicorn waits for nothing, the app's shutdown is skipped
+            return
         if self._draining:
             # A second signal: stop now, but answer what is in flight first (a 503 each, see _abandon_in_flight).
+            self._stopping = True
             threading.Thread(target=self._stop_now, args=(sig,), daemon=True).start()
             return
         self._draining = True
@@ -82,8 +87,10 @@ class DrainingServer(uvicorn.Server):
     def _stop_now(self, sig: int) -> None:
         logger.warning("signal %d again: stopping now", sig)
         self._abandon_in_flight()
+        # Not force_exit: that skips the app's shutdown (the scheduler's worker is not stopped) and uvicorn logs
+        # the lifespan's cancellation as an error. Answered connections close at once; uvicorn waits at most
+        # UVICORN_SHUTDOWN_S for any other.
         self.should_exit = True
-        self.force_exit = True  # uvicorn waits for no connection: they have their answers
 
     def _abandon_in_flight(self) -> None:
         """Answer every request still running or queued with a 503 (a stream: its error event) and give the

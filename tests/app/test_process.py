@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -126,6 +127,44 @@ def test_requests_still_running_when_the_grace_period_ends_get_a_503_not_a_cut(
             process.kill()
 
 
+def test_a_second_signal_answers_what_is_in_flight_and_still_shuts_the_app_down_cleanly(
+    slow_model: Path, tmp_path: Path
+) -> None:
+    """The impatient operator's Ctrl-C twice: a 503 at once rather than the drain, and the app's own shutdown
+    still runs (uvicorn's forced exit skipped it, and logged the lifespan's cancellation as an error)."""
+    process, url = start_slow_server(slow_model, tmp_path, grace_s=60)
+    try:
+        wait_until_ready(url, 90, alive=lambda: process.poll() is None)
+        answers: dict[str, object] = {}
+
+        def plain() -> None:
+            response = httpx.post(f"{url}/v1/generate", json={"prompt": "the", "max_new_tokens": 1500}, timeout=60)
+            answers["plain"] = (response.status_code, response.json()["error"]["type"])
+
+        client = threading.Thread(target=plain)
+        client.start()
+        wait_for_requests_in_flight(url, 1, timeout=30)
+        process.send_signal(signal.SIGINT)
+        wait_until_draining(url, timeout=10)
+        process.send_signal(signal.SIGINT)
+        client.join(60)
+        assert answers["plain"] == (503, "not_ready")
+        assert process.wait(30) == 0
+        log = process.stdout.read() if process.stdout else ""
+        assert "again: stopping now" in log and "Application shutdown complete" in log
+        assert "Traceback" not in log and "ERROR" not in log
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def wait_until_draining(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"{url}/ready", timeout=10).status_code == 200:
+        assert time.monotonic() < deadline, "the first signal did not start the drain"
+        time.sleep(0.05)
+
+
 def test_a_model_that_fails_to_load_exits_non_zero(tmp_path: Path) -> None:
     process = start_server({"TAD_MODEL": str(tmp_path / "missing-model"), "TAD_PORT": str(free_port())})
     output, _ = process.communicate(timeout=120)
@@ -160,6 +199,33 @@ def test_a_tampered_artifact_stops_the_start(tiny_model_dir: Path, tiny_artifact
     process = start_server(env)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 1 and "sha256 of regressor.joblib" in output
+
+
+def test_sighup_reloads_the_artifact(tiny_model_dir: Path, tiny_artifact: Path, tmp_path: Path) -> None:
+    """operations.md's other way to reload: the signal, as `kill -HUP` sends it to the process."""
+    import shutil
+
+    artifact = Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))
+    port = free_port()
+    env = {"TAD_MODEL": str(tiny_model_dir), "TAD_ARTIFACT_DIR": str(artifact), "TAD_PORT": str(port)}
+    process = start_server(env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, 90, alive=lambda: process.poll() is None)
+        before = httpx.get(f"{url}/info", timeout=10).json()["artifact"]["manifest_sha256"]
+        manifest = artifact / "manifest.json"
+        manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=1))  # the same, other bytes
+        process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while (served := httpx.get(f"{url}/info", timeout=10).json()["artifact"]["manifest_sha256"]) == before:
+            assert time.monotonic() < deadline, "SIGHUP did not reload the artifact"
+            time.sleep(0.1)
+        assert served == hashlib.sha256(manifest.read_bytes()).hexdigest()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
 
 
 def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path: Path) -> None:

@@ -119,11 +119,17 @@ def test_replicas_behind_haproxy_lose_no_request_when_one_is_killed_and_one_drai
         threads = [threading.Thread(target=client_loop) for _ in range(CLIENTS)]
         for thread in threads:
             thread.start()
-        while len(results) < REQUESTS // 3:
-            time.sleep(0.01)
+
+        def wait_for_answers(count: int) -> None:
+            """Lost requests count too: were every one lost, waiting for answers alone would never end."""
+            deadline = time.monotonic() + 120
+            while len(results) + len(failures) < count:
+                assert time.monotonic() < deadline, f"{len(results)} answered, {failures[:3]}"
+                time.sleep(0.01)
+
+        wait_for_answers(REQUESTS // 3)
         replicas[0].send_signal(signal.SIGKILL)
-        while len(results) < 2 * REQUESTS // 3:
-            time.sleep(0.01)
+        wait_for_answers(2 * REQUESTS // 3)
         replicas[1].send_signal(signal.SIGTERM)
         for thread in threads:
             thread.join(120)

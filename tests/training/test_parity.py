@@ -41,6 +41,7 @@ def test_server_reproduces_the_training_run(tiny_runs: dict[str, Path], tiny_art
     from training.tasks import build_messages
 
     texts = [t for t in iter_texts([tiny_runs["dev"]]) if len(t) > 1][:4]
+    assert len(texts) == 4
     records = {f"{r.dataset}/{r.record.id}": r.record for r in read_records([Path(t.meta["file"]) for t in texts])}
     artifact = load_artifact(tiny_artifact)
     with make_client(service_settings) as client:

@@ -100,3 +100,11 @@ def test_a_generation_past_its_deadline_still_counts_its_wait(service_settings: 
         after = samples(client)
     assert value(after, "tad_queue_time_seconds_count") == before + 1
     assert value(after, "tad_failed_generations_total", error_type="deadline_exceeded") == 1
+
+
+def test_the_rolling_rejection_window_is_the_configured_one(service_settings: Settings) -> None:
+    """`TAD_REJECTION_RATE_WINDOW`: the drift alert's window holds that many answers, not the default."""
+    with make_client(service_settings, rejection_rate_window=3) as client:
+        for _ in range(5):
+            assert client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 2}).status_code == 200
+        assert value(samples(client), "tad_rolling_rejection_answers", method="tad") == 3

@@ -290,3 +290,23 @@ def test_a_page_from_another_origin_may_not_reload_the_artifact(
     assert client.post(RELOAD).status_code == 200  # curl, a script: no Origin
     with make_client(service_settings, artifact_dir=served, cors_origins=["https://ops.example"]) as listed:
         assert listed.post(RELOAD, headers={"Origin": "https://ops.example"}).status_code == 200
+
+
+def test_a_pinned_manifest_is_served_and_any_other_refused_at_start_and_on_reload(
+    service_settings: Settings, served: Path, other_artifact: Path
+) -> None:
+    """`TAD_ARTIFACT_MANIFEST_SHA256`: the service itself checks the pin, at start and at each reload."""
+    from app.hashing import file_sha256
+    from app.serving.metrics import ServiceMetrics
+    from app.serving.runtime import Runtime
+
+    pin = file_sha256(served / "manifest.json")
+    with make_client(service_settings, artifact_dir=served, artifact_manifest_sha256=pin) as client:
+        assert client.get("/info").json()["artifact"]["manifest_sha256"] == pin
+        _replace(served, other_artifact)  # another artifact, sound, but not the one pinned
+        refused = client.post(RELOAD)
+        assert refused.status_code == 409 and "is not the pinned" in refused.json()["error"]["message"]
+        assert client.get("/info").json()["artifact"]["manifest_sha256"] == pin
+    settings = service_settings.model_copy(update={"artifact_dir": served, "artifact_manifest_sha256": pin})
+    with pytest.raises(ArtifactError, match="is not the pinned"):
+        Runtime(settings, ServiceMetrics()).load()
