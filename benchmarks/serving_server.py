@@ -359,7 +359,7 @@ def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate, runner
                     {
                         "seconds": time.perf_counter() - started,
                         "prompt_tokens": outcome.prompt_tokens,
-                        "completion_tokens": len(outcome.scored.trace),
+                        "completion_tokens": outcome.completion_tokens,
                         "method": outcome.decision.method.value,
                         "scored": outcome.decision.score is not None,
                     }
