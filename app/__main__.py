@@ -3,7 +3,8 @@
 On SIGTERM (or Ctrl-C) the service stops taking work: `/ready` and new `/v1` requests
 answer 503, requests in flight get up to TAD_GRACEFUL_SHUTDOWN_S to finish, then the
 server exits; requests still running then are answered with a 503 (streams: an error event). A
-second signal does that at once and exits. If the model or artifact fails to load,
+second signal does that at once and exits (the app's shutdown still runs; a third stops uvicorn
+waiting for connections). If the model or artifact fails to load,
 the process exits with status 1 and says why. SIGHUP reloads the artifact at
 TAD_ARTIFACT_DIR without a restart (as `POST /admin/reload-artifact` does); a refused
 one is logged and the previous one keeps serving.

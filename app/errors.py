@@ -8,6 +8,7 @@ Internal exception text never reaches a client.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -141,6 +142,8 @@ def _error_field(item: dict[str, Any], root: str) -> str:
 # The problems a message lists: a body with a wrong value in each of 150,000 list items had every one
 # described (a 6.6 MB answer, built and sent on the event loop: every other request waited two seconds).
 MAX_DESCRIBED_ERRORS = 5
+# Pydantic's error types for a field refused whole (extra_forbidden) or for any value but the one it takes.
+UNSUPPORTED_VALUE = frozenset({"extra_forbidden", "none_required", "literal_error"})
 # Pydantic's error types for a value that should have been an object (a JSON object, a model's fields).
 OBJECT_EXPECTED = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
@@ -157,9 +160,13 @@ def validation_message(
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         if item.get("type") in OBJECT_EXPECTED:  # pydantic names its model class ("... instance of Manifest")
             message = "Input should be an object"
-        # Unknown to this service's schema, or declared as null only (a default it accepts): either way unsupported.
-        if item.get("type") in ("extra_forbidden", "none_required") and _error_field(item, root) in unsupported:
+        # An API's field this service lacks (unknown to its schema), or one it takes only at the value that asks
+        # for nothing (null, 'none', ['text']): either way what was asked is not supported, not mistyped.
+        field = re.sub(r"(\.\d+)+$", "", _error_field(item, root))  # modalities.0: the list's field
+        if item.get("type") in UNSUPPORTED_VALUE and field in unsupported:
             message = "not supported by this service"
+            if item.get("type") == "literal_error":
+                message += f" (only {item.get('ctx', {}).get('expected')})"
         if item.get("type") == "too_long" and isinstance(item.get("input"), str):
             # A bound on a text-or-list field (a message's content) counts a text's characters, not "items".
             context = item.get("ctx", {})

@@ -25,11 +25,13 @@ import httpx
 from benchmarks.server_process import running_server
 from tests.fixtures.tiny_model import write_tiny_model
 
+MIN_PROBES = 3  # per window: a window shorter than the poller's start (short prompts, a loaded machine) had none
+
 
 def health_latencies(url: str, stop: threading.Event, poll_s: float) -> list[float]:
-    latencies = []
+    latencies: list[float] = []
     with httpx.Client(timeout=30) as http:
-        while not stop.is_set():
+        while not stop.is_set() or len(latencies) < MIN_PROBES:
             started = time.perf_counter()
             http.get(f"{url}/health").raise_for_status()
             latencies.append(time.perf_counter() - started)

@@ -49,9 +49,10 @@ def _whole_number(value: object) -> object:
 # Integer fields: the constraint sits before the validator so that the schema states it (minimum, maximum).
 PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_whole_number)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED), BeforeValidator(_whole_number)]
-# OpenAI's API (and vLLM) take any 64-bit integer, as code drawing random seeds sends them; the generator takes
-# them all (a negative one as its two's complement).
-OpenAISeed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(_whole_number)]
+# OpenAI's API takes negative seeds too (the generator reads one as its two's complement); the same bound on
+# their size as the native seed's: beyond 2**53 a JSON number is not one integer in every client (a JavaScript
+# client sends -2**63 as -9223372036854776000, below the 64-bit range that OpenAI's schema states).
+OpenAISeed = Annotated[int, Field(ge=-MAX_SEED, le=MAX_SEED), BeforeValidator(_whole_number)]
 LogprobCount = Annotated[int, Field(ge=0, le=20), BeforeValidator(_whole_number)]
 OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_whole_number)]
 

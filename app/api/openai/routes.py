@@ -37,12 +37,16 @@ class OpenAIRoute(APIRoute):
     `BadRequestError`; the native routes keep FastAPI's 422 (app/errors.py, `invalid_request_status`)."""
 
     invalid_request_status = 400
-    # OpenAI's fields this service does not take: refused as unsupported, not as unknown ("Extra inputs are
-    # not permitted" reads like a typo).
+    # OpenAI's fields this service does not take, or takes only at the value that asks for nothing: refused as
+    # unsupported, not as unknown ("Extra inputs are not permitted" reads like a typo).
     unsupported_fields = frozenset(
         {
             "tools",
             "functions",
+            "function_call",
+            "tool_choice",
+            "response_format.type",
+            "modalities",
             "audio",
             "prediction",
             "reasoning_effort",

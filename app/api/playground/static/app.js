@@ -324,7 +324,8 @@ function showLive(expected, tokens, final = false) {
 
 function showFinish(response, scored) {
   const notice = $("finish");
-  const count = response.usage.completion_tokens;
+  // The answer's tokens as shown: usage also counts the end token and a stop string's tokens.
+  const count = response.tokens?.length ?? response.usage.completion_tokens;
   notice.classList.remove("early");
   if (scored) {
     notice.textContent = `Scored ${count} tokens of the given answer (teacher-forced).`;

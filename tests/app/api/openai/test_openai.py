@@ -207,13 +207,14 @@ def test_seeded_sampling_reproduces(client: openai.OpenAI) -> None:
     kwargs = {"model": "model", "messages": MESSAGES, "max_tokens": 8, "temperature": 1.0, "seed": 3}
     first = client.chat.completions.create(**kwargs).choices[0].message.content
     assert client.chat.completions.create(**kwargs).choices[0].message.content == first
-    # Any 64-bit seed, as OpenAI and vLLM take them (code drawing random seeds sends such); one past is refused.
-    for seed in (-1, 2**62, 2**63 - 1, -(2**63)):
+    # Negative seeds, as OpenAI's API takes them, down to -2**53 (exact as a JSON number in any client).
+    for seed in (-1, -(2**53), 2**53):
         again = [client.chat.completions.create(**{**kwargs, "seed": seed}).choices[0].message.content for _ in "ab"]
         assert again[0] == again[1]
-    with pytest.raises(openai.BadRequestError) as too_big:
-        client.chat.completions.create(**{**kwargs, "seed": 2**63})
-    assert too_big.value.body["param"] == "seed"
+    for seed in (2**53 + 1, -(2**63)):
+        with pytest.raises(openai.BadRequestError) as too_big:
+            client.chat.completions.create(**{**kwargs, "seed": seed})
+        assert too_big.value.body["param"] == "seed"
 
 
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
@@ -287,16 +288,20 @@ def test_a_previous_answer_sent_back_as_dumped_and_harmless_options_are_served(c
 
 
 @pytest.mark.parametrize(
-    ("route", "options", "param"),
+    ("route", "options", "param", "only"),
     [
-        ("chat", {"verbosity": "low"}, "verbosity"),
-        ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
-        ("chat", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
-        ("text", {"suffix": "the end"}, "suffix"),
+        ("chat", {"verbosity": "low"}, "verbosity", ""),
+        ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio", ""),
+        ("chat", {"prediction": {"type": "content", "content": "x"}}, "prediction", ""),
+        ("chat", {"function_call": "auto"}, "function_call", " (only 'none')"),
+        ("chat", {"tool_choice": "required"}, "tool_choice", " (only 'none')"),
+        ("chat", {"modalities": ["audio"]}, "modalities.0", " (only 'text')"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format.type", " (only 'text')"),
+        ("text", {"suffix": "the end"}, "suffix", ""),
     ],
 )
 def test_openai_options_this_service_lacks_are_refused_as_unsupported_not_unknown(
-    client: openai.OpenAI, route: str, options: dict, param: str
+    client: openai.OpenAI, route: str, options: dict, param: str, only: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         if route == "chat":
@@ -304,7 +309,7 @@ def test_openai_options_this_service_lacks_are_refused_as_unsupported_not_unknow
         else:
             client.completions.create(model="model", prompt="the", max_tokens=3, extra_body=options)
     assert refused.value.body["param"] == param
-    assert refused.value.body["message"] == f"{param}: not supported by this service"
+    assert refused.value.body["message"] == f"{param}: not supported by this service{only}"
 
 
 def test_a_message_too_long_is_counted_in_characters(client: openai.OpenAI) -> None:

@@ -64,6 +64,23 @@ def _long_question(url: str, tokens: int) -> str:
     raise AssertionError(f"no test question runs to {tokens} tokens")
 
 
+def test_an_answer_that_ended_on_its_end_token_counts_the_tokens_shown(page: Playground, service_url: str) -> None:
+    """Usage counts the end token too; the notice beside the answer counts what it shows."""
+    request = {"messages": [{"role": "user", "content": QUESTION}], "max_new_tokens": 24, "temperature": 2.0}
+    for seed in range(64):
+        body = httpx.post(f"{service_url}/v1/generate", json={**request, "seed": seed}, timeout=60).json()
+        if body["finish_reason"] == "stop":
+            break
+    else:
+        raise AssertionError("no seed ended on the end token: raise the temperature")
+    page.fill("temperature", "2")
+    page.fill("seed", str(seed))
+    page.ask(QUESTION, max_new_tokens=24)
+    page.wait_for_verdict()
+    assert len(page.tokens()) == len(body["tokens"]) == body["usage"]["completion_tokens"] - 1
+    assert page.by_id("finish").text.startswith(f"Finished ({len(body['tokens'])} tokens).")
+
+
 def test_ask_streams_shaded_tokens_with_tooltips_and_a_verdict(page: Playground, tmp_path: Path) -> None:
     page.ask(QUESTION, max_new_tokens=8)
     verdict = page.wait_for_verdict()
