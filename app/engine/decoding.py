@@ -149,14 +149,6 @@ class PromptPrefill:
         self.requests = list(requests)
         self.columns = ChunkedColumns(context, [request.prompt_ids for request in self.requests])
 
-    @property
-    def width(self) -> int:
-        return self.columns.width
-
-    @property
-    def done_columns(self) -> int:
-        return self.columns.done
-
     def advance(self, max_tokens: int | None = None) -> DecodeBatch | None:
         """Run the next chunk of at most `max_tokens` tokens (at least one column; None: all that
         is left); once the last column has run, the batch with every sequence's first token."""

@@ -45,6 +45,11 @@ class ServiceMetrics:
             "tad_queue_time_seconds", "Time requests waited before prefill", buckets=LATENCY_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("tad_queue_depth", "Requests waiting for a batch slot", registry=r)
+        self.running_requests = Gauge(
+            "tad_running_requests",
+            "Requests in the running batch: decoding, or their prompt being prefilled",
+            registry=r,
+        )
         self.batch_size = Histogram(
             "tad_batch_size", "Sequences in the running batch, per scheduling event", buckets=BATCH_BUCKETS, registry=r
         )

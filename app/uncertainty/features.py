@@ -102,17 +102,6 @@ class FeatureSpec:
         means = np.asarray(rows[position], dtype=np.float64).mean(axis=(0, 1))
         return [float(means[lag - 1 + self.slot_shift]) if lag <= index else None for lag in range(1, self.n_lags + 1)]
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "order": self.order,
-            "n_lags": self.n_lags,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "convention": self.convention.value,
-            "stage1_size": self.stage1_size,
-            "stage2_size": self.stage2_size,
-        }
-
 
 def token_probabilities(logprobs: Sequence[float] | np.ndarray) -> np.ndarray:
     """p_i = exp(log p_i) as float32, element by element (no vector-path rounding differences)."""

@@ -39,7 +39,6 @@ class UncertaintyMethod:
     # NaN when undefined for this answer (e.g. empty); None when unavailable (what it needs is not loaded).
     compute: Callable[[MethodInput], float | None]
     needs_artifact: bool = False
-    needs_attention: bool = False  # reads the captured attention rows
     # Needs a second pass of the model over the question and the answer: computed only when a policy decides
     # with it, never from a trace alone (so not in the training tables, which read traces).
     needs_check_pass: bool = False
@@ -184,7 +183,6 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         "(needs attention capture)",
         ("logprob",),
         lambda answer: rauq(answer.trace.logprobs, answer.trace.attention),
-        needs_attention=True,
     ),
     UncertaintyMethod(
         "attention_score",
@@ -192,7 +190,6 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         "(needs attention capture)",
         (),
         lambda answer: attention_score(answer.trace.attention, len(answer.trace)),
-        needs_attention=True,
     ),
     UncertaintyMethod(
         "p_true",

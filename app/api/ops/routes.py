@@ -58,6 +58,7 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
 async def metrics(runtime: RuntimeDep) -> Response:
     if runtime.scheduler is not None:
         runtime.metrics.queue_depth.set(runtime.scheduler.stats.queue_depth)
+        runtime.metrics.running_requests.set(runtime.scheduler.stats.running)
     runtime.refresh_ready_gauge()  # a scrape sees the state now, whether or not anything asked /ready since
     body, content_type = runtime.metrics.exposition()
     return Response(content=body, media_type=content_type)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
+from tests.app.live_server import live_server
 from tests.app.service_client import CHAT, make_client
 
 
@@ -58,7 +63,7 @@ def test_metrics_count_what_the_service_did(client: TestClient) -> None:
     assert 0.0 <= rate <= 1.0 and "tad_rolling_rejection_rate" in after
     assert value(after, "tad_batch_size_count") > 0
     assert value(after, "tad_requests_in_flight") == 0
-    assert value(after, "tad_queue_depth") == 0
+    assert value(after, "tad_queue_depth") == 0 and value(after, "tad_running_requests") == 0
     assert value(after, "tad_ready") == 1
     assert value(after, "tad_model_info", model="model", artifact="tiny-tad") == 1
     assert value(after, "tad_decision_method", method="tad") == 1 and len(after["tad_decision_method"]) == 1
@@ -108,3 +113,26 @@ def test_the_rolling_rejection_window_is_the_configured_one(service_settings: Se
         for _ in range(5):
             assert client.post("/v1/generate", json={"messages": CHAT, "max_new_tokens": 2}).status_code == 200
         assert value(samples(client), "tad_rolling_rejection_answers", method="tad") == 3
+
+
+def test_a_request_generating_is_counted_as_running_until_it_ends(service_settings: Settings, slow_model: Path) -> None:
+    """On a real socket: the test client runs a stream to its end before it returns its first line."""
+    settings = service_settings.model_copy(
+        update={"model": str(slow_model), "artifact_dir": None, "max_new_tokens_limit": 1500}
+    )
+
+    def running(url: str) -> float:
+        families = text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)
+        return next(s.value for f in families for s in f.samples if s.name == "tad_running_requests")
+
+    with live_server(settings) as url:
+        request = {"prompt": "the", "max_new_tokens": 1500, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/generate", json=request, timeout=60) as response:
+            lines = response.iter_lines()  # kept: a generator dropped closes the stream, and the server drops the row
+            while not next(lines).startswith("event: token"):
+                pass
+            assert running(url) == 1  # while its tokens come
+        deadline = time.monotonic() + 30  # the stream closed: the worker drops the row at its next step
+        while running(url) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)

@@ -111,7 +111,7 @@ def test_a_prefill_in_chunks_equals_one_forward(family: tuple[Engine, PreTrained
     chunks = 1
     while (batch := prefill.advance(columns * len(requests))) is None:
         chunks += 1
-    assert chunks == -(-prefill.width // columns)
+    assert chunks == -(-prefill.columns.width // columns)
     sequences = list(batch.sequences)
     while batch.sequences:
         batch.step()

@@ -37,13 +37,13 @@ class ChunkRecorder:
         job = self.start_prefill(requests)
         chunks: list[tuple[int, int]] = []
         self.jobs.append(chunks)
-        self.widths.append(job.width)
+        self.widths.append(job.columns.width)
         advance = job.advance
 
         def recorded(max_tokens: int | None = None) -> object:
             batch = advance(max_tokens)
             sequence = self.running.sequence if self.running is not None else None
-            chunks.append((job.done_columns, len(sequence.tokens) if sequence is not None else 0))
+            chunks.append((job.columns.done, len(sequence.tokens) if sequence is not None else 0))
             return batch
 
         job.advance = recorded  # type: ignore[method-assign]
