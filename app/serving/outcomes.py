@@ -101,3 +101,8 @@ class ScoreOutcome:
     prompt_tokens: int
     served: ServedModel
     serving: ServingArtifact  # the artifact that scored it (a reload may swap the one serving now)
+
+    @property
+    def completion_tokens(self) -> int:
+        """The given response's tokens: nothing was generated."""
+        return len(self.scored.trace)

@@ -403,6 +403,8 @@ class Scheduler(Admission):
                 logger.exception("finishing a request failed")
                 self._answer(item, Failure(ServiceError("scoring the answer failed; see the server log")))
         phase_timing.lap(phase_timing.BATCH)
+        # Counted before the flush: a client that has its first token must find its request running.
+        self.stats.running = len(self._items) + self._prefilling()
         self._outbox.flush()  # once per forward: the new tokens and answers reach their event loops together
         phase_timing.lap(phase_timing.HANDOFF)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ import pytest
 import uvicorn
 
 from app.__main__ import DrainingServer, parse_arguments
+from app.hashing import file_sha256
 from app.serving.metrics import ServiceMetrics
 from app.serving.runtime import Runtime, State
 from app.settings import Settings
@@ -220,7 +220,7 @@ def test_sighup_reloads_the_artifact(tiny_model_dir: Path, tiny_artifact: Path, 
         while (served := httpx.get(f"{url}/info", timeout=10).json()["artifact"]["manifest_sha256"]) == before:
             assert time.monotonic() < deadline, "SIGHUP did not reload the artifact"
             time.sleep(0.1)
-        assert served == hashlib.sha256(manifest.read_bytes()).hexdigest()
+        assert served == file_sha256(manifest)
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     finally:

@@ -66,14 +66,12 @@ def _scored_fields(
     tokens: TokenDetail | None,
     alternatives: Sequence[Alternatives] = (),
 ) -> dict[str, object]:
-    # A scored response's tokens are the ones given; a generated answer's usage counts all the model chose.
-    completion_tokens = len(scored.trace) if isinstance(outcome, ScoreOutcome) else outcome.completion_tokens
     served = outcome.served
     return {
         "tokens": token_infos(scored, tokens, alternatives) if tokens is not None else None,
         "uncertainty": sequence_scores(scored.sequence),
         "decision": DecisionInfo.of(outcome.decision),
-        "usage": Usage(prompt_tokens=outcome.prompt_tokens, completion_tokens=completion_tokens),
+        "usage": Usage(prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens),
         "model": served.model,
         "artifact": served.artifact,
         "tad_available": served.tad_available,

@@ -15,7 +15,8 @@ from tests.app.live_server import live_server
 from tests.app.service_client import CHAT, make_client
 
 
-def samples(client: TestClient) -> dict[str, list]:
+def samples(client: httpx.Client) -> dict[str, list]:
+    """`client`: the test client, or an httpx client with a live server's `base_url`."""
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     found: dict[str, list] = {}
@@ -121,18 +122,14 @@ def test_a_request_generating_is_counted_as_running_until_it_ends(service_settin
         update={"model": str(slow_model), "artifact_dir": None, "max_new_tokens_limit": 1500}
     )
 
-    def running(url: str) -> float:
-        families = text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)
-        return next(s.value for f in families for s in f.samples if s.name == "tad_running_requests")
-
-    with live_server(settings) as url:
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=60) as http:
         request = {"prompt": "the", "max_new_tokens": 1500, "stream": True}
         with httpx.stream("POST", f"{url}/v1/generate", json=request, timeout=60) as response:
             lines = response.iter_lines()  # kept: a generator dropped closes the stream, and the server drops the row
             while not next(lines).startswith("event: token"):
                 pass
-            assert running(url) == 1  # while its tokens come
+            assert value(samples(http), "tad_running_requests") == 1  # while its tokens come
         deadline = time.monotonic() + 30  # the stream closed: the worker drops the row at its next step
-        while running(url) != 0:
+        while value(samples(http), "tad_running_requests") != 0:
             assert time.monotonic() < deadline
             time.sleep(0.05)
