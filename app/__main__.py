@@ -25,10 +25,10 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 from pydantic_settings import SettingsError
 
 from app.errors import NotReady
@@ -105,7 +105,7 @@ class DrainingServer(uvicorn.Server):
         while self.runtime.http_in_flight > 0 and time.monotonic() < settle:
             time.sleep(0.05)
 
-    def fail(self, reason: str) -> None:
+    def fail(self) -> None:
         self.exit_code = 1
         self.should_exit = True
 
@@ -124,7 +124,7 @@ def reload_on_sighup(runtime: Runtime) -> None:
     signal.signal(signal.SIGHUP, handler)
 
 
-def _problem(prefix: str, item: Any) -> str:
+def _problem(prefix: str, item: ErrorDetails) -> str:
     """One line of a settings error: the variable it is about, and why (a contradiction between settings has
     no location: its message names them)."""
     message = str(item["msg"]).removeprefix("Value error, ")
@@ -198,7 +198,7 @@ def main() -> None:
 
     def on_fatal(reason: str) -> None:
         print(f"tad-serve: cannot start: {reason}", file=sys.stderr, flush=True)
-        holder["server"].fail(reason)
+        holder["server"].fail()
 
     app = create_app(settings, on_fatal=on_fatal)
     config = uvicorn.Config(

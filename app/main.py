@@ -14,6 +14,7 @@ from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cors import ErrorShapedCORSMiddleware
 from app.api.deployment_schema import deployment_openapi
 from app.api.deps import unauthenticated
+from app.api.errors import install_error_handlers
 from app.api.head import HeadAsGetMiddleware
 from app.api.metrics_middleware import MetricsMiddleware
 from app.api.native import routes as native_routes
@@ -22,7 +23,6 @@ from app.api.ops import routes as ops_routes
 from app.api.playground import routes as playground_routes
 from app.api.request_id import RequestIdMiddleware
 from app.api.swagger import routes as swagger_routes
-from app.errors import install_error_handlers
 from app.serving.metrics import ServiceMetrics
 from app.serving.runtime import Runtime
 from app.settings import Settings

@@ -216,9 +216,9 @@ class Settings(BaseSettings):
 
     @field_validator("fallback_method")
     @classmethod
-    def _needs_no_artifact(cls, value: Method) -> Method:
-        if REGISTRY[value.value].needs_artifact:  # it decides exactly when there is no artifact to compute that method
-            raise ValueError(f"{value.value} needs an artifact; the fallback decides when there is none")
+    def _needs_no_regressor(cls, value: Method) -> Method:
+        if REGISTRY[value.value].needs_regressor:  # it decides exactly when there is no artifact to compute that method
+            raise ValueError(f"{value.value} needs a TAD regressor; the fallback decides when no artifact is loaded")
         return value
 
     @field_validator("device")

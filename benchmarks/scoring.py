@@ -92,16 +92,16 @@ def case_of(name: str, weights: np.ndarray, bias: float, spec: FeatureSpec, aggr
 
 def default_case() -> Case:
     """The committed artifact's own regressor and spec."""
-    tad = load_artifact(DEFAULT_ARTIFACT).trained()
-    spec, regressor = tad.spec, tad.scorer.regressor
-    name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads, {tad.regressor.kind})"
+    trained = load_artifact(DEFAULT_ARTIFACT).trained()
+    spec, regressor = trained.spec, trained.tad.regressor
+    name = f"default artifact ({spec.num_layers} layers x {spec.num_heads} heads, {trained.regressor.kind})"
     if isinstance(regressor, Ridge):
         weights = np.asarray(regressor.coef_, dtype=np.float64)
-        return case_of(name, weights, float(regressor.intercept_), spec, tad.aggregation)
-    if tad.scorer.split is None:
+        return case_of(name, weights, float(regressor.intercept_), spec, trained.aggregation)
+    if trained.tad.split is None:
         raise SystemExit(f"{DEFAULT_ARTIFACT}: the scorer has no split weights for this stage 2")
-    generic = TadScorer(FeatureVectorModel(regressor), spec, tad.epsilon)
-    return Case(name, tad.scorer, generic, tad.aggregation)
+    generic = TadScorer(FeatureVectorModel(regressor), spec, trained.epsilon)
+    return Case(name, trained.tad, generic, trained.aggregation)
 
 
 def random_case(name: str, layers: int, heads: int, n_lags: int, stage2: str = "ridge") -> Case:

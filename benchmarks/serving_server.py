@@ -34,12 +34,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from fastapi import Request
+from fastapi import FastAPI, Request
 from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from app.engine import phase_timing
 from app.engine.engine import Engine
 from app.engine.loading import LoadedModel
+from app.serving.scheduler import Scheduler
+from app.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MANIFEST = REPO / "models" / "smollm2-135m-instruct-tad" / "manifest.json"
@@ -119,7 +121,7 @@ class GenerateThread:
             return in_own_thread(function, *args)
         return self.executor.submit(function, *args).result()
 
-    def run_beside(self, scheduler: Any, function: Callable[..., T], *args: Any) -> T:
+    def run_beside(self, scheduler: Scheduler, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` between the service's windows. On a CPU the scheduler's worker is stopped
         meanwhile (two OpenMP teams on two cores would each slow the other) and started again after, on a
         new thread. On CUDA it stays up, idle: a new worker thread would rebuild the attention plans of every
@@ -301,7 +303,7 @@ def serve(args: argparse.Namespace) -> None:
     )
 
 
-def add_bench_routes(app: Any, texts: list[str], generate: PlainGenerate, runner: GenerateThread) -> None:
+def add_bench_routes(app: FastAPI, texts: list[str], generate: PlainGenerate, runner: GenerateThread) -> None:
     from app.serving.outcomes import PromptInput
     from app.serving.service import GenerationService
 
@@ -382,7 +384,7 @@ def describe_device(loaded: LoadedModel) -> str:
     return f"{name}, {str(loaded.model.dtype).removeprefix('torch.')}"
 
 
-def real_model(settings: Any) -> LoadedModel:
+def real_model(settings: Settings) -> LoadedModel:
     """A catalog name or model spec, loaded as the runtime loads it (dtype auto follows the artifact)."""
     from app.engine.loading import load_model
     from app.uncertainty.artifact import MANIFEST_NAME, Manifest
@@ -446,5 +448,5 @@ def random_model(args: argparse.Namespace, config: PretrainedConfig) -> tuple[Lo
     written = manifest.model_dump_json(indent=2).encode()
     (folder / MANIFEST_NAME).write_bytes(written)  # /info names it and the metrics label it by its hash
     return loaded, TadArtifact(
-        path=folder, manifest=manifest, scorer=tad, manifest_sha256=hashlib.sha256(written).hexdigest()
+        path=folder, manifest=manifest, tad=tad, manifest_sha256=hashlib.sha256(written).hexdigest()
     )

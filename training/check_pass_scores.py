@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -30,6 +30,9 @@ from app.uncertainty.methods import REGISTRY
 from training.data import QARecord
 from training.runs import CHECK_PASS_FILE, TextTrace, iter_texts, read_run_settings
 from training.tasks import PromptStyle, build_messages
+
+if TYPE_CHECKING:
+    from app.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -146,9 +149,9 @@ class _Checker:
 
     def __init__(self, settings: dict[str, Any], options: CheckPassOptions) -> None:
         self.settings, self.options = settings, options
-        self._engine: Any = None
+        self._engine: Engine | None = None
 
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         if self._engine is None:
             from app.engine.engine import Engine
             from app.engine.loading import load_model

@@ -38,7 +38,7 @@ def alternative_scorers(artifact: TadArtifact) -> dict[str, tuple[TadScorer, Agg
     if not artifact.has_regressor:
         return {}
     tad = artifact.trained()
-    scorers = {f"tad_{tad.variant}": (tad.scorer, tad.aggregation)}
+    scorers = {f"tad_{tad.variant}": (tad.tad, tad.aggregation)}
     for variant, info in manifest.metrics.get("alternatives", {}).items():
         path = Path(artifact.path) / info["file"]
         if info["file"] in manifest.files and path.is_file():
@@ -58,7 +58,7 @@ def baseline_table(traces: Sequence[TokenTrace]) -> dict[str, np.ndarray]:
 
 def artifact_methods(artifact: TadArtifact) -> list[str]:
     """The registered methods the artifact can score (TAD only with a regressor)."""
-    return [m.name for m in METHODS if not m.needs_check_pass and (not m.needs_artifact or artifact.has_regressor)]
+    return [m.name for m in METHODS if not m.needs_check_pass and (not m.needs_regressor or artifact.has_regressor)]
 
 
 def uncertainty_table(artifact: TadArtifact, texts: Sequence[TextTrace]) -> dict[str, np.ndarray]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import (
@@ -23,6 +24,10 @@ from app.settings import RejectAction
 from app.uncertainty.methods import METHODS, Method, SequenceUncertainty
 
 # Every integer up to 2**53 is exact as a JSON number (a float), so a seed means one thing in any client.
+# What the formatters read of the engine's tokenizer (`Engine.token_bytes`, `Engine.token_text`).
+TokenToBytes = Callable[[int], bytes]
+TokenToText = Callable[[int], str]
+
 MAX_SEED = 2**53
 # Longer texts cannot fit the prompt-token limit anyway; keeping them under the body limit
 # means an over-long field is a 422 naming it, not a 413.

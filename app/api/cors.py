@@ -6,7 +6,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from app.errors import InvalidRequest, error_response
+from app.api.errors import error_response
+from app.errors import InvalidRequest
 
 # What Starlette names in "Disallowed CORS origin, method" -> the preflight request header it refused.
 REFUSED_HEADER = {

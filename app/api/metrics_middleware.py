@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from starlette.routing import BaseRoute, Match
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
-from app.api.openapi import CLIENT_CLOSED_REQUEST
+from app.api.errors import CLIENT_CLOSED_REQUEST
 from app.serving.metrics import ServiceMetrics
 
 

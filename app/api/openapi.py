@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Response
-
 from app.errors import ErrorBody
 
 # One server-sent event (OpenAPI 3.2's itemSchema for text/event-stream, as FastAPI writes it).
@@ -23,9 +21,6 @@ SSE_EVENT_SCHEMA: dict[str, Any] = {
 def streamed(description: str) -> dict[str, Any]:
     """A 200 response that is JSON, or server-sent events when the request asks to stream."""
     return {"description": description, "content": {"text/event-stream": {"itemSchema": SSE_EVENT_SCHEMA}}}
-
-
-CLIENT_CLOSED_REQUEST = 499  # nginx's code; the client is gone, so nobody receives it
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -47,8 +42,3 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 V1_ERRORS = errors(401, 408, 413, 422, 429, 500, 503, 504)
-
-
-def client_gone() -> Response:
-    """The response for a request whose client disconnected (its work was cancelled)."""
-    return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from app.engine.batch_cache import padding_mask_suffices
 from app.engine.chat_prompt import PromptError, encode_chat
@@ -25,7 +26,7 @@ from app.uncertainty.trace import TokenTrace
 logger = logging.getLogger(__name__)
 
 
-def special_token_ids(tokenizer: Any) -> set[int]:
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """Every special token's id: the named ones (`all_special_ids`) and added tokens marked special. A GGUF's
     control tokens come as the latter only (Qwen2.5's `<|im_start|>` and fill-in-the-middle markers), and the
     method scores no special token (METHOD.md): generating one ends the answer, like EOS."""

@@ -1,6 +1,6 @@
 """The scheduler's front: requests admitted into its queues or refused (overload, shutdown) and cancelled,
-from the event loop, and counted from submission until answered (`in_flight`, what the queue's cap and a
-drain count; the worker, `app/serving/scheduler.py`, releases them). Both sides take the same lock.
+from the event loop, and counted from submission until answered (`admitted`, what the queue's cap counts;
+the worker, `app/serving/scheduler.py`, releases them). Both sides take the same lock.
 """
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from typing import Any
+from typing import TypeVar
 
 from app.errors import NotReady, Overloaded, ServiceError
 from app.serving.work_items import GenerationItem, SchedulerStats, ScoringItem, WorkItem
+
+Item = TypeVar("Item", GenerationItem, ScoringItem)
 
 
 class Admission:
@@ -26,33 +28,33 @@ class Admission:
         self._abandon: ServiceError | None = None  # set by `abandon_everything`, taken by the worker
         self._refusal: ServiceError | None = None  # set by `abandon_everything`: nothing more is admitted
         self._cancel_seen = False  # set by `cancel`: the worker's next step looks for cancelled rows
-        self._in_system = 0  # submitted and not yet answered, guarded by the condition's lock
+        self._admitted = 0  # submitted and not yet answered, guarded by the condition's lock
 
     @property
-    def in_flight(self) -> int:
-        return self._in_system
+    def admitted(self) -> int:
+        return self._admitted
 
     def _release(self, item: WorkItem) -> None:
         """The item has its answer (or was dropped): its slot is free again."""
         with self._condition:
             if not item.released:
                 item.released = True
-                self._in_system -= 1
+                self._admitted -= 1
 
     def _retry_after(self) -> int:
         waiting = len(self._waiting) + 1
         return math.ceil(self.stats.average_request_s * waiting / self.max_batch_size)
 
-    def _admit(self, queue: deque[Any], item: WorkItem, capped: bool = True) -> None:
+    def _admit(self, queue: deque[Item], item: Item, capped: bool = True) -> None:
         with self._condition:
             if self._stopping or self._refusal is not None:
                 raise NotReady("the service is shutting down", retry_after_s=5)
-            if capped and self._in_system >= self.max_queue + self.max_batch_size:
+            if capped and self._admitted >= self.max_queue + self.max_batch_size:
                 raise Overloaded(
-                    f"too many requests in flight ({self._in_system}); retry later",
+                    f"too many requests in flight ({self._admitted}); retry later",
                     retry_after_s=self._retry_after(),
                 )
-            self._in_system += 1
+            self._admitted += 1
             queue.append(item)
             self.stats.queue_depth = len(self._waiting)
             self._condition.notify_all()
@@ -83,5 +85,5 @@ class Admission:
                     self.stats.queue_depth = len(self._waiting)
                     if not item.released:
                         item.released = True
-                        self._in_system -= 1
+                        self._admitted -= 1
             self._condition.notify_all()

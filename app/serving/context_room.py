@@ -25,24 +25,23 @@ def check_context(
     prompt_tokens: int,
     answer_tokens: int,
     field: str,
-    prompt: str = "prompt",
     prompt_field: str | None = None,
 ) -> None:
-    """`prompt`: what the prompt is, in the message (a check pass's is not the request's); `prompt_field`: the
-    request's field for it, named when the prompt alone leaves no room for an answer (no answer length could)."""
+    """`prompt_field`: the request's field for the prompt, named when the prompt alone leaves no room for an
+    answer (no answer length could). P(True)'s check prompt is fitted by `fit_check_pass`."""
     context = context_length(engine)
     if context is None:
         return
     if prompt_field is not None and answer_tokens and prompt_tokens >= context:
         raise InvalidRequest(
-            f"the {prompt} ({prompt_tokens} tokens) leaves no room for an answer in the model's maximum context "
+            f"the prompt ({prompt_tokens} tokens) leaves no room for an answer in the model's maximum context "
             f"length of {context} tokens",
             param=prompt_field,
         )
     if prompt_tokens + answer_tokens > context:
         added = f" plus {field} ({answer_tokens})" if answer_tokens else ""
         raise InvalidRequest(
-            f"{prompt} ({prompt_tokens} tokens){added} exceeds the model's maximum context length of {context} tokens",
+            f"prompt ({prompt_tokens} tokens){added} exceeds the model's maximum context length of {context} tokens",
             param=field,
         )
 

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 
+from app.numeric import finite_or_none
 from app.serving.policy import Decision
 
 logger = logging.getLogger("tad.decisions")
-
-
-def _finite(value: float | None) -> float | None:
-    # JSON has no NaN or Infinity (json.dumps would write them anyway, and log parsers would choke).
-    return value if value is not None and math.isfinite(value) else None
 
 
 def log_decision(
@@ -26,12 +21,12 @@ def log_decision(
     request_id: str | None,
     kind: str,
     artifact: str | None,
-    artifact_sha256: str | None,
+    manifest_sha256: str | None,
     prompt_tokens: int,
     answer_tokens: int,
     **details: object,
 ) -> None:
-    """`kind`: generate or score; `artifact_sha256`: the manifest's hash, which tells artifact versions apart
+    """`kind`: generate or score; `manifest_sha256`: the manifest's hash, which tells artifact versions apart
     where the name (its folder's) stays the same across a reload; `details`: e.g. the finish reason and
     timings of a generation."""
     if not logger.isEnabledFor(logging.INFO):
@@ -41,14 +36,14 @@ def log_decision(
         "request_id": request_id,
         "kind": kind,
         "artifact": artifact,
-        "artifact_sha256": artifact_sha256,
+        "manifest_sha256": manifest_sha256,
         "prompt_tokens": prompt_tokens,
         "answer_tokens": answer_tokens,
         "accept": decision.accept,
         "withheld": decision.withheld,
         "method": decision.method.value,
-        "score": _finite(decision.score),
-        "threshold": _finite(decision.threshold),
+        "score": finite_or_none(decision.score),
+        "threshold": finite_or_none(decision.threshold),
         "policy": decision.policy,
         **details,
     }

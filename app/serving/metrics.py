@@ -31,7 +31,7 @@ class ServiceMetrics:
         self.latency = Histogram(
             "tad_request_duration_seconds", "Request latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.in_flight = Gauge("tad_requests_in_flight", "Requests being handled", registry=r)
+        self.in_flight = Gauge("tad_requests_in_flight", "/v1 requests being handled", registry=r)
         self.time_per_token = Histogram(
             "tad_time_per_output_token_seconds",
             "Time per output token after the first (decode steps only, as vLLM's TPOT)",
@@ -51,7 +51,7 @@ class ServiceMetrics:
             registry=r,
         )
         self.batch_size = Histogram(
-            "tad_batch_size", "Sequences in the running batch, per scheduling event", buckets=BATCH_BUCKETS, registry=r
+            "tad_batch_size", "Rows per forward (a decode step, or prefills joining)", buckets=BATCH_BUCKETS, registry=r
         )
         self.generated_tokens = Counter("tad_generated_tokens", "Tokens generated", registry=r)
         self.prompt_tokens = Counter("tad_prompt_tokens", "Prompt tokens processed", registry=r)
@@ -90,7 +90,7 @@ class ServiceMetrics:
         self.decision_method = Gauge(
             "tad_decision_method", "1 for the method the service decides with (its policy's)", ["method"], registry=r
         )
-        self.ready = Gauge("tad_ready", "1 when the model (and artifact) are loaded", registry=r)
+        self.ready = Gauge("tad_ready", "1 when the model (and artifact) are loaded and the worker answers", registry=r)
         self.artifact = Gauge(
             "tad_artifact_loaded_timestamp_seconds",
             "When the serving TAD artifact was loaded, labelled with its name and manifest sha256",

@@ -53,7 +53,7 @@ class Submitted:
     item: GenerationItem
     policy: Policy
     seed: int | None
-    served: ServedModel  # the artifact that scores it, even if a reload swaps another in meanwhile
+    served: ServedModel  # who answered (named even if a reload swaps another artifact in meanwhile)
     question: str  # what a check pass asks about
 
 
@@ -63,7 +63,7 @@ class ServedModel:
 
     model: str
     artifact: str | None
-    artifact_sha256: str | None = None  # the manifest's hash: the decision log tells reloaded versions apart
+    manifest_sha256: str | None = None  # the manifest's hash: the decision log tells reloaded versions apart
     tad_available: bool = False  # an artifact with a regressor (a calibration-only one has none)
 
 

@@ -36,8 +36,8 @@ class Policy:
         return {"method": self.method.value, "threshold": self.threshold, "policy": self.name, "action": self.action}
 
     @property
-    def needs_artifact(self) -> bool:
-        return REGISTRY[self.method.value].needs_artifact
+    def needs_regressor(self) -> bool:
+        return REGISTRY[self.method.value].needs_regressor
 
     def stops_early(self, running: float | None, scored_tokens: int) -> bool:
         """Whether an answer still being generated should be cut off now (it will be rejected).
@@ -201,9 +201,9 @@ def _no_threshold_message(method: Method, artifact: TadArtifact | None, service:
 def _unavailable(method: Method, artifact: TadArtifact | None) -> str | None:
     """Why a method cannot score answers in this service, or None if it can."""
     spec = REGISTRY[method.value]
-    if spec.needs_artifact and artifact is None:
+    if spec.needs_regressor and artifact is None:
         return "no TAD artifact is loaded"
-    if spec.needs_artifact and artifact is not None and not artifact.has_regressor:
+    if spec.needs_regressor and artifact is not None and not artifact.has_regressor:
         return f"artifact {artifact.name} is calibration-only (it has no TAD regressor)"
     return None
 

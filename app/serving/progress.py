@@ -1,8 +1,9 @@
 """What happens to one answer between decode steps: token confidences, streamed pieces, early stop.
 
-Runs on the scheduler's worker thread, once per step per sequence, so an early stop takes
-effect before the next step. The scheduler only batches; everything a request wants to
-know about its answer as it grows is decided here.
+Runs on the scheduler's worker thread: after every step for a stream or an early stop (so an early
+stop takes effect before the next step), only once the sequence finishes for a whole answer without
+one. The scheduler only batches; everything a request wants to know about its answer as it grows is
+decided here.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class AnswerProgress:
         self.stream_tokens = stream_tokens
         self.attention = attention
         self.early_stop = early_stop and policy.threshold is not None
-        wants_confidences = stream_tokens or (self.early_stop and policy.needs_artifact)
+        wants_confidences = stream_tokens or (self.early_stop and policy.needs_regressor)
         self.tad_stream = scorer.stream() if wants_confidences else None
         self.detokenizer = engine.stream_detokenizer() if stream_tokens else None
         # Fixed for the answer's life: a whole answer without early stop has nothing to do between steps.
@@ -81,14 +82,14 @@ class AnswerProgress:
         """The token's attention as TAD reads it; a streamed token's row is already there (it has its confidence)."""
         if not self.attention or self.tad_stream is None:
             return None
-        lags = self.tad_stream.scorer.spec.lag_attention(sequence.attention_rows, index)
+        lags = self.tad_stream.tad.spec.lag_attention(sequence.attention_rows, index)
         return None if lags is None else tuple(lags)
 
     def _maybe_stop_early(self, sequence: SequenceState, confidences: list[float] | None) -> None:
         method = REGISTRY[self.policy.method.value]
-        if method.needs_artifact and confidences is None:
+        if method.needs_regressor and confidences is None:
             return
-        scored = len(confidences) if method.needs_artifact and confidences is not None else len(sequence.tokens)
+        scored = len(confidences) if method.needs_regressor and confidences is not None else len(sequence.tokens)
         if scored < EARLY_STOP_MIN_TOKENS:
             return
         trace = trace_of(sequence).prefix(scored)

@@ -2,9 +2,9 @@
 
 Loading order: the artifact first (its files are hash-checked before `joblib.load`; it
 tells how many attention lags to capture), then the model, then the model is checked
-against the artifact. A missing artifact leaves TAD unavailable (baselines still work);
-a corrupt or mismatched one, or a model that fails to load, is fatal: the process exits
-non-zero with the reason.
+against the artifact. A missing artifact leaves TAD unavailable (baselines still work), unless
+`TAD_REQUIRE_ARTIFACT` or a manifest pin asks for one; a corrupt or mismatched one, or a model that
+fails to load, is fatal: the process exits non-zero with the reason.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class GenerationService:
         return ServedModel(
             model=self.runtime.model_name,
             artifact=artifact.name if artifact else None,
-            artifact_sha256=serving.manifest_sha256 if artifact else None,
+            manifest_sha256=serving.manifest_sha256 if artifact else None,
             tad_available=serving.scorer.tad_available,
         )
 
@@ -96,7 +96,7 @@ class GenerationService:
         """How the artifact's regressor (`serving`'s, else the one serving now) reads attention rows; None without
         one."""
         artifact = (serving or self.runtime.serving).artifact
-        return artifact.scorer.spec if artifact is not None and artifact.scorer is not None else None
+        return artifact.tad.spec if artifact is not None and artifact.tad is not None else None
 
     # ------------------------------------------------------------------ validation
     async def encode(self, prompt: PromptInput) -> list[int]:
@@ -393,7 +393,7 @@ class GenerationService:
     def conclude(self, submitted: Submitted, result: GenerationResult) -> GenerationOutcome:
         """Record a finished generation in the metrics and decide on it."""
         self.runtime.metrics.observe_generation(result)
-        current = submitted.served.artifact_sha256 == self.runtime.serving.manifest_sha256
+        current = submitted.served.manifest_sha256 == self.runtime.serving.manifest_sha256
         decision = self.decide(submitted.policy, result.scored, generated=True, current=current)
         reason = result.sequence.finish_reason
         self._log(
@@ -482,7 +482,7 @@ class GenerationService:
                 request_id=self.request_id,
                 kind=kind,
                 artifact=served.artifact,
-                artifact_sha256=served.artifact_sha256,
+                manifest_sha256=served.manifest_sha256,
                 prompt_tokens=prompt_tokens,
                 answer_tokens=answer_tokens,
                 **details,

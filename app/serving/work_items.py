@@ -76,7 +76,7 @@ class GenerationItem(WorkItem):
 class ScoringItem(WorkItem):
     prompt_ids: tuple[int, ...] = ()
     answer_ids: tuple[int, ...] = ()
-    scorer: AnswerScorer | None = None  # the artifact the request started with (None: the scheduler's)
+    scorer: AnswerScorer | None = None  # the scorer the request started with (None: the scheduler's)
 
 
 @dataclass(eq=False)

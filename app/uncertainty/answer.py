@@ -1,4 +1,4 @@
-"""Scoring one answer: TAD's token confidences (when an artifact is loaded) and every method's score."""
+"""Scoring one answer: TAD's token confidences (when the artifact has a regressor) and every method's score."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from app.uncertainty.trace import TokenTrace
 @dataclass(frozen=True)
 class ScoredAnswer:
     trace: TokenTrace
-    confidences: np.ndarray | None  # TAD c_i per token; None without an artifact
+    confidences: np.ndarray | None  # TAD c_i per token; None without a regressor
     sequence: SequenceUncertainty
 
 
 class AnswerScorer:
-    """TAD (when an artifact is loaded) and the baselines, for generated or given answers."""
+    """TAD (when the artifact has a regressor) and the baselines, for generated or given answers."""
 
     def __init__(self, artifact: TadArtifact | None) -> None:
         self.artifact = artifact
-        self.tad = artifact.scorer if artifact is not None else None  # None without a regressor
+        self.tad = artifact.tad if artifact is not None else None  # None without a regressor
 
     @property
     def tad_available(self) -> bool:

@@ -187,7 +187,7 @@ class Manifest(BaseModel):
             if missing:
                 raise ValueError(f"a manifest with a regressor needs {', '.join(missing)}")
         else:
-            if self.decision_method is None or REGISTRY[self.decision_method.value].needs_artifact:
+            if self.decision_method is None or REGISTRY[self.decision_method.value].needs_regressor:
                 raise ValueError("a calibration-only manifest (no regressor) needs a free decision_method")
         return self
 
@@ -196,7 +196,7 @@ class Manifest(BaseModel):
 class TrainedTad:
     """The TAD parts of an artifact with a regressor, none of them optional."""
 
-    scorer: TadScorer
+    tad: TadScorer
     regressor: RegressorInfo
     aggregation: Aggregation
     epsilon: float
@@ -204,28 +204,28 @@ class TrainedTad:
 
     @property
     def spec(self) -> FeatureSpec:
-        return self.scorer.spec
+        return self.tad.spec
 
 
 @dataclass(frozen=True)
 class TadArtifact:
     path: Path
     manifest: Manifest
-    scorer: TadScorer | None  # None: a calibration-only artifact
+    tad: TadScorer | None  # None: a calibration-only artifact
     manifest_sha256: str = ""  # of the bytes this manifest was read from
 
     @property
     def has_regressor(self) -> bool:
-        return self.scorer is not None
+        return self.tad is not None
 
     def trained(self) -> TrainedTad:
         """Its regressor and how TAD is scored; refused for a calibration-only artifact."""
         manifest = self.manifest
-        if self.scorer is None or manifest.regressor is None:
+        if self.tad is None or manifest.regressor is None:
             raise ArtifactError(f"artifact {self.path} is calibration-only: it has no TAD regressor")
         # The manifest's validator: a regressor comes with its aggregation, epsilon and variant.
         assert manifest.aggregation is not None and manifest.epsilon is not None and manifest.variant is not None
-        return TrainedTad(self.scorer, manifest.regressor, manifest.aggregation, manifest.epsilon, manifest.variant)
+        return TrainedTad(self.tad, manifest.regressor, manifest.aggregation, manifest.epsilon, manifest.variant)
 
     @property
     def name(self) -> str:
@@ -326,7 +326,7 @@ def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact
         raise ArtifactError(f"{path}: the manifest records no sha256 for {manifest.regressor.file}")
     contents = verify_files(path, manifest.files)
     if manifest.regressor is None:
-        return TadArtifact(path=path, manifest=manifest, scorer=None, manifest_sha256=digest)
+        return TadArtifact(path=path, manifest=manifest, tad=None, manifest_sha256=digest)
     assert manifest.epsilon is not None  # the manifest's validator: a regressor comes with its epsilon
     try:
         regressor = joblib.load(io.BytesIO(contents[manifest.regressor.file]))
@@ -341,8 +341,8 @@ def load_artifact(path: Path, manifest_sha256: str | None = None) -> TadArtifact
             f"{path}: the regressor takes {n_features} features, the feature spec has {spec.stage2_size}"
         )
     check_regressor(regressor, spec.stage2_size, path / manifest.regressor.file)
-    scorer = TadScorer(regressor=regressor, spec=spec, epsilon=manifest.epsilon)
-    return TadArtifact(path=path, manifest=manifest, scorer=scorer, manifest_sha256=digest)
+    tad = TadScorer(regressor=regressor, spec=spec, epsilon=manifest.epsilon)
+    return TadArtifact(path=path, manifest=manifest, tad=tad, manifest_sha256=digest)
 
 
 def check_regressor(regressor: object, n_features: int, source: Path) -> None:

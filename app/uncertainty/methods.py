@@ -26,7 +26,7 @@ class MethodInput:
     """One answer as the methods see it."""
 
     trace: TokenTrace
-    tad_confidences: np.ndarray | None = None  # c_i per token, when a TAD artifact is loaded
+    tad_confidences: np.ndarray | None = None  # c_i per token, when the artifact has a TAD regressor
     tad_aggregation: Aggregation | None = None
     p_true: float | None = None  # from the check pass, when one ran (`app/serving/check_pass.py`)
 
@@ -38,7 +38,7 @@ class UncertaintyMethod:
     token_stats: tuple[str, ...]
     # NaN when undefined for this answer (e.g. empty); None when unavailable (what it needs is not loaded).
     compute: Callable[[MethodInput], float | None]
-    needs_artifact: bool = False
+    needs_regressor: bool = False
     # Needs a second pass of the model over the question and the answer: computed only when a policy decides
     # with it, never from a trace alone (so not in the training tables, which read traces).
     needs_check_pass: bool = False
@@ -151,7 +151,7 @@ METHODS: tuple[UncertaintyMethod, ...] = (
         "(the artifact says which)",
         ("logprob",),
         _tad,
-        needs_artifact=True,
+        needs_regressor=True,
     ),
     UncertaintyMethod(
         "msp",
@@ -209,7 +209,7 @@ Method = StrEnum("Method", [(method.name.upper(), method.name) for method in MET
 
 # The free methods computed from an answer's trace alone: what training measures and calibrates.
 BASELINES: tuple[Method, ...] = tuple(
-    Method(m.name) for m in METHODS if not m.needs_artifact and not m.needs_check_pass
+    Method(m.name) for m in METHODS if not m.needs_regressor and not m.needs_check_pass
 )
 
 
@@ -227,10 +227,10 @@ class SequenceUncertainty:
 
 
 def score_all(answer: MethodInput, tad_available: bool) -> SequenceUncertainty:
-    """Every registered method on one answer (methods that need an artifact are None without one)."""
+    """Every registered method on one answer (methods that need a TAD regressor are None without one)."""
     values: dict[Method, float | None] = {}
     for method in METHODS:
-        if method.needs_artifact and not tad_available:
+        if method.needs_regressor and not tad_available:
             values[Method(method.name)] = None
         else:
             values[Method(method.name)] = method(answer)

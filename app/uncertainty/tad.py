@@ -310,7 +310,7 @@ def _relu_network(regressor: Regressor, spec: FeatureSpec) -> tuple[list[np.ndar
 class TadStream:
     """Incremental scoring of one sequence as its tokens and attention rows arrive."""
 
-    scorer: TadScorer
+    tad: TadScorer
     confidences: list[float] = field(default_factory=list, init=False)  # c_i so far (`_rounded` follows it)
     _probs: list[np.float32] = field(default_factory=list, init=False)
     _rounded: list[float] = field(default_factory=list, init=False, repr=False, compare=False)  # as float32 holds them
@@ -320,7 +320,7 @@ class TadStream:
 
     def scorable(self, tokens: int, rows: int) -> range:
         """The tokens an `advance` with `tokens` log-probs and `rows` step rows scores that need an attention row."""
-        return range(max(len(self.confidences), 1), min(tokens, rows + self.scorer.spec.row_shift))
+        return range(max(len(self.confidences), 1), min(tokens, rows + self.tad.spec.row_shift))
 
     def advance(
         self,
@@ -341,11 +341,11 @@ class TadStream:
             self._append(float(probs[0]))
         scorable = self.scorable(len(logprobs), len(attention_rows))
         primed, self._primed = self._primed, {}
-        split, epsilon = self.scorer.split, self.scorer.epsilon
+        split, epsilon = self.tad.split, self.tad.epsilon
         if scorable and split is not None:
             # Every term but the earlier confidences' for all the tokens scorable now, as matrix products;
             # only the recurrence runs token by token.
-            row_shift = self.scorer.spec.row_shift
+            row_shift = self.tad.spec.row_shift
             if primed and all(index in primed for index in scorable):
                 fixed = split.fixed_terms(scorable, probs, np.stack([primed[index] for index in scorable]))
             elif len(scorable) == 1:  # a streamed step's token
@@ -356,8 +356,8 @@ class TadStream:
                 self._append(_clipped(raw, epsilon))
         else:
             for index in scorable:
-                row = stage2_feature_row(index, probs, self.confidences, attention_rows, self.scorer.spec)
-                self._append(_clipped(predict_one(self.scorer.regressor, row), epsilon))
+                row = stage2_feature_row(index, probs, self.confidences, attention_rows, self.tad.spec)
+                self._append(_clipped(predict_one(self.tad.regressor, row), epsilon))
         return self.confidences[start:]
 
     def _append(self, confidence: float) -> None:
@@ -381,15 +381,15 @@ def prime_streams(pending: Sequence[tuple[TadStream, int, Sequence[np.ndarray]]]
     groups: dict[int, list[tuple[TadStream, Sequence[np.ndarray], range]]] = {}
     for stream, tokens, rows in pending:
         indices = stream.scorable(tokens, len(rows))
-        if isinstance(stream.scorer.split, MLPStage2) and indices:
-            groups.setdefault(id(stream.scorer.split), []).append((stream, rows, indices))
+        if isinstance(stream.tad.split, MLPStage2) and indices:
+            groups.setdefault(id(stream.tad.split), []).append((stream, rows, indices))
     for group in groups.values():
         if len(group) < 2:  # `advance` computes a lone stream's own
             continue
-        split = group[0][0].scorer.split
+        split = group[0][0].tad.split
         assert isinstance(split, MLPStage2)
         terms = split.attention_terms_of(
-            [(rows, indices) for _, rows, indices in group], group[0][0].scorer.spec.row_shift
+            [(rows, indices) for _, rows, indices in group], group[0][0].tad.spec.row_shift
         )
         for (stream, _, indices), block in zip(group, terms, strict=True):
             stream._primed = dict(zip(indices, block, strict=True))
@@ -408,7 +408,7 @@ class TadScorer:
         object.__setattr__(self, "split", split)
 
     def stream(self) -> TadStream:
-        return TadStream(scorer=self)
+        return TadStream(tad=self)
 
     def confidences(self, logprobs: np.ndarray, attention: np.ndarray | None) -> np.ndarray:
         """Confidences of a whole sequence `[n]` (step rows `[>= rows_needed(n), layers, heads, slots]`)."""

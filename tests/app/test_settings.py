@@ -80,7 +80,7 @@ def test_a_variable_that_sets_nothing_is_named_with_the_setting_meant() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"fallback_method": "tad"}, "tad needs an artifact"),
+        ({"fallback_method": "tad"}, "tad needs a TAD regressor"),
         ({"api_key": ""}, "empty: unset it"),
         ({"host": ""}, "at least 1 character"),
         ({"model": ""}, "at least 1 character"),

@@ -26,7 +26,7 @@ def test_it_has_no_regressor_and_decides_with_a_free_method(tiny_calibration_art
     with pytest.raises(ArtifactError, match="calibration-only"):
         artifact.trained()
     method = artifact.decision_method
-    assert not REGISTRY[method.value].needs_artifact
+    assert not REGISTRY[method.value].needs_regressor
     assert manifest.default_target is not None and manifest.default_target in manifest.thresholds[method]
     assert manifest.dtype == "float32" and manifest.features.n_lags == 4
     decision = manifest.metrics["decision"]

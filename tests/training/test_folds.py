@@ -90,7 +90,7 @@ def test_fit_keeps_a_records_task_and_chat_answers_in_one_fold(
     )
     texts, _, _ = load_runs([tiny_runs["train"], chat], None)
     assert {t.group.split("/")[1] for t in texts} == {"task", "chat"}
-    spec = load_artifact(tiny_artifact).scorer.spec
+    spec = load_artifact(tiny_artifact).tad.spec
     data = prepare_folds(texts, spec, FitOptions(runs=[], out=tmp_path, variants=()))
     folds = _folds_per_record(texts, data.fold_of)
     assert len(folds) == 48 and all(len(f) == 1 for f in folds)  # 48 records, each asked both ways, one fold

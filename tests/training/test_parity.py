@@ -18,7 +18,7 @@ def test_served_confidences_are_the_regressor_on_training_features(
 ) -> None:
     """What the server computes per token is the trained regressor on the training builder's vectors."""
     artifact = load_artifact(tiny_artifact)
-    scorer = artifact.scorer
+    scorer = artifact.tad
     assert scorer.split is not None  # the server's fast path, not the feature-vector one
     checked = 0
     for text in iter_texts([tiny_runs["dev"]]):
@@ -49,5 +49,5 @@ def test_server_reproduces_the_training_run(tiny_runs: dict[str, Path], tiny_art
             messages = build_messages(records[text.key])
             body = client.post("/v1/generate", json={"messages": messages, "max_new_tokens": 10}).json()
             assert [t["id"] for t in body["tokens"]] == text.token_ids.tolist()
-            expected = artifact.scorer.confidences(text.logprobs, np.asarray(text.attention)[..., : artifact.n_lags])
+            expected = artifact.tad.confidences(text.logprobs, np.asarray(text.attention)[..., : artifact.n_lags])
             assert [t["confidence"] for t in body["tokens"]] == pytest.approx(list(expected), abs=1e-5)

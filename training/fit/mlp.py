@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -37,6 +37,9 @@ from training.fit.trial_rule import trial_verdict
 from training.groups import Selection
 from training.ridge import fit_ridge
 from training.two_stage import FitText, Variant, cross_stats, stage2_matrix, stage2_stats
+
+if TYPE_CHECKING:
+    from sklearn.neural_network import MLPRegressor
 
 
 def mlp_search(
@@ -120,7 +123,7 @@ def _fold_scores(
 
 def fit_mlp(
     config: dict[str, Any], options: FitOptions, features: np.ndarray, targets: np.ndarray, weights: np.ndarray | None
-) -> Any:
+) -> MLPRegressor:
     """An MLP of one configuration fitted on these rows (random state `options.seed`)."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPRegressor

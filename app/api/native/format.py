@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.api.common import DecisionInfo, TokenConfidence, sequence_scores
+from app.api.common import DecisionInfo, TokenConfidence, TokenToBytes, TokenToText, sequence_scores
 from app.api.native.protocol import GenerateResponse, ScoreResponse, TokenEvent, TokenInfo, TopLogprob, Usage
 from app.api.streaming import sse_event
 from app.errors import ServiceError, error_body
@@ -15,8 +15,6 @@ from app.serving.outcomes import GenerationOutcome, ScoreOutcome
 from app.uncertainty.answer import ScoredAnswer
 from app.uncertainty.features import FeatureSpec
 
-TokenText = Callable[[int], str]
-TokenBytes = Callable[[int], bytes]
 Alternatives = tuple[tuple[int, float], ...]
 
 
@@ -24,8 +22,8 @@ Alternatives = tuple[tuple[int, float], ...]
 class TokenDetail:
     """How to spell tokens, and the optional per-token extras a request asked for."""
 
-    text: TokenText
-    bytes: TokenBytes
+    text: TokenToText
+    bytes: TokenToBytes
     top_logprobs: bool = False
     attention: FeatureSpec | None = None  # the artifact's feature spec when attention was asked for
 

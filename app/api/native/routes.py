@@ -7,9 +7,10 @@ from fastapi.responses import Response
 
 from app.api.common import policy_request
 from app.api.deps import ApiKeyDep, ServiceDep
+from app.api.errors import client_gone
 from app.api.native.format import NativeStreamEncoder, TokenDetail, generate_response, score_response
 from app.api.native.protocol import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from app.api.openapi import V1_ERRORS, client_gone, streamed
+from app.api.openapi import V1_ERRORS, streamed
 from app.api.streaming import stream_response
 from app.serving.runtime import ServingArtifact
 from app.serving.service import GenerationService

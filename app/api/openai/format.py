@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from app.api.common import DecisionInfo, TokenConfidence, sequence_scores
+from app.api.common import DecisionInfo, TokenConfidence, TokenToBytes, sequence_scores
 from app.api.openai.protocol import (
     ChatChoice,
     ChatCompletionResponse,
@@ -31,7 +31,6 @@ from app.numeric import logprob_or_floor
 from app.serving.events import StreamedToken
 from app.serving.outcomes import GenerationOutcome, ServedModel
 
-TokenBytes = Callable[[int], bytes]
 """A token's exact bytes: the `bytes` field, from which clients rebuild characters split over tokens."""
 
 
@@ -51,7 +50,7 @@ def openai_finish_reason(outcome: GenerationOutcome) -> str:
     return "length" if outcome.result.sequence.finish_reason is FinishReason.LENGTH else "stop"
 
 
-def _top(token_bytes: TokenBytes, alternatives: tuple[tuple[int, float], ...]) -> list[TopLogprob]:
+def _top(token_bytes: TokenToBytes, alternatives: tuple[tuple[int, float], ...]) -> list[TopLogprob]:
     result = []
     for token_id, logprob in alternatives:
         raw = token_bytes(token_id)
@@ -60,7 +59,7 @@ def _top(token_bytes: TokenBytes, alternatives: tuple[tuple[int, float], ...]) -
 
 
 def chat_logprob(
-    token_bytes: TokenBytes, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
+    token_bytes: TokenToBytes, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
 ) -> TokenLogprob:
     raw = token_bytes(token_id)
     return TokenLogprob(
@@ -82,7 +81,7 @@ def completion_token(raw: bytes) -> str:
 
 
 def completion_top(
-    token_bytes: TokenBytes, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
+    token_bytes: TokenToBytes, token_id: int, logprob: float, alternatives: tuple[tuple[int, float], ...]
 ) -> dict[str, float]:
     """The most likely tokens and, as OpenAI's legacy completions promise (up to `logprobs` + 1 entries), the
     sampled one, which a sampled answer may have drawn from outside them (with `logprobs: 0`, it alone).
@@ -118,7 +117,7 @@ def usage(outcome: GenerationOutcome) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def chat_response(outcome: GenerationOutcome, token_bytes: TokenBytes, logprobs: bool) -> ChatCompletionResponse:
+def chat_response(outcome: GenerationOutcome, token_bytes: TokenToBytes, logprobs: bool) -> ChatCompletionResponse:
     kept = outcome.result.sequence.kept_tokens
     content = None
     if logprobs and not outcome.withheld:  # a withheld answer's tokens would spell it
@@ -149,7 +148,7 @@ def text_offsets(pieces: list[str]) -> list[int]:
 
 def completion_response(
     outcome: GenerationOutcome,
-    token_bytes: TokenBytes,
+    token_bytes: TokenToBytes,
     logprobs: int | None,
     answer_pieces: Callable[[SequenceState], list[str]],
 ) -> CompletionResponse:
@@ -184,7 +183,7 @@ class OpenAIStreamEncoder:
     """The `data:` chunks of one chat or text completion, ending with `data: [DONE]`."""
 
     def __init__(
-        self, served: ServedModel, token_bytes: TokenBytes, chat: bool, logprobs: int | None, include_usage: bool
+        self, served: ServedModel, token_bytes: TokenToBytes, chat: bool, logprobs: int | None, include_usage: bool
     ) -> None:
         """`logprobs`: chat, 1 to send them (their alternatives as the request asked); completions, the
         number of alternatives to send (0: the chosen tokens only), None for none."""

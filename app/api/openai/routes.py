@@ -9,6 +9,7 @@ from fastapi.routing import APIRoute
 
 from app.api.common import policy_request
 from app.api.deps import ApiKeyDep, RuntimeDep, ServiceDep
+from app.api.errors import client_gone
 from app.api.openai.format import OpenAIStreamEncoder, chat_response, completion_response
 from app.api.openai.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -21,7 +22,7 @@ from app.api.openai.protocol import (
     ModelList,
     OpenAIMessage,
 )
-from app.api.openapi import V1_ERRORS, client_gone, errors, streamed
+from app.api.openapi import V1_ERRORS, errors, streamed
 from app.api.streaming import stream_response
 from app.errors import InvalidRequest, ServiceError
 from app.serving.outcomes import PromptInput, Submitted
@@ -34,7 +35,7 @@ POLICY_FIELD = re.compile(r"(?<![\w.])policy\.(method|threshold|target|action)\b
 
 class OpenAIRoute(APIRoute):
     """OpenAI's API (and vLLM's) answers an invalid request with a 400, which its clients raise as
-    `BadRequestError`; the native routes keep FastAPI's 422 (app/errors.py, `invalid_request_status`)."""
+    `BadRequestError`; the native routes keep FastAPI's 422 (app/api/errors.py, `invalid_request_status`)."""
 
     invalid_request_status = 400
     # OpenAI's fields this service does not take, or takes only at the value that asks for nothing: refused as

@@ -15,7 +15,7 @@ from app.engine.engine import Engine
 from app.errors import Conflict, Forbidden, NotReady
 from app.serving.context_room import context_length
 from app.serving.policy import configured_target
-from app.serving.runtime import ArtifactReloadError, State
+from app.serving.runtime import ArtifactReloadError, Runtime, State
 
 router = APIRouter(tags=["operations"])
 
@@ -37,7 +37,7 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
     "/ready",
     response_model=ReadyResponse,
     responses=errors(503),
-    summary="Model and artifact are loaded (503 before, and while shutting down)",
+    summary="Model and artifact loaded, worker healthy (503 before, while shutting down, once the worker is broken)",
 )
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     if runtime.state is State.FAILED:
@@ -74,7 +74,7 @@ def _decode_step(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _artifact_summary(runtime: RuntimeDep) -> dict[str, Any] | None:
+def _artifact_summary(runtime: Runtime) -> dict[str, Any] | None:
     artifact = runtime.artifact
     if artifact is None:
         return None

@@ -48,7 +48,7 @@ def test_an_unexpected_error_still_gets_its_id_in_the_response_and_the_log(
         response = client.get("/info", headers={"X-Request-ID": "boom-7"})
     assert response.status_code == 500 and response.headers["x-request-id"] == "boom-7"
     assert response.json()["error"]["type"] == "internal_error" and "secret" not in response.text
-    logged = [r.getMessage() for r in caplog.records if r.name == "app.errors"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "app.api.errors"]
     assert any("boom-7" in line for line in logged)
 
 

@@ -261,7 +261,7 @@ def test_a_request_in_flight_finishes_with_the_artifact_it_started_with(
     new = _confidences(client, payload)
     assert new != pytest.approx(old, abs=1e-6)  # new requests use the new artifact
     # The decision log says which version decided: the one each request started with.
-    logged = [json.loads(r.getMessage())["artifact_sha256"] for r in caplog.records if r.name == "tad.decisions"]
+    logged = [json.loads(r.getMessage())["manifest_sha256"] for r in caplog.records if r.name == "tad.decisions"]
     assert logged == [old_sha, runtime.serving.manifest_sha256] and old_sha != logged[1]
 
 

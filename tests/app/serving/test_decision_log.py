@@ -18,9 +18,9 @@ def test_a_line_stays_json_when_a_number_is_not_finite(caplog: pytest.LogCapture
     caplog.set_level(logging.INFO, logger="tad.decisions")
     decision = Decision(accept=True, method=Method.TAD, score=math.inf, threshold=threshold, policy="fixed")
     log_decision(
-        decision, request_id="r", kind="score", artifact="a", artifact_sha256="ab12", prompt_tokens=3, answer_tokens=2
+        decision, request_id="r", kind="score", artifact="a", manifest_sha256="ab12", prompt_tokens=3, answer_tokens=2
     )
     (line,) = [r.getMessage() for r in caplog.records if r.name == "tad.decisions"]
     record = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
     assert record["score"] is None and record["threshold"] is None
-    assert record["artifact"] == "a" and record["artifact_sha256"] == "ab12"
+    assert record["artifact"] == "a" and record["manifest_sha256"] == "ab12"

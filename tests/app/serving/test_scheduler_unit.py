@@ -40,7 +40,7 @@ def test_requests_are_batched_and_each_gets_its_own_answer(engine: Engine) -> No
     # Each step is recorded once with the rows it computed: the prefill that made the first tokens, five
     # decode steps, and the one that captures the last token's attention row (the engine's last_row).
     assert batches == [len(prompts)] * (6 + 1)
-    assert scheduler.in_flight == 0
+    assert scheduler.admitted == 0
 
 
 def test_a_request_joining_a_running_batch_is_recorded_once_per_forward(engine: Engine) -> None:
@@ -92,7 +92,7 @@ def test_one_answer_failing_mid_generation_fails_alone(engine: Engine) -> None:
     assert answered[0] == "done" and [t.token_id for t in answered[1].kept_tokens] == [
         t.token_id for t in expected.kept_tokens
     ]
-    assert scheduler.in_flight == 0
+    assert scheduler.admitted == 0
 
 
 def test_admission_beyond_batch_and_queue_is_refused(engine: Engine) -> None:

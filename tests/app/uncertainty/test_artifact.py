@@ -33,7 +33,7 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 def test_loads_and_describes_itself(artifact_copy: Path) -> None:
     artifact = load_artifact(artifact_copy)
     manifest = artifact.manifest
-    assert manifest.features.stage2_size == artifact.scorer.spec.stage2_size
+    assert manifest.features.stage2_size == artifact.tad.spec.stage2_size
     assert set(manifest.files) >= {"regressor.joblib", "stage1.joblib"}
     assert manifest.variant in ("leak-free", "algorithm1-literal", "authors") and manifest.aggregation.value in (
         "mean",
@@ -241,21 +241,21 @@ def test_committed_artifacts_load_with_their_hashes_and_score(name: str) -> None
 
     path = Path(__file__).resolve().parents[3] / "models" / name
     artifact = load_artifact(path)
-    spec = artifact.scorer.spec
+    spec = artifact.tad.spec
     assert (spec.num_layers, spec.num_heads) == (artifact.manifest.llm.num_layers, artifact.manifest.llm.num_heads)
     rng = np.random.default_rng(0)
     logprobs = np.log(rng.uniform(0.05, 1.0, 6))
     rows = rng.uniform(0.0, 0.2, (6, spec.num_layers, spec.num_heads, spec.n_lags + 1)).astype(np.float32)
-    confidences = artifact.scorer.confidences(logprobs, rows)
-    assert confidences.shape == (6,) and np.all((confidences >= artifact.scorer.epsilon) & (confidences <= 1.0))
+    confidences = artifact.tad.confidences(logprobs, rows)
+    assert confidences.shape == (6,) and np.all((confidences >= artifact.tad.epsilon) & (confidences <= 1.0))
 
 
 def test_the_committed_calibration_only_artifact_loads_and_decides_with_a_free_score() -> None:
     path = Path(__file__).resolve().parents[3] / "models" / "qwen2.5-coder-1.5b-calibration"
     artifact = load_artifact(path)
-    assert not artifact.has_regressor and artifact.scorer is None
+    assert not artifact.has_regressor and artifact.tad is None
     method = artifact.decision_method
-    assert not REGISTRY[method.value].needs_artifact
+    assert not REGISTRY[method.value].needs_regressor
     assert artifact.manifest.default_target in artifact.manifest.thresholds[method]
     assert artifact.manifest.dtype == "bfloat16"
 
@@ -281,7 +281,7 @@ def test_a_file_replaced_after_its_hash_is_not_what_is_loaded(
 
     monkeypatch.setattr(artifact_module, "hashlib", SimpleNamespace(sha256=sha256_then_swap))
     loaded = load_artifact(artifact_copy)  # the swapped file would fail on its feature row
-    assert loaded.scorer is not None and not isinstance(loaded.scorer.regressor, _FailsToPredict)
+    assert loaded.tad is not None and not isinstance(loaded.tad.regressor, _FailsToPredict)
     assert regressor.read_bytes() != original  # the swap did happen
     assert loaded.manifest_sha256 == file_sha256(artifact_copy / "manifest.json")
 

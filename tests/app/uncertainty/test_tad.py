@@ -237,7 +237,7 @@ def test_streams_primed_together_score_as_each_alone(convention: Convention, mon
         for stream, (logprobs, rows), start in zip(streams, inputs, starts, strict=True):
             n = max(0, min(step - start, len(logprobs)))
             pending.append((stream, n, list(rows[: max(n - 1, 0)])))  # a step row arrives with the next token
-        scoring = [s.scorable(t, len(r)) for s, t, r in pending if s.scorer is mlp_scorer and s.scorable(t, len(r))]
+        scoring = [s.scorable(t, len(r)) for s, t, r in pending if s.tad is mlp_scorer and s.scorable(t, len(r))]
         products.clear()
         prime_streams(pending)
         for (stream, tokens, rows), (logprobs, _) in zip(pending, inputs, strict=True):

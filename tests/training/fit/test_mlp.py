@@ -55,9 +55,9 @@ def test_mlp_average_option(tiny_runs: dict[str, Path], tmp_path: Path) -> None:
     assert forced.regressor.kind == "mlp+ridge" and forced.regressor.params["alpha"] == 1.0
     assert read_cv_record(tmp_path / "c", forced)["mlp"]["average"]["installed_by_force"] is (not average["kept"])
     artifact = load_artifact(tmp_path / "c")
-    assert isinstance(artifact.scorer.regressor, AveragedRegressor)
-    ridge, mlp = artifact.scorer.regressor.members
-    assert isinstance(artifact.scorer.split, MLPStage2) and artifact.scorer.split.with_linear
+    assert isinstance(artifact.tad.regressor, AveragedRegressor)
+    ridge, mlp = artifact.tad.regressor.members
+    assert isinstance(artifact.tad.split, MLPStage2) and artifact.tad.split.with_linear
     # Its members are the ridge artifact's stage 2 and the MLP artifact's, fitted on the same rows.
     np.testing.assert_array_equal(ridge.coef_, joblib.load(tmp_path / "ridge" / "regressor.joblib").coef_)
 
