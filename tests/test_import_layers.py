@@ -107,3 +107,20 @@ def test_the_module_graph_has_no_cycle() -> None:
 )
 def test_the_layer_order_is_what_it_says(source: str, target: str, allowed: bool) -> None:
     assert (layer_of(target) >= layer_of(source)) is allowed
+
+
+WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
+
+
+def test_below_the_api_nothing_imports_the_web_framework() -> None:
+    """Serving, the engine and the uncertainty methods run the same without HTTP (training and benchmarks
+    call them in-process): the API layer alone knows FastAPI."""
+    api = layer_of("app.api")
+    web = [
+        f"{name} -> {target}"
+        for name, path in MODULES.items()
+        if name.startswith("app.") and layer_of(name) > api
+        for target in _imported(path)
+        if target.split(".")[0] in WEB_FRAMEWORKS
+    ]
+    assert web == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from app.engine.sampling import SamplingParams
 from app.serving.events import GenerationResult
@@ -15,6 +16,12 @@ from app.uncertainty.answer import ScoredAnswer
 
 class ClientDisconnected(Exception):
     """The client went away; its work was cancelled."""
+
+
+class ClientConnection(Protocol):
+    """A request's connection, as far as the service watches it (FastAPI's `Request` is one)."""
+
+    async def is_disconnected(self) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,6 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
-from fastapi import Request
-
 from app.engine.chat_prompt import PromptError
 from app.engine.engine import Engine
 from app.engine.sampling import SamplingParams
@@ -28,6 +26,7 @@ from app.serving.context_room import check_context, context_length, fit_check_pa
 from app.serving.decision_log import log_decision
 from app.serving.events import Event, Failure, GenerationResult, KeepAlive, StreamedToken
 from app.serving.outcomes import (
+    ClientConnection,
     ClientDisconnected,
     GenerationOutcome,
     PreparedGeneration,
@@ -238,7 +237,7 @@ class GenerationService:
         )
 
     async def next_event(
-        self, item: WorkItem, request: Request | None, keep_alive_at: float = math.inf
+        self, item: WorkItem, request: ClientConnection | None, keep_alive_at: float = math.inf
     ) -> Event | KeepAlive:
         """The item's next event; cancels the work if the client disconnects meanwhile.
 
@@ -268,7 +267,7 @@ class GenerationService:
                 getter.cancel()
 
     async def stream(
-        self, submitted: Submitted, request: Request | None = None, keep_alive: bool = False
+        self, submitted: Submitted, request: ClientConnection | None = None, keep_alive: bool = False
     ) -> AsyncIterator[StreamedToken | GenerationOutcome | KeepAlive]:
         """Token events, then the outcome; if the consumer stops early, the generation is cancelled.
 
@@ -347,7 +346,7 @@ class GenerationService:
             if not finished:
                 self.scheduler.cancel(item)
 
-    async def finish(self, submitted: Submitted, request: Request) -> GenerationOutcome | None:
+    async def finish(self, submitted: Submitted, request: ClientConnection) -> GenerationOutcome | None:
         """The outcome, recorded in the metrics; None if the client went away."""
         try:
             async for event in self.stream(submitted, request):
@@ -358,7 +357,7 @@ class GenerationService:
         raise ServiceError("the generation ended without a result")
 
     async def _with_p_true(
-        self, question: str, answer: str, scored: ScoredAnswer, request: Request | None, deadline: float
+        self, question: str, answer: str, scored: ScoredAnswer, request: ClientConnection | None, deadline: float
     ) -> ScoredAnswer:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
         (`app/serving/check_pass.py`) within the request's own `deadline`; the pass is cancelled if the
@@ -412,7 +411,7 @@ class GenerationService:
         )
 
     async def score(
-        self, prompt: PromptInput, response: str, policy: PolicyRequest | None, request: Request | None
+        self, prompt: PromptInput, response: str, policy: PolicyRequest | None, request: ClientConnection | None
     ) -> ScoreOutcome | None:
         """Uncertainty and decision of a given answer; None if the client went away."""
         prompt_ids = await self.encode(prompt)
