@@ -164,6 +164,9 @@ class Scheduler(Admission):
             finally:
                 self._pass_started = None
                 self._outbox.flush()
+                # An idle worker would otherwise hold this pass's items (their sequences, and the scorer of an
+                # artifact a reload has since replaced) until the next request.
+                admitted, scoring = [], []
                 phase_timing.lap(phase_timing.HANDOFF)
 
     def _work(self, admitted: list[GenerationItem], scoring: list[ScoringItem]) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import time
+import weakref
 
 import pytest
 
@@ -13,6 +16,7 @@ from app.engine.sequence import GenerationRequest, SequenceState
 from app.errors import DeadlineExceeded, NotReady, Overloaded
 from app.serving.events import Event, Failure
 from app.serving.scheduler import Scheduler
+from app.serving.work_items import ScoringItem
 from app.uncertainty.answer import AnswerScorer
 from tests.app.serving.scheduler_items import RecordingObserver, generation_item, run_on, scoring_item, wait_until_idle
 
@@ -185,3 +189,25 @@ def test_starting_a_worker_that_still_runs_is_refused(engine: Engine) -> None:
         scheduler.stop()
     scheduler.start()  # after a stop that ended it, a new worker starts
     scheduler.stop()
+
+
+def test_an_idle_worker_holds_no_answered_request(engine: Engine) -> None:
+    """Between requests the worker keeps nothing of the last pass: an answered item (its sequence, its attention
+    rows, the scorer of an artifact a reload may have replaced since) is garbage once its client lets go."""
+    scheduler = Scheduler(engine, AnswerScorer(None), max_batch_size=2, max_queue=2, batch_window_s=0.0)
+
+    async def body() -> weakref.ref[ScoringItem]:
+        item = scoring_item(asyncio.get_running_loop(), (5, 6, 7), (8, 9))
+        scheduler.submit_scoring(item)
+        await asyncio.wait_for(item.events.get(), 30)
+        wait_until_idle(scheduler)
+        time.sleep(0.2)  # the worker has gone round its loop and sits idle
+        return weakref.ref(item)
+
+    scheduler.start()
+    try:
+        answered = asyncio.run(body())
+        gc.collect()
+        assert answered() is None
+    finally:
+        scheduler.stop()
