@@ -359,13 +359,9 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     write_plan(out, len(shards), distribution.rank)
     mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]
     todo = [i for i in mine if not shard_done(out, i)]
-    logger.info(
-        "%d records in %d shards; %d to do here, %d already done",
-        len(records),
-        len(shards),
-        len(todo),
-        len(mine) - len(todo),
-    )
+    logger.info("%d records in %d shards; %d to do here", len(records), len(shards), len(todo))
+    if len(todo) < len(mine):  # said at any log level: the user may not have meant to continue that run
+        logger.warning("resuming %s: %d of its %d shards here are done already", out, len(mine) - len(todo), len(mine))
     # Every step row, the last token's included, so that a run serves both conventions.
     engine = Engine(loaded, n_lags=options.n_lags, last_row=True)
     shape = (loaded.identity.num_layers, loaded.identity.num_heads, options.n_lags + 1)
@@ -383,9 +379,10 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
                 options.prompt_style,
                 pools,
             )
-            write_shard(out, index, texts, shape)
-            # With each shard: a shard done is never redone, so its bad records must be on record by then.
+            # Before the shard is done: a shard done is never redone, so its bad records must be on record by
+            # then (a kill between the two redoes the shard, whose lines the report already holds once).
             report_bad_records(out, distribution.rank, bad, bad_in_data)
+            write_shard(out, index, texts, shape)
     report = out / f"bad_records.{distribution.rank}.txt"
     if lines := report_bad_records(out, distribution.rank, bad, bad_in_data):
         logger.warning("%d bad records skipped; see %s", lines, report)

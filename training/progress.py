@@ -45,6 +45,7 @@ class ProgressStore:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self._resumed = False
 
     def load(self, name: str) -> Any | None:
         """The item if an earlier run of this command finished it; None otherwise (or if it cannot be read)."""
@@ -52,10 +53,14 @@ class ProgressStore:
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text())
+            item = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             logger.warning("progress %s unreadable (%s): its work runs again", path, error)
             return None
+        if not self._resumed:  # once: the user should know results come back from an earlier run, and from where
+            self._resumed = True
+            logger.warning("resuming: work a stopped run of this command finished is read back from %s", self.folder)
+        return item
 
     def save(self, name: str, value: Any) -> None:
         """Best effort: progress only saves a rerun time, so a folder that cannot be written (a read-only run,

@@ -156,7 +156,7 @@ def _undamaged(path: Path, read: Callable[[Path], T]) -> T:
         return read(path)
     except PermissionError:
         raise  # not damage: the files are there, this user cannot read them
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError) as error:  # EOFError: an empty .npy
         raise SystemExit(
             f"shard {path} is damaged ({type(error).__name__}: {error}): move the folder aside and rerun the "
             "same generate command, which makes that shard again"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -39,7 +40,11 @@ def _options(tiny_model_dir: Path, data: list[Path], out: Path, **changes: objec
 
 
 def test_interrupted_run_resumes_without_redoing_shards(
-    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    tiny_data: dict[str, list[Path]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     data = tiny_data["dev"]  # 32 records -> 4 shards of 8
     out = tmp_path / "run"
@@ -65,19 +70,52 @@ def test_interrupted_run_resumes_without_redoing_shards(
         return real_write(run_dir, index, texts, shape)
 
     monkeypatch.setattr(generate_module, "write_shard", counting)
-    run_generate(_options(tiny_model_dir, data, out))
+    with caplog.at_level(logging.WARNING, logger="training.generation"):
+        run_generate(_options(tiny_model_dir, data, out))
     assert redone == [2, 3]
+    assert f"resuming {out}: 2 of its 4 shards here are done already" in caplog.messages
     after = {p.name: os.stat(p / "attention.npy").st_mtime_ns for p in completed_shards(out)}
     assert all(after[name] == stamp for name, stamp in before.items())
 
     monkeypatch.setattr(generate_module, "write_shard", real_write)
     fresh = tmp_path / "fresh"
-    run_generate(_options(tiny_model_dir, data, fresh))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="training.generation"):
+        run_generate(_options(tiny_model_dir, data, fresh))
+    assert not [m for m in caplog.messages if m.startswith("resuming")]  # a new run says nothing of the kind
     resumed, uninterrupted = list(iter_texts([out])), list(iter_texts([fresh]))
     assert [t.meta for t in resumed] == [t.meta for t in uninterrupted]
     for a, b in zip(resumed, uninterrupted, strict=True):
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
         np.testing.assert_allclose(a.attention, b.attention, atol=1e-6)
+
+
+def test_a_run_may_be_resumed_with_another_batch_size_and_keeps_its_answers(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--batch-size` is the one setting a rerun may change (less memory): the tokens stay the same, the
+    numbers move only as a batched product's sums run in another order."""
+    data, out, fresh = tiny_data["dev"], tmp_path / "run", tmp_path / "fresh"
+    real_write = generate_module.write_shard
+
+    def stopped_after_two(run_dir: Path, index: int, texts, shape):
+        if index == 2:
+            raise KeyboardInterrupt
+        return real_write(run_dir, index, texts, shape)
+
+    monkeypatch.setattr(generate_module, "write_shard", stopped_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        run_generate(_options(tiny_model_dir, data, out, batch_size=4))
+    monkeypatch.setattr(generate_module, "write_shard", real_write)
+    run_generate(_options(tiny_model_dir, data, out, batch_size=1))
+    run_generate(_options(tiny_model_dir, data, fresh, batch_size=4))
+    resumed, uninterrupted = list(iter_texts([out])), list(iter_texts([fresh]))
+    assert [t.meta for t in resumed] == [t.meta for t in uninterrupted]
+    for a, b in zip(resumed, uninterrupted, strict=True):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        for name in b.stats:
+            np.testing.assert_allclose(a.stats[name], b.stats[name], atol=1e-4)
+        np.testing.assert_allclose(a.attention, b.attention, atol=1e-4)
 
 
 def test_rerun_with_other_settings_is_refused(
@@ -263,6 +301,32 @@ def test_a_run_whose_generate_has_not_finished_is_read_with_a_warning(
     assert f"holds {len(shards) - 1} of its {len(shards)} shards" in caplog.text
 
 
+def test_a_shards_too_long_prompts_stay_on_record_when_the_run_is_killed_as_the_shard_is_written(
+    tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records skipped while a shard is answered (a prompt too long) are found only then: a kill between the
+    shard and its report must not leave a done shard whose skipped records no rerun reports."""
+    lines = tiny_data["dev"][0].read_text().splitlines()[:2]
+    long = json.loads(lines[0])
+    long["question"] = " ".join([long["question"]] * 100)
+    data = tmp_path / "long_dev.jsonl"
+    data.write_text("\n".join([json.dumps(long), lines[1]]) + "\n")
+    report_bad_records = generate_module.report_bad_records
+
+    def killed(*args: object) -> int:
+        raise KeyboardInterrupt  # the first report, as the shard that skipped the long prompt is finished
+
+    monkeypatch.setattr(generate_module, "report_bad_records", killed)
+    out = tmp_path / "run"
+    options = _options(tiny_model_dir, [data], out, shard_size=2, max_prompt_tokens=300)
+    with pytest.raises(KeyboardInterrupt):
+        run_generate(options)
+    monkeypatch.setattr(generate_module, "report_bad_records", report_bad_records)
+    run_generate(options)
+    (report,) = (out / "bad_records.0.txt").read_text().splitlines()
+    assert report.startswith(f"{data}:1") and [t.meta["line"] for t in iter_texts([out])] == [2]
+
+
 def test_a_damaged_shard_is_named_not_met_as_a_numpy_or_key_error(
     tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, list[Path]]
 ) -> None:
@@ -284,6 +348,9 @@ def test_a_damaged_shard_is_named_not_met_as_a_numpy_or_key_error(
     (shard / "texts.json").write_text(original)
     (shard / "stat-logprob.npy").unlink()  # read before the (damaged) attention: named, not a KeyError later
     with pytest.raises(SystemExit, match=rf"shard {shard} is damaged \(KeyError: 'no stat-logprob.npy'\)"):
+        list(iter_texts([out]))
+    (shard / "stat-logprob.npy").write_bytes(b"")  # what a disk that filled up as it was written leaves
+    with pytest.raises(SystemExit, match=rf"shard {shard} is damaged \(EOFError"):
         list(iter_texts([out]))
 
 

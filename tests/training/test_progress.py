@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,20 @@ def test_an_item_reads_back_as_it_was_saved(tmp_path: Path) -> None:
     loaded = store.load("fold-0")
     assert loaded is not None
     assert loaded["n"] == 3 and loaded["prr"][0] == 0.25 and loaded["prr"][1] != loaded["prr"][1]
+
+
+def test_taking_back_an_earlier_runs_work_is_said_once_naming_the_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "fit-progress" / "key"
+    ProgressStore(folder).save("trial-0", 1)
+    ProgressStore(folder).save("trial-1", 2)
+    rerun = ProgressStore(folder)
+    with caplog.at_level(logging.WARNING, logger="training.progress"):
+        assert rerun.load("trial-2") is None  # nothing taken back yet: nothing said
+        assert caplog.messages == []
+        assert rerun.load("trial-0") == 1 and rerun.load("trial-1") == 2
+    assert caplog.messages == [f"resuming: work a stopped run of this command finished is read back from {folder}"]
 
 
 def test_an_item_cut_short_runs_again(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ REPORTS = CV_REPORT.parent.name  # the folder of the artifact's reports: cv.json
 
 def check_out(out: Path, runs: Sequence[Path]) -> None:
     """Refuse an --out the artifact cannot replace, before the minutes of cross-validation rather than after."""
+    finish_interrupted_swap(out)  # else an artifact a killed fit left aside would escape the checks below
     if out.exists() and not out.is_dir():
         raise SystemExit(f"--out {out} is a file: give a folder for the artifact")
     if (out / RUN_FILE).is_file():
@@ -89,13 +90,7 @@ def install_artifact(staging: Path, out: Path) -> None:
     artifact, the new one, or (between two renames) absent, never a mix. What lies beside the old artifact's
     own files (its README, calibration runs) is carried over to the new one; its reports are not (they
     describe the old regressor)."""
-    # A fit killed between the renames left the old artifact aside: finish what it was doing first.
-    for leftover in sorted(out.parent.glob(f".{out.name}.replaced-*")):
-        if out.exists():
-            _carry_over(leftover, out)
-        else:
-            logger.warning("restoring %s, left aside by an interrupted fit", out)
-            os.replace(leftover, out)
+    finish_interrupted_swap(out)
     if not out.exists():
         os.replace(staging, out)
         sync_folder(out.parent)
@@ -105,6 +100,17 @@ def install_artifact(staging: Path, out: Path) -> None:
     os.replace(staging, out)
     sync_folder(out.parent)
     _carry_over(old, out)
+
+
+def finish_interrupted_swap(out: Path) -> None:
+    """A fit killed between its renames left the old artifact aside: put it back where `out` is missing, or
+    carry what lay beside it over to the new one that is in place."""
+    for leftover in sorted(out.parent.glob(f".{out.name}.replaced-*")):
+        if out.exists():
+            _carry_over(leftover, out)
+        else:
+            logger.warning("restoring %s, left aside by an interrupted fit", out)
+            os.replace(leftover, out)
 
 
 def _carry_over(old: Path, out: Path) -> None:

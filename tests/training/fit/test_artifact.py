@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.training.fit import QUICK_FIT
-from training.fit.artifact import install_artifact
+from training.fit.artifact import check_out, install_artifact
 from training.fit.options import FitOptions
 from training.fit.pipeline import run_fit
 from training.groups import TargetCentring
@@ -106,6 +107,22 @@ def test_a_fit_killed_between_its_renames_is_repaired_by_the_next(tmp_path: Path
     install_artifact(_artifact_folder(tmp_path / "staging", "new", {}), out)
     assert (out / "regressor.joblib").read_text() == "new" and (out / "report.md").read_text() == "old report"
     assert not list(tmp_path.glob(".artifact.replaced-*"))
+
+
+def test_an_artifact_a_killed_fit_left_aside_is_checked_before_the_next_fit_replaces_it(
+    tmp_path: Path, tiny_artifact: Path, tiny_runs: dict[str, Path]
+) -> None:
+    """With `--out` missing after the kill, the next fit must not take it for a new folder: the old artifact
+    is put back first, so that refitting another model's artifact is refused before any work, as always."""
+    aside = tmp_path / ".artifact.replaced-123"
+    shutil.copytree(tiny_artifact, aside)
+    manifest = json.loads((aside / "manifest.json").read_text())
+    manifest["llm"]["sha256"] = "0" * 64  # another model's artifact
+    (aside / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "artifact"
+    with pytest.raises(SystemExit, match="is the artifact of another model"):
+        check_out(out, [tiny_runs["train"]])
+    assert (out / "manifest.json").is_file() and not aside.exists()
 
 
 def test_a_fit_killed_while_carrying_over_is_finished_by_the_next(tmp_path: Path) -> None:
