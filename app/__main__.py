@@ -25,10 +25,10 @@ import sys
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 from pydantic_settings import SettingsError
 
 from app.errors import NotReady
@@ -36,6 +36,9 @@ from app.main import create_app
 from app.serving.runtime import ArtifactReloadError, Runtime
 from app.serving.scheduler import STOP_TIMEOUT_S
 from app.settings import Settings, unknown_variables
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 logger = logging.getLogger("app")
 

@@ -217,8 +217,12 @@ class Settings(BaseSettings):
     @field_validator("fallback_method")
     @classmethod
     def _needs_no_regressor(cls, value: Method) -> Method:
-        if REGISTRY[value.value].needs_regressor:  # it decides exactly when there is no artifact to compute that method
-            raise ValueError(f"{value.value} needs a TAD regressor; the fallback decides when no artifact is loaded")
+        # It decides exactly when the configured method cannot be computed: no artifact, or one without a regressor.
+        if REGISTRY[value.value].needs_regressor:
+            raise ValueError(
+                f"{value.value} needs a TAD regressor; the fallback decides when there is none (no artifact, or a "
+                "calibration-only one)"
+            )
         return value
 
     @field_validator("device")

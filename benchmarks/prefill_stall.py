@@ -101,7 +101,7 @@ def measure(
     scheduler.start()
     try:
         started, joined_at = asyncio.run(body())
-        while scheduler.admitted:
+        while scheduler.unanswered:
             time.sleep(0.001)
     finally:
         scheduler.stop()

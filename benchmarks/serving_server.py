@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from fastapi import FastAPI, Request
@@ -40,8 +40,10 @@ from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from app.engine import phase_timing
 from app.engine.engine import Engine
 from app.engine.loading import LoadedModel
-from app.serving.scheduler import Scheduler
-from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.serving.scheduler import Scheduler
+    from app.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MANIFEST = REPO / "models" / "smollm2-135m-instruct-tad" / "manifest.json"

@@ -360,7 +360,7 @@ def run_generate(options: GenerateOptions, distribution: Distribution | None = N
     mine = [i for i in range(len(shards)) if i % distribution.world == distribution.rank]
     todo = [i for i in mine if not shard_done(out, i)]
     logger.info("%d records in %d shards; %d to do here", len(records), len(shards), len(todo))
-    if len(todo) < len(mine):  # said at any log level: the user may not have meant to continue that run
+    if 0 < len(todo) < len(mine):  # said at any log level: the user may not have meant to continue that run
         logger.warning("resuming %s: %d of its %d shards here are done already", out, len(mine) - len(todo), len(mine))
     # Every step row, the last token's included, so that a run serves both conventions.
     engine = Engine(loaded, n_lags=options.n_lags, last_row=True)

@@ -82,14 +82,14 @@ def run_lodo(
     check_runs_match(train_runs, artifact)
     check_runs_match(test_runs, artifact)
     manifest = artifact.manifest
-    tad = artifact.trained()
-    spec, epsilon, aggregation = tad.spec, tad.epsilon, tad.aggregation
-    params = tad.regressor.params
-    variant = Variant(tad.variant)
+    trained = artifact.trained()
+    spec, epsilon, aggregation = trained.spec, trained.epsilon, trained.aggregation
+    params = trained.regressor.params
+    variant = Variant(trained.variant)
     # An MLP's stage 2 has no alpha: the ridge's alpha below is then unused (not so for an MLP averaged with
     # a ridge, whose ridge has one).
     artifact_alpha = float(params.get("alpha", math.nan))
-    kind = tad.regressor.kind
+    kind = trained.regressor.kind
     mlp_config = {key: params[key] for key in MLP_CONFIG_KEYS} if kind in ("mlp", "mlp+ridge") else None
     # Fitted by options since removed (a mean of several seeds' MLPs; MLPs on standardised inputs): refitted
     # otherwise, the table would describe another stage 2 than the artifact's.
@@ -191,7 +191,7 @@ def run_lodo(
                 mlp_config,
                 kind,
                 options,
-                tad,
+                trained,
                 resamples,
                 seed + seed_offset[dataset],
             )
@@ -270,13 +270,13 @@ def _held_out(
     mlp_config: dict[str, Any] | None,
     kind: str,
     options: FitOptions,
-    tad: TrainedTad,
+    trained: TrainedTad,
     resamples: int,
     seed: int,
 ) -> tuple[dict[str, Any], np.ndarray | None]:
     """Refit on the other datasets, score `dataset`'s test answers: its report entry, and its bootstrap samples
     of TAD - MSP when its accuracy is informative (None otherwise)."""
-    spec, epsilon, aggregation, variant = tad.spec, tad.epsilon, tad.aggregation, Variant(tad.variant)
+    spec, epsilon, aggregation, variant = trained.spec, trained.epsilon, trained.aggregation, Variant(trained.variant)
     train = weighted(centred([t for t in texts if t.dataset != dataset], centring), weighting)
     data = prepare_folds(train, spec, options)
     stage2: Regressor

@@ -37,13 +37,13 @@ def alternative_scorers(artifact: TadArtifact) -> dict[str, tuple[TadScorer, Agg
     manifest = artifact.manifest
     if not artifact.has_regressor:
         return {}
-    tad = artifact.trained()
-    scorers = {f"tad_{tad.variant}": (tad.tad, tad.aggregation)}
+    trained = artifact.trained()
+    scorers = {f"tad_{trained.variant}": (trained.tad, trained.aggregation)}
     for variant, info in manifest.metrics.get("alternatives", {}).items():
         path = Path(artifact.path) / info["file"]
         if info["file"] in manifest.files and path.is_file():
             regressor = load_listed(Path(artifact.path), manifest, info["file"])
-            scorer = TadScorer(regressor=regressor, spec=tad.spec, epsilon=tad.epsilon)
+            scorer = TadScorer(regressor=regressor, spec=trained.spec, epsilon=trained.epsilon)
             scorers[f"tad_{variant}"] = (scorer, Aggregation(info["aggregation"]))
     return scorers
 

@@ -23,11 +23,12 @@ from app.serving.policy import Decision, PolicyRequest
 from app.settings import RejectAction
 from app.uncertainty.methods import METHODS, Method, SequenceUncertainty
 
-# Every integer up to 2**53 is exact as a JSON number (a float), so a seed means one thing in any client.
-# What the formatters read of the engine's tokenizer (`Engine.token_bytes`, `Engine.token_text`).
+# What the formatters read of the engine's tokenizer (`Engine.token_bytes`, `Engine.token_text`). A token's
+# exact bytes are the `bytes` field, from which clients rebuild characters split over tokens.
 TokenToBytes = Callable[[int], bytes]
 TokenToText = Callable[[int], str]
 
+# Every integer up to 2**53 is exact as a JSON number (a float), so a seed means one thing in any client.
 MAX_SEED = 2**53
 # Longer texts cannot fit the prompt-token limit anyway; keeping them under the body limit
 # means an over-long field is a 422 naming it, not a 413.

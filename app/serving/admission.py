@@ -1,5 +1,5 @@
 """The scheduler's front: requests admitted into its queues or refused (overload, shutdown) and cancelled,
-from the event loop, and counted from submission until answered (`admitted`, what the queue's cap counts;
+from the event loop, and counted from submission until answered (`unanswered`, what the queue's cap counts;
 the worker, `app/serving/scheduler.py`, releases them). Both sides take the same lock.
 """
 
@@ -28,18 +28,18 @@ class Admission:
         self._abandon: ServiceError | None = None  # set by `abandon_everything`, taken by the worker
         self._refusal: ServiceError | None = None  # set by `abandon_everything`: nothing more is admitted
         self._cancel_seen = False  # set by `cancel`: the worker's next step looks for cancelled rows
-        self._admitted = 0  # submitted and not yet answered, guarded by the condition's lock
+        self._unanswered = 0  # submitted and not yet answered, guarded by the condition's lock
 
     @property
-    def admitted(self) -> int:
-        return self._admitted
+    def unanswered(self) -> int:
+        return self._unanswered
 
     def _release(self, item: WorkItem) -> None:
         """The item has its answer (or was dropped): its slot is free again."""
         with self._condition:
             if not item.released:
                 item.released = True
-                self._admitted -= 1
+                self._unanswered -= 1
 
     def _retry_after(self) -> int:
         waiting = len(self._waiting) + 1
@@ -49,12 +49,12 @@ class Admission:
         with self._condition:
             if self._stopping or self._refusal is not None:
                 raise NotReady("the service is shutting down", retry_after_s=5)
-            if capped and self._admitted >= self.max_queue + self.max_batch_size:
+            if capped and self._unanswered >= self.max_queue + self.max_batch_size:
                 raise Overloaded(
-                    f"too many requests in flight ({self._admitted}); retry later",
+                    f"too many requests in flight ({self._unanswered}); retry later",
                     retry_after_s=self._retry_after(),
                 )
-            self._admitted += 1
+            self._unanswered += 1
             queue.append(item)
             self.stats.queue_depth = len(self._waiting)
             self._condition.notify_all()
@@ -85,5 +85,5 @@ class Admission:
                     self.stats.queue_depth = len(self._waiting)
                     if not item.released:
                         item.released = True
-                        self._admitted -= 1
+                        self._unanswered -= 1
             self._condition.notify_all()

@@ -237,7 +237,7 @@ class GenerationService:
         )
 
     async def next_event(
-        self, item: WorkItem, request: ClientConnection | None, keep_alive_at: float = math.inf
+        self, item: WorkItem, client: ClientConnection | None, keep_alive_at: float = math.inf
     ) -> Event | KeepAlive:
         """The item's next event; cancels the work if the client disconnects meanwhile.
 
@@ -254,7 +254,7 @@ class GenerationService:
                 if done:
                     return getter.result()
                 # Disconnect and deadline first: a keep-alive due at every poll must not hide them.
-                if request is not None and await request.is_disconnected():
+                if client is not None and await client.is_disconnected():
                     self.scheduler.cancel(item)
                     raise ClientDisconnected
                 if time.monotonic() > item.deadline + DEADLINE_GRACE_S:
@@ -267,7 +267,7 @@ class GenerationService:
                 getter.cancel()
 
     async def stream(
-        self, submitted: Submitted, request: ClientConnection | None = None, keep_alive: bool = False
+        self, submitted: Submitted, client: ClientConnection | None = None, keep_alive: bool = False
     ) -> AsyncIterator[StreamedToken | GenerationOutcome | KeepAlive]:
         """Token events, then the outcome; if the consumer stops early, the generation is cancelled.
 
@@ -283,7 +283,7 @@ class GenerationService:
         finished = False
         try:
             while not finished:
-                event = await self.next_event(item, request, sent_at + keep_alive_s)
+                event = await self.next_event(item, client, sent_at + keep_alive_s)
                 if not isinstance(event, StreamedToken) or held is None:
                     sent_at = time.monotonic()
                 if isinstance(event, KeepAlive):
@@ -298,7 +298,7 @@ class GenerationService:
                             yield KeepAlive()
                         check = asyncio.ensure_future(
                             self._with_p_true(
-                                submitted.question, event.sequence.text, event.scored, request, item.deadline
+                                submitted.question, event.sequence.text, event.scored, client, item.deadline
                             )
                         )
                         try:
@@ -346,10 +346,10 @@ class GenerationService:
             if not finished:
                 self.scheduler.cancel(item)
 
-    async def finish(self, submitted: Submitted, request: ClientConnection) -> GenerationOutcome | None:
+    async def finish(self, submitted: Submitted, client: ClientConnection) -> GenerationOutcome | None:
         """The outcome, recorded in the metrics; None if the client went away."""
         try:
-            async for event in self.stream(submitted, request):
+            async for event in self.stream(submitted, client):
                 if isinstance(event, GenerationOutcome):
                     return event
         except ClientDisconnected:
@@ -357,7 +357,7 @@ class GenerationService:
         raise ServiceError("the generation ended without a result")
 
     async def _with_p_true(
-        self, question: str, answer: str, scored: ScoredAnswer, request: ClientConnection | None, deadline: float
+        self, question: str, answer: str, scored: ScoredAnswer, client: ClientConnection | None, deadline: float
     ) -> ScoredAnswer:
         """`scored` with the answer's P(True), from one more pass over the question and the answer
         (`app/serving/check_pass.py`) within the request's own `deadline`; the pass is cancelled if the
@@ -379,7 +379,7 @@ class GenerationService:
         # Part of a request already admitted: a full queue must not throw away the answer it has computed.
         self.scheduler.submit_scoring(item, follow_up=True)
         try:
-            event = await self.next_event(item, request)
+            event = await self.next_event(item, client)
         except BaseException:
             self.scheduler.cancel(item)
             raise
@@ -411,7 +411,7 @@ class GenerationService:
         )
 
     async def score(
-        self, prompt: PromptInput, response: str, policy: PolicyRequest | None, request: ClientConnection | None
+        self, prompt: PromptInput, response: str, policy: PolicyRequest | None, client: ClientConnection | None
     ) -> ScoreOutcome | None:
         """Uncertainty and decision of a given answer; None if the client went away."""
         prompt_ids = await self.encode(prompt)
@@ -446,7 +446,7 @@ class GenerationService:
         )
         self.scheduler.submit_scoring(item)
         try:
-            event = await self.next_event(item, request)
+            event = await self.next_event(item, client)
         except ClientDisconnected:
             return None
         if isinstance(event, Failure):
@@ -455,7 +455,7 @@ class GenerationService:
             raise ServiceError("unexpected scheduler event")
         if REGISTRY[resolved.method.value].needs_check_pass:
             try:
-                event = await self._with_p_true(question, response, event, request, item.deadline)
+                event = await self._with_p_true(question, response, event, client, item.deadline)
             except ClientDisconnected:
                 return None
         decision = self.decide(resolved, event)

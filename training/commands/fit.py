@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> None:
 
     manifest = run_fit(options_of(args))
     served = manifest.metrics["cv"]["served"]
-    tad = load_artifact(args.out).trained()
+    trained = load_artifact(args.out).trained()
     print(
-        f"wrote {args.out}: {tad.regressor.kind} {tad.regressor.params}, variant {tad.variant}, "
-        f"aggregation {tad.aggregation.value}, CV PRR {served['prr_mean']:.3f}"
+        f"wrote {args.out}: {trained.regressor.kind} {trained.regressor.params}, variant {trained.variant}, "
+        f"aggregation {trained.aggregation.value}, CV PRR {served['prr_mean']:.3f}"
     )

@@ -31,9 +31,9 @@ REPORTS = CV_REPORT.parent.name  # the folder of the artifact's reports: cv.json
 
 def check_out(out: Path, runs: Sequence[Path]) -> None:
     """Refuse an --out the artifact cannot replace, before the minutes of cross-validation rather than after."""
-    finish_interrupted_swap(out)  # else an artifact a killed fit left aside would escape the checks below
     if out.exists() and not out.is_dir():
         raise SystemExit(f"--out {out} is a file: give a folder for the artifact")
+    finish_interrupted_swap(out)  # else an artifact a killed fit left aside would escape the checks below
     if (out / RUN_FILE).is_file():
         raise SystemExit(f"--out {out} is a generation run: give another folder for the artifact")
     # The artifact folder is replaced as a whole at the end: a folder holding the runs must not be it.

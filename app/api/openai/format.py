@@ -31,8 +31,6 @@ from app.numeric import logprob_or_floor
 from app.serving.events import StreamedToken
 from app.serving.outcomes import GenerationOutcome, ServedModel
 
-"""A token's exact bytes: the `bytes` field, from which clients rebuild characters split over tokens."""
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"

@@ -56,6 +56,6 @@ def scoring_item(loop: asyncio.AbstractEventLoop, prompt: tuple[int, ...], respo
 
 def wait_until_idle(scheduler: Scheduler) -> None:
     deadline = time.monotonic() + 10
-    while scheduler.admitted and time.monotonic() < deadline:
+    while scheduler.unanswered and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert scheduler.admitted == 0
+    assert scheduler.unanswered == 0

@@ -25,7 +25,7 @@ def test_work_arriving_after_everything_was_abandoned_is_refused_not_run(engine:
             scheduler.submit_generation(generation_item(loop, (5, 6), tokens=2))
         with pytest.raises(NotReady):
             scheduler.submit_scoring(scoring_item(loop, (5, 6), (7,)), follow_up=True)
-        assert scheduler.admitted == 0
+        assert scheduler.unanswered == 0
         scheduler.start()  # a restarted worker admits again
         try:
             item = generation_item(loop, (5, 6), tokens=2)

@@ -115,7 +115,7 @@ def test_a_long_prompt_joining_a_running_answer_is_prefilled_in_chunks_between_i
     running_tokens = [tokens for _, tokens in second]
     assert all(later > earlier for earlier, later in itertools.pairwise(running_tokens))
     _assert_answered_as_alone(engine, answers, ((5, 6), LONG_PROMPT), (80, 6))  # type: ignore[arg-type]
-    assert scheduler.admitted == 0
+    assert scheduler.unanswered == 0
 
 
 def test_a_prompt_cancelled_during_its_chunked_prefill_stops_taking_chunks(
@@ -134,7 +134,7 @@ def test_a_prompt_cancelled_during_its_chunked_prefill_stops_taking_chunks(
     assert tag == "done" and len(sequence.kept_tokens) == 80
     columns_done = recorder.jobs[1][-1][0]
     assert columns_done < recorder.widths[1] - 10  # one column per step: it stopped long before the end
-    assert scheduler.admitted == 0
+    assert scheduler.unanswered == 0
 
 
 def test_a_prompt_cancelled_while_queued_behind_a_chunked_prefill_frees_its_slot_at_once(
@@ -148,7 +148,7 @@ def test_a_prompt_cancelled_while_queued_behind_a_chunked_prefill_frees_its_slot
         scheduler.submit_generation(queued)
         await _until(lambda: len(recorder.jobs) == 3)  # its prefill is queued behind the long one
         scheduler.cancel(queued)
-        await _until(lambda: scheduler.admitted == 2)
+        await _until(lambda: scheduler.unanswered == 2)
         assert recorder.jobs[1][-1][0] < recorder.widths[1]  # the long prompt was still being prefilled
         assert recorder.jobs[2] == []  # and the cancelled one never ran a chunk
         for item in (running, long):

@@ -129,13 +129,13 @@ def test_a_running_request_cancelled_leaves_the_batch_and_its_neighbour_is_answe
         scheduler.cancel(long)
         answer = await _events_until_done(short)
         deadline = time.monotonic() + 10
-        while scheduler.admitted and time.monotonic() < deadline:
+        while scheduler.unanswered and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert long.sequence.abandoned and len(long.sequence.tokens) < 10_000
         return answer
 
     (_, sequence, _), *_ = _run(scheduler, body)
-    assert scheduler.admitted == 0
+    assert scheduler.unanswered == 0
     alone = engine.generate([GenerationRequest((8, 9), SamplingParams(max_new_tokens=12))])[0]
     assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
 
@@ -222,7 +222,7 @@ async def _decoding_answer(
 
 async def _until_idle(scheduler: Scheduler) -> None:
     deadline = time.monotonic() + 20
-    while scheduler.admitted and time.monotonic() < deadline:
+    while scheduler.unanswered and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
 
 
@@ -253,7 +253,7 @@ def test_short_prompts_beyond_one_chunk_are_prefilled_whole_a_group_a_step_and_d
         alone = engine.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=8))])[0]
         sequence = events[-1][1]
         assert [t.token_id for t in sequence.kept_tokens] == [t.token_id for t in alone.kept_tokens]
-    assert scheduler.admitted == 0
+    assert scheduler.unanswered == 0
 
 
 def test_a_request_cancelled_while_its_prefill_group_waits_its_turn_is_abandoned_as_it_joins(
@@ -281,7 +281,7 @@ def test_a_request_cancelled_while_its_prefill_group_waits_its_turn_is_abandoned
         return answers
 
     _run(scheduler, body)
-    assert scheduler.admitted == 0
+    assert scheduler.unanswered == 0
 
 
 def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_joins(
@@ -308,7 +308,7 @@ def test_a_request_cancelled_during_a_shared_chunked_prefill_is_abandoned_as_it_
         return answers
 
     _run(scheduler, body)
-    assert scheduler.admitted == 0
+    assert scheduler.unanswered == 0
 
 
 def test_queued_prefill_groups_hold_their_slots_until_they_join(
