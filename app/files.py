@@ -17,11 +17,15 @@ def write_text_atomic(path: Path, text: str) -> None:
     The text is on disk before the rename, and the rename before this returns: after a power loss or a killed
     machine the file is the previous one or the new one, not an empty file under the new name."""
     staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with staging.open("w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(staging, path)
+    try:
+        with staging.open("w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(staging, path)
+    except BaseException:  # Ctrl-C or a full disk: no stray temporary file beside the one kept whole
+        staging.unlink(missing_ok=True)
+        raise
     sync_folder(path.parent)
 
 

@@ -248,9 +248,13 @@ def refuse_trained_artifact(out: Path, error: type[BaseException] = SystemExit) 
 def _write(out: Path, manifest: Manifest, report: dict[str, Any]) -> Manifest:
     """The manifest and its report, into `out` (created; an existing artifact's regressor is not kept)."""
     refuse_trained_artifact(out)
+    # The manifest does not hash the report: an earlier artifact's goes before the new manifest, and the new
+    # report comes after it, so that a kill never leaves a loadable artifact beside another run's report.
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT).unlink(missing_ok=True)
+    written = write_manifest(out, manifest)
     (out / REPORT).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / REPORT, json.dumps(finite_tree(report), indent=2, allow_nan=False) + "\n")
-    written = write_manifest(out, manifest)
     chosen = written.metrics["decision"]
     gain = chosen["gain"]
     logger.info(

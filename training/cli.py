@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from types import FrameType, ModuleType
+from typing import NoReturn
 
 from training.arguments import UsageError
 from training.commands import calibrate, calibration_artifact, evaluate, fit, generate, lodo, summary
@@ -53,27 +54,40 @@ def main(argv: list[str] | None = None) -> None:
     if missing is not None:
         print(missing, file=sys.stderr)
         raise SystemExit(EXIT_STATUS)
-    from app.engine.loading import ModelLoadError
-    from app.uncertainty.artifact import ArtifactError
-
     # Signal handlers can only be set from the main thread (a caller running main() elsewhere keeps its own).
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
+        _run(args, commands[args.command])
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    try:
+        # Seconds of imports (torch, transformers): a Ctrl-C meanwhile is answered like one during the work.
+        from app.engine.loading import ModelLoadError
+        from app.uncertainty.artifact import ArtifactError
+    except KeyboardInterrupt as interruption:
+        _interrupted(args.command, interruption)
+    try:
         COMMANDS[args.command].run(args)
     except UsageError as error:
-        commands[args.command].error(str(error))
+        parser.error(str(error))
     except KeyboardInterrupt as interruption:
-        print(f"\ninterrupted: {INTERRUPTED[args.command]}", file=sys.stderr)
-        raise SystemExit(143 if isinstance(interruption, Terminated) else 130) from None
+        _interrupted(args.command, interruption)
     except (OSError, ModelLoadError, ArtifactError, json.JSONDecodeError) as error:
         if args.verbose:  # the traceback is what a bug report needs
             raise
         print(f"error: {_describe(error)}", file=sys.stderr)
         raise SystemExit(1) from None
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(command: str, interruption: KeyboardInterrupt) -> NoReturn:
+    """Say what a rerun of `command` does, and exit 130 (Ctrl-C) or 143 (SIGTERM)."""
+    print(f"\ninterrupted: {INTERRUPTED[command]}", file=sys.stderr)
+    raise SystemExit(143 if isinstance(interruption, Terminated) else 130) from None
 
 
 def _describe(error: BaseException) -> str:

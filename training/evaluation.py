@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -281,8 +282,10 @@ def plot_curves(name: str, arrays: dict[str, Any], path: Path) -> None:
     axes.set_title(f"{name}: rejection curves (n={len(quality)})")
     axes.legend(loc="best", fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # a plot killed midway is no half-written PNG
+    figure.savefig(staging, dpi=100, format="png")
     plt.close(figure)
+    os.replace(staging, path)
 
 
 def calibration_runs_among(artifact: TadArtifact, runs: Sequence[Path]) -> list[str]:
@@ -331,10 +334,12 @@ def run_evaluate(
         )
         report["calibration_runs_evaluated"] = calibrated_on
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
-    write_text_atomic(out / "report.md", report_markdown(report))
-    for stale in out.glob("rejection_*.png"):  # an earlier report's datasets that this one may not have
-        stale.unlink()
+    # An earlier report goes first and report.json comes last: a report killed midway is then missing its
+    # report.json, never one whose files come from two evaluations (nor curves of datasets this one lacks).
+    for stale in [out / "report.json", out / "report.md", *out.glob("rejection_*.png")]:
+        stale.unlink(missing_ok=True)
     for name, data in arrays.items():
         plot_curves(name, data, out / f"rejection_{name}.png")
+    write_text_atomic(out / "report.md", report_markdown(report))
+    write_text_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
     return report

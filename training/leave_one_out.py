@@ -210,8 +210,10 @@ def run_lodo(
         other.value: _informative_mean(report, _tad_minus_msp_by(other)) for other in Aggregation
     }
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "lodo.json", json.dumps(report, indent=2) + "\n")
+    # The markdown first, its JSON last, an earlier pair removed before: never a pair from two runs.
+    (out / "lodo.json").unlink(missing_ok=True)
     write_text_atomic(out / "lodo.md", lodo_markdown(report))
+    write_text_atomic(out / "lodo.json", json.dumps(report, indent=2) + "\n")
     for dataset in datasets:  # this run's; a stopped run's other datasets (under --held-out) stay
         progress.remove(dataset)
     return report

@@ -29,6 +29,7 @@ def test_a_write_that_fails_midway_leaves_the_previous_file(tmp_path: Path, monk
     with pytest.raises(OSError, match="no space"):
         write_text_atomic(path, "the new report\n")
     assert path.read_text() == "previous\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temporary file left beside it
 
 
 def record_disk_order(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:

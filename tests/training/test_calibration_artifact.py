@@ -171,3 +171,24 @@ def test_few_shot_answers_leave_p_true_out_and_msp_is_the_reference(tmp_path: Pa
     )
     assert manifest.metrics["decision"]["reference"] == "msp" and Method("p_true") not in manifest.thresholds
     assert not (run / CHECK_PASS_FILE).exists()
+
+
+def test_a_rebuild_killed_before_its_manifest_leaves_no_report_of_another_build(
+    tiny_calibration_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest does not hash the report: a kill between the two must not leave the old artifact, which
+    loads, beside the new build's report."""
+    import training.calibration_artifact as calibration_artifact
+
+    out = tmp_path / "artifact"
+    shutil.copytree(tiny_calibration_artifact, out)
+    assert (out / calibration_artifact.REPORT).is_file()
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibration_artifact, "write_manifest", killed)
+    with pytest.raises(KeyboardInterrupt):
+        calibration_artifact._write(out, load_artifact(out).manifest, {"another": "build"})
+    assert not (out / calibration_artifact.REPORT).exists()
+    load_artifact(out)  # the earlier artifact, whole

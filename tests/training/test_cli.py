@@ -81,6 +81,27 @@ def test_ctrl_c_says_what_a_rerun_does(
     assert "rerunning starts over" in err and "resumes" not in err  # summary keeps nothing to resume from
 
 
+def test_ctrl_c_while_the_libraries_are_imported_says_what_a_rerun_does_too(
+    tiny_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first seconds of every command import torch and transformers: a Ctrl-C then is no traceback."""
+    import sys
+    import types
+
+    class Importing(types.ModuleType):
+        def __getattr__(self, name: str) -> object:
+            if name == "ModelLoadError":  # what the CLI imports from it; the rest (e.g. repr's) as any module
+                raise KeyboardInterrupt
+            raise AttributeError(name)
+
+    monkeypatch.setitem(sys.modules, "app.engine.loading", Importing("app.engine.loading"))
+    try:
+        err = _fails(["summary", str(tiny_runs["dev"])], capsys, code=130)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped the CLI as a traceback")
+    assert "interrupted: " in err and "rerunning starts over" in err
+
+
 def test_sigterm_ends_a_command_as_ctrl_c_does_and_the_handler_is_put_back(
     tiny_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -98,6 +98,30 @@ def test_a_rerun_into_the_same_folder_leaves_no_curve_of_the_earlier_report(
     assert "rejection_gone_dataset.png" not in curves and "rejection_overall.png" in curves
 
 
+def test_an_evaluation_killed_as_it_writes_leaves_no_report_made_of_two(
+    tiny_artifact: Path, tiny_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """report.json comes last, an earlier report gone before: without it the folder is plainly unfinished."""
+    import training.evaluation as evaluation
+
+    out = tmp_path / "report"
+    run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), out, 0)
+    write = evaluation.write_text_atomic
+
+    def killed_at_the_markdown(path: Path, text: str) -> None:
+        if path.name == "report.md":
+            raise KeyboardInterrupt
+        write(path, text)
+
+    monkeypatch.setattr(evaluation, "write_text_atomic", killed_at_the_markdown)
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), out, 0)
+    assert not (out / "report.json").exists() and not (out / "report.md").exists()
+    monkeypatch.setattr(evaluation, "write_text_atomic", write)
+    run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), out, 0)
+    assert (out / "report.json").is_file() and (out / "report.md").is_file()
+
+
 def test_an_artifact_deciding_with_p_true_is_evaluated_with_it(
     tiny_runs: dict[str, Path], tiny_p_true_artifact: Path, tmp_path: Path
 ) -> None:

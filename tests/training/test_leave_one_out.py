@@ -59,6 +59,25 @@ def test_every_dataset_is_held_out_once(tiny_runs: dict[str, Path], tiny_artifac
         assert ci[0] <= ci[1]
 
 
+def test_a_lodo_killed_as_it_writes_leaves_no_report_made_of_two(
+    tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import training.leave_one_out as leave_one_out
+
+    _lodo(tiny_runs, tiny_artifact, tmp_path)
+    write = leave_one_out.write_text_atomic
+
+    def killed_at_the_markdown(path: Path, text: str) -> None:
+        if path.name == "lodo.md":
+            raise KeyboardInterrupt
+        write(path, text)
+
+    monkeypatch.setattr(leave_one_out, "write_text_atomic", killed_at_the_markdown)
+    with pytest.raises(SystemExit, match="130"):  # the CLI's answer to Ctrl-C
+        _lodo(tiny_runs, tiny_artifact, tmp_path, "--bootstrap", "40")
+    assert not (tmp_path / "lodo.json").exists()  # the earlier run's lodo.json is not left beside a new lodo.md
+
+
 def test_the_fold_unit_and_seed_come_from_the_artifacts_cv_record(
     tiny_runs: dict[str, Path], tiny_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
