@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.training.killed_writes import killed_writing
 from training.evaluation import COMPARED_SCORE, report_markdown, run_evaluate
 from training.fit.options import FitOptions
 from training.fit.pipeline import run_fit
@@ -107,13 +108,7 @@ def test_an_evaluation_killed_as_it_writes_leaves_no_report_made_of_two(
     out = tmp_path / "report"
     run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), out, 0)
     write = evaluation.write_text_atomic
-
-    def killed_at_the_markdown(path: Path, text: str) -> None:
-        if path.name == "report.md":
-            raise KeyboardInterrupt
-        write(path, text)
-
-    monkeypatch.setattr(evaluation, "write_text_atomic", killed_at_the_markdown)
+    monkeypatch.setattr(evaluation, "write_text_atomic", killed_writing("report.md", write))
     with pytest.raises(KeyboardInterrupt):
         run_evaluate(tiny_artifact, _source(tiny_runs, tmp_path), out, 0)
     assert not (out / "report.json").exists() and not (out / "report.md").exists()

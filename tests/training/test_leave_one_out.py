@@ -15,6 +15,7 @@ from app.uncertainty.aggregation import Aggregation
 from app.uncertainty.tad import AveragedRegressor
 from tests.artifacts import as_mlp_artifact
 from tests.conftest import N_LAGS
+from tests.training.killed_writes import killed_writing
 from training import leave_one_out as lodo
 from training.cli import main
 from training.fit.cross_validation import Choice, fit_final
@@ -65,14 +66,7 @@ def test_a_lodo_killed_as_it_writes_leaves_no_report_made_of_two(
     import training.leave_one_out as leave_one_out
 
     _lodo(tiny_runs, tiny_artifact, tmp_path)
-    write = leave_one_out.write_text_atomic
-
-    def killed_at_the_markdown(path: Path, text: str) -> None:
-        if path.name == "lodo.md":
-            raise KeyboardInterrupt
-        write(path, text)
-
-    monkeypatch.setattr(leave_one_out, "write_text_atomic", killed_at_the_markdown)
+    monkeypatch.setattr(leave_one_out, "write_text_atomic", killed_writing("lodo.md", leave_one_out.write_text_atomic))
     with pytest.raises(SystemExit, match="130"):  # the CLI's answer to Ctrl-C
         _lodo(tiny_runs, tiny_artifact, tmp_path, "--bootstrap", "40")
     assert not (tmp_path / "lodo.json").exists()  # the earlier run's lodo.json is not left beside a new lodo.md
